@@ -1,0 +1,107 @@
+"""The machinery shared by every chapter's checks (hand-written)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PASSED, FAILED, NOT_DONE = "passed", "failed", "not done"
+_ICON = {PASSED: "✅", FAILED: "❌", NOT_DONE: "⏳"}
+# one printed line per check; the grader parses exactly this
+RESULT_LINE = re.compile(r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$")
+_NOT_DONE_MESSAGE = "not done yet - the chapter carries on with the package's reference implementation"
+
+
+class CheckFailed(AssertionError):
+    """Raised inside a check by :func:`expect` with a hint for the learner."""
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    exercise: str  # "3.1"
+    name: str  # what the learner wrote, e.g. "causal_mask"
+    status: str  # "passed" | "failed" | "not done"
+    message: str  # the hint (or "passed")
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def line(self) -> str:
+        return f"{_ICON[self.status]} Exercise {self.exercise} ({self.name}): {self.message}"
+
+    def __str__(self) -> str:
+        return self.line()
+
+    def _ipython_display_(self) -> None:
+        """Already printed by the check: show nothing more when it ends a cell."""
+
+
+_RESULTS: list[CheckOutcome] = []
+
+
+def results() -> list[CheckOutcome]:
+    """Outcomes of every check run in this Python process, in order."""
+    return list(_RESULTS)
+
+
+def expect(condition: object, hint: str) -> None:
+    """Fail the running check with ``hint`` unless ``condition`` is true."""
+    if not condition:
+        raise CheckFailed(hint)
+
+
+def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Fail with ``hint`` unless two tensors (or array-likes) have the same shape and values."""
+    import torch
+
+    actual_t = torch.as_tensor(actual)
+    expected_t = torch.as_tensor(expected)
+    if actual_t.shape != expected_t.shape:
+        raise CheckFailed(f"expected shape {tuple(expected_t.shape)}, got {tuple(actual_t.shape)}")
+    actual_t = actual_t.to(torch.float64)
+    expected_t = expected_t.to(torch.float64)
+    if not torch.allclose(actual_t, expected_t, atol=atol, rtol=rtol, equal_nan=False):
+        worst = (actual_t - expected_t).abs().nan_to_num(float("inf")).max().item()
+        raise CheckFailed(f"{hint} (largest difference {worst:.3g})")
+
+
+def check(exercise: str, name: str) -> Callable:
+    """Turn ``body(candidate, *args, **kwargs)`` into a learner-facing check.
+
+    The body calls the learner's ``candidate`` on ordinary and edge inputs and uses :func:`expect`
+    to name the likely mistake. The wrapper prints one line, records and returns the outcome:
+
+    - ``NotImplementedError`` from the candidate (the student edition's stub) -> "not done yet";
+    - :class:`CheckFailed` -> the hint;
+    - any other exception -> what was raised, and where in the learner's code.
+    """
+
+    def decorate(body: Callable) -> Callable:
+        @functools.wraps(body)
+        def run(candidate, *args, quiet: bool = False, **kwargs) -> CheckOutcome:
+            try:
+                body(candidate, *args, **kwargs)
+            except NotImplementedError:
+                outcome = CheckOutcome(exercise, name, NOT_DONE, _NOT_DONE_MESSAGE)
+            except CheckFailed as failure:
+                outcome = CheckOutcome(exercise, name, FAILED, str(failure))
+            except Exception as error:  # the learner's code crashed: say what and where
+                frames = traceback.extract_tb(error.__traceback__)
+                where = next((f for f in reversed(frames) if "transformer_course" not in f.filename), None)
+                at = f" (line {where.lineno}: {where.line.strip()})" if where and where.line else ""
+                outcome = CheckOutcome(exercise, name, FAILED, f"your code raised {type(error).__name__}: {error}{at}")
+            else:
+                outcome = CheckOutcome(exercise, name, PASSED, PASSED)
+            _RESULTS.append(outcome)
+            if not quiet:
+                print(outcome.line())
+            return outcome
+
+        run.exercise = exercise
+        return run
+
+    return decorate

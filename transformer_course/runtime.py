@@ -1,0 +1,58 @@
+"""Reproducibility and device selection shared by every chapter (hand-written, not exported)."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
+_DEVICES = ("cpu", "cuda", "mps")
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python's ``random``, NumPy and PyTorch (CPU and every CUDA device).
+
+    Returns a CPU ``torch.Generator`` seeded with the same value, for code that prefers an explicit
+    generator over the global one (data batches, sampling).
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    return torch.Generator().manual_seed(seed)
+
+
+def _mps_available() -> bool:
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
+def pick_device(preferred: str | None = None) -> torch.device:
+    """The best device here: CUDA, then Apple's MPS, then the CPU.
+
+    ``preferred`` (or the environment variable ``TRANSFORMER_COURSE_DEVICE``) overrides the choice,
+    e.g. ``TRANSFORMER_COURSE_DEVICE=cpu`` to keep a GPU free. Asking for a device that is not
+    available raises a ``RuntimeError`` that says what is.
+    """
+    choice = preferred or os.environ.get(DEVICE_ENV, "").strip().lower() or None
+    if choice is None:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    kind = choice.split(":")[0]
+    if kind not in _DEVICES:
+        raise ValueError(
+            f"unknown device {choice!r} (from {'argument' if preferred else DEVICE_ENV}); "
+            f"choose one of {', '.join(_DEVICES)}"
+        )
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"device {choice!r} was asked for but CUDA is not available here; use 'cpu'")
+    if kind == "mps" and not _mps_available():
+        raise RuntimeError(f"device {choice!r} was asked for but MPS is not available here; use 'cpu'")
+    return torch.device(choice)
