@@ -1,13 +1,24 @@
-"""transformer-course: a decoder-only transformer (GPT) built from nothing, one chapter at a time.
+"""Build a GPT-style decoder-only transformer from nothing, one Jupyter chapter at a time, offline on a laptop CPU.
 
-The public names below are imported lazily (PEP 562), so ``import transformer_course`` is quick and
-each chapter's module loads only when one of its names is first used::
+Modules:
 
-    from transformer_course import GPT, GPTConfig, generate, CharTokenizer
+- `transformer_course.attention`: Scaled dot-product attention, the causal mask, and one attention head. Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and keys, d_v the width of values. Attention is softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
+- `transformer_course.checks.attention`: Checks for chapter 03's exercises (single-head attention). Hand-written.
+- `transformer_course.checks.block`: Checks for chapter 05's exercises (the transformer block). Hand-written.
+- `transformer_course.checks.generation`: Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
+- `transformer_course.cli`: The ``transformer-course`` command (hand-written, not exported).
+- `transformer_course.data`: Training data for the course: Shakespeare's plays as plain text, and batches of token ids.
+- `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
+- `transformer_course.positional`: Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].
+- `transformer_course.quiz`: Quick self-test questions at the end of each chapter, as an offline ipywidgets quiz.
+- `transformer_course.viz`: Plotting helpers shared by several chapters (hand-written, not exported)."""
 
-Every module named "exported" below is generated from a notebook in ``chapters/``: edit the notebook,
-not the module (its first line says which notebook).
-"""
+# The docstring above is written by nbdev-export (one line per module, from each module's docstring).
+#
+# Public names are imported lazily (PEP 562): ``import transformer_course`` is quick and each
+# chapter's module loads when one of its names is first used, e.g.
+#     from transformer_course import GPT, GPTConfig, generate, CharTokenizer
+# Modules generated from a notebook say so on their first line: edit the notebook, not the module.
 
 from __future__ import annotations
 
