@@ -136,10 +136,11 @@ print(repr("".join(chars)))
 # are rarer except in the speakers' names.
 
 # %%
+from collections import Counter
+
 import matplotlib.pyplot as plt
 
-freq = char_frequencies(text)  # your function from Exercise 0.1 works on the whole corpus too
-top = list(freq.items())[:30]
+top = Counter(text).most_common(30)  # what Exercise 0.1 computes, from the standard library
 fig, ax = plt.subplots(figsize=(10, 3))
 ax.bar([repr(c)[1:-1] for c, _ in top], [n / len(text) for _, n in top], color="tab:blue")
 ax.set_ylabel("share of characters")
@@ -151,8 +152,6 @@ plt.show()
 # the text has structure (a name in capitals, a colon, a newline, then verse).
 
 # %%
-from collections import Counter
-
 speakers = Counter(block.split(":\n", 1)[0] for block in text.strip().split("\n\n"))
 for name, n in speakers.most_common(8):
     print(f"{name:<16} {n:>5} speeches")
