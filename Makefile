@@ -57,7 +57,7 @@ test-fast: $(STAMP)
 	$(BIN)/pytest tests -q -p no:cacheprovider -m "not slow"
 
 test-browser: $(STAMP)
-	$(BIN)/python tests/browser/run_browser_test.py
+	$(BIN)/python tests/browser/lab_e2e.py
 
 export: $(STAMP)
 	$(BIN)/python tools/nb.py export
