@@ -9,7 +9,7 @@ softmax, and a query that may attend nothing gets zero weights and a zero output
 # %% auto #0
 __all__ = ['causal_mask', 'scaled_dot_product_attention', 'AttentionHead']
 
-# %% ../chapters/03_single_head_attention.ipynb #142de2b9
+# %% ../chapters/03_single_head_attention.ipynb #46b8c59f
 import math
 import operator
 
@@ -19,7 +19,7 @@ from torch import nn
 
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
-# %% ../chapters/03_single_head_attention.ipynb #4e6620b2
+# %% ../chapters/03_single_head_attention.ipynb #ac4d2cea
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
     try:
@@ -30,7 +30,7 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
         raise ValueError(f"causal_mask needs a sequence length T >= 1, got {T}")
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
-# %% ../chapters/03_single_head_attention.ipynb #0792316f
+# %% ../chapters/03_single_head_attention.ipynb #cd46b8c1
 def _check_qkv(q, k, v) -> torch.Size:
     """Validate q [..., T_q, d_k], k [..., T_k, d_k], v [..., T_k, d_v]; return the broadcast batch shape."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -80,7 +80,7 @@ def _check_mask(mask, scores_shape: tuple) -> None:
             f"{tuple(scores_shape)}; a key-padding mask [B, T_k] needs a query axis: mask[:, None, :]"
         )
 
-# %% ../chapters/03_single_head_attention.ipynb #ae9a0355
+# %% ../chapters/03_single_head_attention.ipynb #1d6f636d
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
     """Attention of queries over keys: returns ``(out, weights)``.
 
@@ -110,7 +110,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
-# %% ../chapters/03_single_head_attention.ipynb #908c4cd3
+# %% ../chapters/03_single_head_attention.ipynb #766cb4e2
 class AttentionHead(nn.Module):
     """One head of self-attention: x [B, T, C] -> [B, T, hs].
 

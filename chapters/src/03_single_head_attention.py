@@ -7,15 +7,50 @@
 # > (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the
 # > softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
 #
-# (Draft: the full chapter is being written around the exported code below.)
+# **What this chapter builds.** The one operation that makes a transformer a transformer:
+# *attention*. Every position in a sequence asks a question (its query), every position offers a
+# label (its key) and some content (its value); each position then takes a weighted average of the
+# contents, weighted by how well its question matches each label. We build it one step at a time,
+# check every step, and end with three pieces that the rest of the course imports:
+# `causal_mask`, `scaled_dot_product_attention` and the `AttentionHead` module.
+#
+# **What you will be able to do.**
+# - say what attention is for, and compute it by hand for one word of a real sentence;
+# - explain what queries, keys and values are and why each is its own linear projection;
+# - show with an experiment why the scores are divided by √d_k;
+# - build causal and padding masks, and make a fully masked row give zeros instead of NaN;
+# - read attention heatmaps, and tell a position-based head from a content-based one.
+#
+# **What it needs.** Chapter 02's idea of an input vector per token (`[B, T, C]`), and, in one
+# demonstration, its sinusoidal position code. Token ids are not needed: we split sentences into
+# words by hand.
+#
+# Shapes, as everywhere in the course: `B` batch, `T` time (sequence length), `C` = `d_model`
+# channels, `hs` head size; `T_q` and `T_k` count queries and keys, `d_k` is the width of queries and
+# keys, `d_v` the width of values.
 
 # %%
 #| default_exp attention
 
 # %%
-import torch
+import math
 
-torch.set_printoptions(precision=4)
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+from torch import nn
+
+from transformer_course.runtime import seed_everything
+from transformer_course.viz import plot_attention
+
+torch.set_printoptions(precision=4, sci_mode=False)
+_ = seed_everything(0)
+
+# %% [markdown]
+# The next cell opens the module this chapter exports, `transformer_course/attention.py`. Each
+# later cell marked `#| export` adds one piece to it, right where that piece is explained.
 
 # %%
 #| export
@@ -28,6 +63,279 @@ from torch import nn
 
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
+# %% [markdown]
+# ## 1. What attention is for
+#
+# Take the sentence *"The sun dipped below the horizon"* and suppose the model must guess the word
+# after *"The sun dipped below the"*. Not every earlier word helps equally: *sun* and *dipped*
+# say a lot about what comes next, *the* says little. Attention is the mechanism that lets the
+# position being predicted decide, from the data, **which earlier positions to draw on and how
+# much**.
+#
+# A second example shows why this matters for meaning. The word *bank* means the side of a river in
+# *"write a poem about a man fishing on a river bank"* and a place for money in *"write a poem about
+# a man applying for a loan in a bank"*. A token embedding (chapter 02) gives *bank* one fixed
+# vector whatever the sentence. Attention lets *bank* pull in information from *river* and
+# *fishing*, or from *loan*, and so end up with a vector that depends on its context.
+#
+# To try this we need vectors for the words. Real models learn them; here we invent a tiny
+# 4-dimensional embedding by hand, one column per made-up feature, so the numbers are easy to read.
+
+# %%
+features = ["water", "money", "person", "grammar"]
+toy = {  # hand-made inputs for the demonstration, not learned
+    "write": [0, 0, 1.2, 0.4], "a": [0, 0, 0, 2], "poem": [0.2, 0, 0.6, 0], "about": [0, 0, 0, 1.6],
+    "man": [0, 0, 2, 0], "fishing": [1.8, 0, 1, 0], "on": [0, 0, 0, 1.6], "river": [2, 0, 0, 0],
+    "bank": [1.4, 1.4, 0, 0], "applying": [0, 1, 1.2, 0], "for": [0, 0, 0, 1.6], "loan": [0, 2, 0, 0],
+    "in": [0, 0, 0, 1.6],
+}
+river_words = "write a poem about a man fishing on a river bank".split()
+loan_words = "write a poem about a man applying for a loan in a bank".split()
+X_river = torch.tensor([toy[w] for w in river_words])  # (T, C) = (11, 4)
+X_loan = torch.tensor([toy[w] for w in loan_words])  # (13, 4)
+print(X_river.shape, X_loan.shape)
+
+# %% [markdown]
+# **Similarity by dot product.** How related is *bank* to each word? The dot product of two
+# vectors is large when they point the same way and are long, zero when they share no feature.
+# Cosine similarity would throw away the length, and a distance would need more work; the dot
+# product is one multiply-add per feature, and a whole sentence is one matrix product.
+# The scores are divided by √C (here √4 = 2) for a reason section 4 makes clear.
+
+# %%
+def bank_scores(X: torch.Tensor) -> torch.Tensor:
+    """Scores [T] of the last word (bank) against every word, scaled by 1/sqrt(C)."""
+    return X[-1] @ X.T / math.sqrt(X.shape[-1])
+
+
+scores_river = bank_scores(X_river)
+for word, s in zip(river_words, scores_river.tolist(), strict=True):
+    print(f"{word:>8} {s:6.2f}")
+
+# %% [markdown]
+# *a* scores 0 with *bank*: they share no feature, so *a* offers no context, as it should. *river*
+# and *fishing* score high.
+#
+# **Scores to weights.** The softmax turns any row of scores into positive weights that sum to 1,
+# keeping their order: `softmax(s)_j = exp(s_j) / Σ_i exp(s_i)`. **Weights to a new vector.** The
+# new vector for *bank* is the weighted average of all the word vectors.
+
+# %%
+for name, X, words in (("river", X_river, river_words), ("loan", X_loan, loan_words)):
+    w = torch.softmax(bank_scores(X), dim=-1)  # (T,), sums to 1
+    new_bank = w @ X  # (C,): weighted average of the rows of X
+    top = w.topk(3)
+    print(f"{name:>5} sentence: weights sum to {w.sum().item():.4f}; largest on",
+          [(words[i], round(v, 3)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)])
+    print("       new 'bank' =", dict(zip(features, [round(v, 3) for v in new_bank.tolist()], strict=True)))
+
+# %%
+w_river, w_loan = (torch.softmax(bank_scores(X), dim=-1) for X in (X_river, X_loan))
+bank_river, bank_loan = w_river @ X_river, w_loan @ X_loan
+assert bank_river[0] > bank_river[1] and bank_loan[1] > bank_loan[0]  # water wins by the river, money by the loan
+print("the same 'bank' vector left the two sentences leaning different ways:",
+      f"water - money = {(bank_river[0] - bank_river[1]).item():+.3f} vs {(bank_loan[0] - bank_loan[1]).item():+.3f}")
+
+# %% [markdown]
+# ## 2. Queries, keys and values
+#
+# Above, one vector per word played three parts at once: the thing asking (*bank*), the thing
+# being compared against (every word), and the thing being averaged. A soft dictionary look-up
+# gives these parts names:
+#
+# | name | role in the look-up | informal reading |
+# |---|---|---|
+# | **query** `q` | what the current position is looking for | "what am I looking for?" |
+# | **key** `k` | what each position can be found by | "what do I contain?" |
+# | **value** `v` | what each position hands over when it is picked | "what do I share?" |
+#
+# A Python `dict` returns the value of the one key equal to the query. Attention returns a
+# *blend* of all values, each weighted by how well its key matches the query. When one key matches
+# far better than the rest, the blend is that key's value and attention behaves like a `dict`:
+
+# %%
+keys = torch.eye(3)  # three keys, one per axis
+values = torch.tensor([[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
+query = torch.tensor([0.1, 0.9, 0.0])  # closest to key 1
+for sharpness in (1.0, 30.0):
+    weights = torch.softmax(sharpness * (query @ keys.T), dim=-1)
+    print(f"sharpness {sharpness:4.0f}: weights {weights}, result {weights @ values}")
+
+# %% [markdown]
+# The sharp look-up returns key 1's value `[0, 10]` almost exactly; the gentle one blends all
+# three. One of our sources calls the value "how important it is to get a match"; that is not
+# right: the *weight* carries the importance, the value is only the content passed on.
+#
+# **Why three separate projections?** In a real model the query, key and value are not the raw
+# embedding. Each is a linear map of it: `q = x W_qᵀ`, `k = x W_kᵀ`, `v = x W_vᵀ`, three bias-free
+# `nn.Linear(C, hs)` layers whose weights are learned. This lets a word be *looked for* in one way
+# and *found* in another (what *it* needs in a sentence is a noun to point back to; what makes a
+# noun findable is being a noun), and lets the model choose what to pass on. The projections also
+# pick the head size `hs`, usually `C / n_heads` (chapter 04 runs several heads side by side).
+#
+# Here is the input of our first source's worked example: a batch of 2 sequences of 6 tokens, each
+# a 4-dimensional vector, fed to one head with `head_size = 2`.
+
+# %%
+inp = torch.tensor([
+    [[0.4553, 0.3277, 0.4210, 0.6628], [0.0874, 0.3216, 0.2850, 0.1438], [0.8880, 0.2221, 0.6271, 0.8234],
+     [0.9180, 0.8070, 0.4281, 0.1977], [0.4874, 0.9018, 0.4258, 0.1630], [0.0441, 0.1988, 0.6751, 0.8757]],
+    [[0.9347, 0.9255, 0.6341, 0.0567], [0.7656, 0.2911, 0.6161, 0.0123], [0.4200, 0.3295, 0.1863, 0.7694],
+     [0.3197, 0.9724, 0.6066, 0.2184], [0.4521, 0.9276, 0.3951, 0.1281], [0.7899, 0.7894, 0.2245, 0.2889]],
+])  # (B, T, C) = (2, 6, 4): "The sun dipped below the horizon" and ", painting the sky with hues"
+query_proj, key_proj, value_proj = (nn.Linear(4, 2, bias=False) for _ in range(3))
+q, k, v = query_proj(inp), key_proj(inp), value_proj(inp)  # (B, T, hs) each
+print("weight", tuple(query_proj.weight.shape), "-> q", tuple(q.shape), "k", tuple(k.shape), "v", tuple(v.shape))
+assert torch.allclose(q, inp @ query_proj.weight.T)  # nn.Linear stores W as [out, in] = [hs, C]
+
+# %% [markdown]
+# ## 3. The worked example, number for number
+#
+# The source does not print its projection weights, so its `q`, `k`, `v` cannot be recomputed from
+# `inp`; it does print, for the first sequence, every key and value and the query of the last word,
+# *horizon*. We start from those.
+
+# %%
+q_horizon = torch.tensor([0.9100, 0.3448])  # (hs,)
+k_seq = torch.tensor([[0.0921, 0.9907], [0.5637, 0.7303], [0.1860, 0.4071],
+                      [0.8067, 0.1776], [0.7002, 0.6632], [0.9094, 0.3594]])  # (T, hs)
+v_seq = torch.tensor([[0.5637, 0.4056], [0.9803, 0.0100], [0.4111, 0.3980],
+                      [0.6882, 0.9797], [0.5551, 0.7583], [0.3060, 0.2141]])  # (T, hs)
+words = ["the", "sun", "dipped", "below", "the", "horizon"]
+raw = q_horizon @ k_seq.T  # (T,): one dot product per key
+print("q·kᵀ for horizon:", raw)
+
+# %% [markdown]
+# That is the source's row, `0.4254 0.7648 0.3096 0.7953 0.8659 0.9515`. Its code then multiplies
+# by `head_size ** -0.5` (1/√2), masks the future (nothing to mask: *horizon* is the last word) and
+# takes the softmax. But the weights it prints come from the **unscaled** row:
+
+# %%
+w_unscaled = torch.softmax(raw, dim=-1)
+w_scaled = torch.softmax(raw / math.sqrt(2), dim=-1)
+print("softmax(q·kᵀ)      :", w_unscaled)
+print("softmax(q·kᵀ / √2) :", w_scaled)
+seed_row = torch.tensor([0.1252, 0.1758, 0.1115, 0.1812, 0.1945, 0.2119])  # as printed by the source
+print("source's row matches the unscaled weights:", torch.allclose(w_unscaled, seed_row, atol=5e-5),
+      "| the scaled ones:", torch.allclose(w_scaled, seed_row, atol=5e-5))
+
+# %% [markdown]
+# The output is the weighted average of the values. The source prints `(0.5863, 0.4673)`. Its
+# weights are unscaled, and it multiplied the weights *after* rounding them to four decimals; at full
+# precision the first number is 0.5862:
+
+# %%
+print("rounded unscaled weights @ v:", w_unscaled.round(decimals=4) @ v_seq)
+print("unscaled weights @ v        :", w_unscaled @ v_seq)
+print("scaled weights @ v (correct):", w_scaled @ v_seq)
+
+# %% [markdown]
+# So, with the 1/√2 scale that the source's own code applies, *horizon*'s weights are
+# `0.1368 0.1740 0.1261 0.1778 0.1868 0.1985` and its output is **(0.5863, 0.4658)**: the second
+# number differs from the source's 0.4673. The scale flattens the weights a little (the largest
+# falls from 0.2119 to 0.1985); with two dimensions it hardly matters, but section 4 shows that
+# with realistic head sizes it decides whether attention can learn at all.
+
+# %% [markdown]
+# ### Your turn
+#
+# Compute the scaled scores for many queries at once. `q` is `[..., T_q, d_k]` and `k` is
+# `[..., T_k, d_k]`; the leading dimensions are batch dimensions, so transpose only the last two
+# dimensions of `k` (`k.T` reverses *every* dimension, which is wrong for a batch).
+
+# %%
+# Your turn - Exercise 3.1 (★☆☆): scaled attention scores.
+from transformer_course.checks.attention import check_attention_scores
+
+
+def my_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scores [..., T_q, T_k] = q kᵀ / √d_k for q [..., T_q, d_k] and k [..., T_k, d_k]."""
+    ### BEGIN SOLUTION
+    return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    ### END SOLUTION
+
+
+check_attention_scores(my_scores)
+
+# %% [markdown]
+# ## 4. Why divide by √d_k
+#
+# A score is a sum of `d_k` products `q_i k_i`. If the entries of `q` and `k` are independent with
+# mean 0 and variance 1 (roughly what a freshly initialised network produces), each product has
+# variance 1 and the sum has variance `d_k`: the **spread of the scores grows like √d_k**.
+# Dividing by √d_k brings it back to about 1 whatever the head size. Let us measure it.
+
+# %%
+g = torch.Generator().manual_seed(0)
+head_sizes = [2, 4, 8, 16, 32, 64, 128, 256, 512]
+spread = {}
+for d in head_sizes:
+    qs, ks = torch.randn(4000, d, generator=g), torch.randn(4000, d, generator=g)
+    dots = (qs * ks).sum(-1)  # 4000 independent q·k
+    spread[d] = (dots.std().item(), (dots / math.sqrt(d)).std().item())
+    print(f"d_k={d:4d}  std(q·k) = {spread[d][0]:6.2f}  (√d_k = {math.sqrt(d):5.2f})   std(q·k/√d_k) = {spread[d][1]:.2f}")
+assert all(abs(s / math.sqrt(d) - 1) < 0.1 and abs(t - 1) < 0.1 for d, (s, t) in spread.items())
+
+# %% [markdown]
+# Why is a large spread bad? The softmax exaggerates differences: when scores are tens apart, it
+# puts nearly all the weight on the largest one. The row becomes (almost) one-hot, and a one-hot
+# softmax has (almost) zero gradient: the derivative of `p_j` with respect to its score is
+# `p_j (1 - p_j)`, which vanishes when `p_j` is 0 or 1. The model then cannot learn to move its
+# attention. We measure both for 16 keys: the average largest weight of a row, and `1 - Σ p_j²`,
+# which is 0 for a one-hot row and close to 1 for a spread-out one (it is the trace of the softmax's
+# Jacobian, the total gradient the scores can receive).
+
+# %%
+def softmax_stats(scores: torch.Tensor) -> tuple[float, float]:
+    """Mean largest weight and mean 1 - Σ p² over the rows of scores [N, T]."""
+    p = torch.softmax(scores, dim=-1)
+    return p.max(-1).values.mean().item(), (1 - (p**2).sum(-1)).mean().item()
+
+
+saturation = {}
+for d in head_sizes:
+    qs, ks = torch.randn(500, 1, d, generator=g), torch.randn(500, 16, d, generator=g)
+    dots = (qs @ ks.transpose(-2, -1)).squeeze(1)  # (500, 16): 500 queries, 16 keys each
+    saturation[d] = softmax_stats(dots) + softmax_stats(dots / math.sqrt(d))
+    print(f"d_k={d:4d}  unscaled: max weight {saturation[d][0]:.2f}, 1-Σp² {saturation[d][1]:.2f}"
+          f"   scaled: max weight {saturation[d][2]:.2f}, 1-Σp² {saturation[d][3]:.2f}")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+ax1.loglog(head_sizes, [spread[d][0] for d in head_sizes], "o-", color="C0", label="q·k")
+ax1.loglog(head_sizes, [spread[d][1] for d in head_sizes], "s-", color="C1", label="q·k / √d_k")
+ax1.loglog(head_sizes, [math.sqrt(d) for d in head_sizes], "k:", label="√d_k")
+ax1.set(xlabel="head size d_k", ylabel="standard deviation of the score", title="Scores spread like √d_k")
+ax2.semilogx(head_sizes, [saturation[d][0] for d in head_sizes], "o-", color="C0", label="max weight, unscaled")
+ax2.semilogx(head_sizes, [saturation[d][2] for d in head_sizes], "s-", color="C1", label="max weight, scaled")
+ax2.semilogx(head_sizes, [saturation[d][1] for d in head_sizes], "o--", color="C0", label="1 - Σp², unscaled")
+ax2.semilogx(head_sizes, [saturation[d][3] for d in head_sizes], "s--", color="C1", label="1 - Σp², scaled")
+ax2.set(xlabel="head size d_k", ylim=(0, 1), title="Unscaled softmax saturates (16 keys)")
+for ax in (ax1, ax2):
+    ax.legend(fontsize=8)
+plt.tight_layout()
+plt.show()
+
+# %%
+d_big = head_sizes[-1]
+assert saturation[d_big][0] > 0.8 and saturation[d_big][2] < 0.5  # unscaled: nearly one-hot; scaled: spread
+print(f"at d_k={d_big}: the unscaled rows put {saturation[d_big][0]:.0%} of the weight on one key on average;"
+      f" scaled rows {saturation[d_big][2]:.0%}")
+
+# %% [markdown]
+# With the scale, the statistics stay flat whatever the head size: the softmax sees scores of the
+# same size in a head of 2 or of 512. (One source divides by √d_model instead. That is the same
+# thing only when the query has the model's full width; after projecting to a head of size `hs`,
+# the sum has `hs` terms, and √hs = √d_k is the right divisor. It is the one the paper uses.)
+
+# %% [markdown]
+# ## 5. Masks: who may look at whom
+#
+# A language model predicts the next token from the ones before it. During training it sees the
+# whole sequence at once, so if position 2 could attend to position 3 it would simply read the
+# answer. A **causal mask** forbids it: query `i` may attend key `j` only when `j <= i`. We store
+# masks as bool tensors, **True = may attend**, the convention of `torch.nn.functional`'s attention.
+
 # %%
 #| export
 def causal_mask(T: int, device=None) -> torch.Tensor:
@@ -39,6 +347,110 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
     if T < 1:
         raise ValueError(f"causal_mask needs a sequence length T >= 1, got {T}")
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+
+# %%
+print(causal_mask(6).int())
+assert all(causal_mask(6)[i, j] == (j <= i) for i in range(6) for j in range(6))
+
+# %% [markdown]
+# How does a mask remove a key? Not by zeroing its score: a score of 0 still gets weight
+# `exp(0) = 1` in the softmax. Instead the masked scores are set to **−∞**, since `exp(−∞) = 0`.
+# Writing the mask as a matrix `M` that holds 0 where attention is allowed and −∞ elsewhere, one
+# source writes attention as `softmax(q kᵀ / √d_k + M) v`; our bool mask is the same thing.
+# (Another source adds `M` *before* dividing by √d_k; with −∞ that makes no difference.) Here are
+# the six queries of the first sequence with random projections, before and after masking:
+
+# %%
+scores = q[0] @ k[0].T / math.sqrt(2)  # (T, T) for the first sequence, random projections from above
+masked = scores.masked_fill(~causal_mask(6), float("-inf"))
+weights = torch.softmax(masked, dim=-1)
+print(masked)
+print(weights)
+assert torch.allclose(weights.sum(-1), torch.ones(6)) and (weights.triu(1) == 0).all()
+
+# %% [markdown]
+# Every row still sums to 1, and the future gets exactly 0. The first word can only look at itself,
+# so its weight on itself is 1. (One source draws masked cells as "scores of 0": the *scores* are
+# −∞; the *weights* are 0.)
+#
+# **Padding masks.** To batch sentences of different lengths we pad the short ones with filler
+# tokens. The filler must not be attended to, so a padding mask hides those **keys** (columns). It is
+# usually stored per sequence as `keep [B, T]` and needs a query axis to broadcast to `[B, T_q, T_k]`:
+# `keep[:, None, :]`. Combined with the causal mask by `&`, a position may be attended when it is
+# both in the past and real.
+#
+# **The fully masked row.** With padding on the *left*, the first query of a padded sequence is
+# itself padding and, being causal, may see only itself: every key in its row is masked. The softmax
+# of a row of −∞ is `0 / 0`, which is NaN, and a single NaN spreads through every later layer:
+
+# %%
+row = torch.full((4,), float("-inf"))
+print("softmax of a fully masked row:", torch.softmax(row, dim=-1))
+
+# %% [markdown]
+# Our function will set such rows to zero weights, so the query gets a zero output. That is also
+# what PyTorch's own attention does, and it is harmless: those positions are padding, and their
+# output is ignored.
+#
+# ### Your turn
+#
+# Build the causal mask yourself. Then, in Exercise 3.3, write the whole of attention: scores,
+# mask, softmax, the fully-masked-row fix, and the weighted sum of values.
+
+# %%
+# Your turn - Exercise 3.2 (★☆☆): the causal mask.
+from transformer_course.checks.attention import check_attention, check_causal_mask
+
+
+def my_causal_mask(T: int) -> torch.Tensor:
+    """Bool [T, T]: True where query i may attend key j (j <= i)."""
+    ### BEGIN SOLUTION
+    return torch.ones(T, T, dtype=torch.bool).tril()
+    ### END SOLUTION
+
+
+check_causal_mask(my_causal_mask)
+
+# %%
+# Your turn - Exercise 3.3 (★★☆): attention with an optional mask.
+def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
+    """(out [..., T_q, d_v], weights [..., T_q, T_k]); mask: bool, True = may attend."""
+    ### BEGIN SOLUTION
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)
+    return weights @ v, weights
+    ### END SOLUTION
+
+
+check_attention(my_attention)
+
+# %% [markdown]
+# ## 6. `scaled_dot_product_attention`
+#
+# First a scaffold: attention for one query at a time, written as plainly as possible. It is slow
+# but obviously right, and it is what the fast version must agree with.
+
+# %%
+def attention_one_query_at_a_time(q, k, v, mask=None):
+    """q [T_q, d_k], k [T_k, d_k], v [T_k, d_v] -> out [T_q, d_v]. A teaching scaffold, not exported."""
+    out = torch.zeros(q.shape[0], v.shape[1])
+    for i in range(q.shape[0]):
+        allowed = [j for j in range(k.shape[0]) if mask is None or mask[i, j]]
+        if not allowed:
+            continue  # nothing to attend to: the output stays zero
+        s = torch.stack([q[i] @ k[j] for j in allowed]) / math.sqrt(q.shape[1])
+        w = torch.exp(s - s.max()) / torch.exp(s - s.max()).sum()  # softmax, shifted for safety
+        out[i] = sum(w_j * v[j] for w_j, j in zip(w, allowed, strict=True))
+    return out
+
+# %% [markdown]
+# The package's version does the same for all queries and any batch dimensions at once with two
+# matrix products. Before computing it checks its inputs, so that a shape mistake gives a message
+# naming the shapes, not a cryptic error from deep inside `matmul`.
 
 # %%
 #| export
@@ -91,6 +503,11 @@ def _check_mask(mask, scores_shape: tuple) -> None:
             f"{tuple(scores_shape)}; a key-padding mask [B, T_k] needs a query axis: mask[:, None, :]"
         )
 
+# %% [markdown]
+# Two options mirror PyTorch's `F.scaled_dot_product_attention`: `scale` (default 1/√d_k; we use
+# it to show unscaled attention) and `dropout_p`, which randomly drops attention weights during
+# training (chapter 06). The weights it returns are the pattern *before* dropout, for plotting.
+
 # %%
 #| export
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
@@ -121,6 +538,74 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
         weights = weights.masked_fill(~mask, 0.0)
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+# %% [markdown]
+# It reproduces the worked example (with and without the scale), agrees with the scaffold, and agrees
+# with PyTorch's own implementation on a batch with a padding-and-causal mask that leaves one row
+# fully masked:
+
+# %%
+out_scaled, w = scaled_dot_product_attention(q_horizon[None], k_seq, v_seq)  # one query: [1, hs]
+out_seed, _ = scaled_dot_product_attention(q_horizon[None], k_seq, v_seq, scale=1.0)
+print("horizon, scaled  :", out_scaled[0], " weights", w[0])
+print("horizon, unscaled:", out_seed[0])
+assert torch.allclose(out_scaled[0], w_scaled @ v_seq) and torch.allclose(out_seed[0], w_unscaled @ v_seq)
+
+# %%
+qb, kb, vb = (torch.randn(3, 7, 5, generator=g) for _ in range(3))  # (B, T, d)
+keep = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]]).bool()
+mask = causal_mask(7) & keep[:, None, :]  # (B, T, T): causal and not padding; row 0 of sequence 1 is empty
+out, w = scaled_dot_product_attention(qb, kb, vb, mask)
+ours_vs_loop = max((out[b] - attention_one_query_at_a_time(qb[b], kb[b], vb[b], mask[b])).abs().max().item() for b in range(3))
+ours_vs_torch = (out - F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)).abs().max().item()
+print(f"largest difference: vs the scaffold {ours_vs_loop:.1e}, vs torch {ours_vs_torch:.1e}; any NaN: {out.isnan().any().item()}")
+print("fully masked query (sequence 1, position 0): weights", w[1, 0], "output", out[1, 0])
+assert ours_vs_loop < 1e-6 and ours_vs_torch < 1e-6 and not out.isnan().any()
+
+# %% [markdown]
+# The test suite (`tests/test_attention.py`) repeats the comparison with PyTorch over hundreds of
+# random shapes, batch dimensions and masks, to within 1e-6, and checks that gradients stay finite
+# through a fully masked row. Bad input gets a message that says what is wrong and how to fix it:
+
+# %%
+bad_calls = {
+    "k narrower than q": lambda: scaled_dot_product_attention(torch.zeros(2, 5, 4), torch.zeros(2, 5, 3), torch.zeros(2, 5, 4)),
+    "fewer values than keys": lambda: scaled_dot_product_attention(torch.zeros(5, 4), torch.zeros(6, 4), torch.zeros(5, 4)),
+    "additive float mask": lambda: scaled_dot_product_attention(torch.zeros(6, 2), torch.zeros(6, 2), torch.zeros(6, 2), masked),
+    "padding mask without a query axis": lambda: scaled_dot_product_attention(qb, kb, vb, keep),
+}
+for name, call in bad_calls.items():
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        print(f"{name}: {type(e).__name__}: {e}\n")
+
+# %% [markdown]
+# ## 7. One attention head as a module
+#
+# An attention head is the three projections and the attention, packaged as an `nn.Module`. It
+# takes `x [B, T, C]` and returns `[B, T, hs]`: every position gets a new vector that blends the
+# values of the positions it may see.
+#
+# ### Your turn
+#
+# Before reading the module, write the forward pass from raw weight matrices. Like `nn.Linear`, each
+# weight is stored as `[hs, C]` (output first), so the projection of `x` is `x @ w.T`.
+
+# %%
+# Your turn - Exercise 3.4 (★★☆): one causal head from raw weights.
+from transformer_course.checks.attention import check_head_forward
+
+
+def my_head_forward(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C], weights [hs, C] -> causal self-attention output [B, T, hs]."""
+    ### BEGIN SOLUTION
+    q, k, v = x @ w_q.T, x @ w_k.T, x @ w_v.T  # (B, T, hs) each
+    return scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1], device=x.device))[0]
+    ### END SOLUTION
+
+
+check_head_forward(my_head_forward)
 
 # %%
 #| export
@@ -165,6 +650,230 @@ class AttentionHead(nn.Module):
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, head_size={self.head_size}, causal={self.causal}, dropout={self.dropout}"
 
+# %% [markdown]
+# The head on the worked example's input `(2, 6, 4)` with `head_size = 2`, and the same result
+# computed from its weights by hand:
+
 # %%
-head = AttentionHead(4, 2)
-print(head(torch.randn(2, 6, 4)).shape)
+torch.manual_seed(0)
+head = AttentionHead(d_model=4, head_size=2)
+print(head)
+out = head(inp)
+print("out", tuple(out.shape), "weights", tuple(head.last_weights.shape))
+by_hand = my_head_forward(inp, head.query.weight, head.key.weight, head.value.weight)
+assert torch.allclose(out, by_hand, atol=1e-6)
+print(head.last_weights[0])
+
+# %% [markdown]
+# **Causality, tested.** Whatever we write after position `t` must not change the outputs at
+# positions `0..t`. We change the last three tokens of each sequence and compare; the test suite
+# runs the same check for random lengths and positions.
+
+# %%
+changed = inp.clone()
+changed[:, 3:] = torch.rand(2, 3, 4, generator=g)
+before, after = head(inp), head(changed)
+print("outputs at positions 0..2 unchanged:", torch.allclose(before[:, :3], after[:, :3]),
+      "| positions 3..5 changed:", not torch.allclose(before[:, 3:], after[:, 3:]))
+assert torch.allclose(before[:, :3], after[:, :3]) and not torch.allclose(before[:, 3:], after[:, 3:])
+
+# %% [markdown]
+# ### Your turn
+#
+# Batches are usually padded on the *right*: sequence `b` holds `lengths[b]` real tokens, then
+# filler. Build the combined mask `[B, T, T]` that is causal and hides every padding key.
+
+# %%
+# Your turn - Exercise 3.5 (★★★): causal mask plus right padding.
+from transformer_course.checks.attention import check_padded_causal_mask
+
+
+def my_padded_causal_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:
+    """Bool [B, T, T]: True where query i may attend key j: j <= i and j < lengths[b]."""
+    ### BEGIN SOLUTION
+    real_keys = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
+    return causal_mask(T)[None] & real_keys[:, None, :]
+    ### END SOLUTION
+
+
+check_padded_causal_mask(my_padded_causal_mask)
+
+# %% [markdown]
+# **Padding, tested.** Cut the second sequence to its first four tokens and batch it next to the
+# full first one, right-padded with two filler vectors. With the padding mask, the real tokens'
+# outputs are exactly what they are without any padding at all:
+
+# %%
+lengths = torch.tensor([6, 4])
+padded = inp.clone()
+padded[1, 4:] = 9.0  # filler: any values at all
+keep = torch.arange(6)[None, :] < lengths[:, None]  # (B, T)
+out = head(padded, keep[:, None, :])
+on_padding = head.last_weights[1, :, 4:].sum().item()  # weight the short sequence put on its filler
+alone = head(inp[1:, :4])  # the short sequence on its own, no padding
+print("real tokens match the unpadded run:", torch.allclose(out[1, :4], alone[0], atol=1e-6))
+print("total weight on padding keys:", on_padding)
+assert torch.allclose(out[1, :4], alone[0], atol=1e-6) and on_padding == 0
+
+# %% [markdown]
+# ## 8. Looking at attention on a sentence
+#
+# Heatmaps show attention at a glance: one row per query, one column per key, darker = more weight.
+# A freshly initialised head has no reason to prefer any key, so its map is a washed-out lower
+# triangle; trained heads (chapters 06 and 08) show structure. To see what structure can look like
+# *now*, we build two heads by hand on a real line, each with one job:
+#
+# - a **previous-word head** that uses only positions. Chapter 02 showed that shifting the
+#   sinusoidal code by one position is a fixed rotation matrix (`position_shift_matrix`). With the
+#   query projection set to "rotate back one position" and the key projection to "identity", the
+#   query of position `t` *is* the code of position `t − 1`, and matches that key best;
+# - a **same-word head** that uses only the words: with one-hot word vectors as queries and keys, a
+#   word matches earlier copies of itself, wherever they are. This is the position-robust look-up of
+#   one of our sources: the key is the same wherever the word sits, so the match is too.
+#
+# Each input vector is a one-hot word vector followed by the 16-dimensional position code. A `gain`
+# multiplies the query projection: the dot product of two position codes changes only a little from
+# one position to the next, and the gain turns that small difference into a clear choice. (The code
+# of `t − 1` is equally similar to the codes of `t` and `t − 2`, since the similarity depends on the
+# distance only; the gain makes both lose clearly to `t − 1`.)
+
+# %%
+from transformer_course.positional import position_shift_matrix, sinusoidal_positional_encoding
+
+line = "to be , or not to be , that is the question"  # Hamlet, act 3, scene 1
+tokens = line.split()
+vocab = sorted(set(tokens))
+n_pos = 16
+word_part = F.one_hot(torch.tensor([vocab.index(t) for t in tokens]), len(vocab)).float()  # (T, V_words)
+x_line = torch.cat([word_part, sinusoidal_positional_encoding(len(tokens), n_pos)], dim=-1)[None]  # (1, T, C)
+C = x_line.shape[-1]
+print(f"{len(tokens)} tokens, {len(vocab)} distinct words, C = {len(vocab)} + {n_pos} = {C}")
+
+# %%
+def hand_built_head(kind: str, gain: float) -> AttentionHead:
+    """An AttentionHead whose weights are set by hand: 'previous' (positions) or 'same' (words).
+
+    ``gain`` multiplies the query projection: the larger it is, the sharper the head's choice.
+    """
+    head = AttentionHead(C, C)
+    pos, word = slice(len(vocab), C), slice(0, len(vocab))
+    part = pos if kind == "previous" else word
+    with torch.no_grad():
+        for proj in (head.query, head.key, head.value):
+            proj.weight.zero_()
+        head.query.weight[part, part] = gain * (position_shift_matrix(-1, n_pos) if kind == "previous" else torch.eye(len(vocab)))
+        head.key.weight[part, part] = torch.eye(part.stop - part.start)
+        head.value.weight.copy_(torch.eye(C))
+    return head
+
+# %%
+torch.manual_seed(0)
+heads = {"previous word": hand_built_head("previous", gain=60.0), "same word": hand_built_head("same", gain=20.0),
+         "untrained": AttentionHead(C, 8)}
+line_weights = {}
+for name, h in heads.items():
+    h(x_line)
+    line_weights[name] = h.last_weights[0]  # (T, T)
+fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+for ax, (name, w) in zip(axes, line_weights.items(), strict=True):
+    plot_attention(w, tokens, ax=ax, title=f"{name} head")
+plt.tight_layout()
+plt.show()
+
+# %%
+prev = line_weights["previous word"]
+assert (prev[1:].argmax(-1) == torch.arange(len(tokens) - 1)).all()  # every query's top key is the one before
+same = line_weights["same word"]
+for t in (5, 6, 7):  # the second "to", "be", ","
+    earlier = [j for j in range(t) if tokens[j] == tokens[t]]
+    print(f"query {t} {tokens[t]!r}: weight on earlier {tokens[t]!r} at {earlier} = {same[t, earlier].sum().item():.3f},"
+          f" on itself {same[t, t].item():.3f}")
+on_previous = prev.diagonal(-1)  # weight of query i+1 on key i
+print("previous-word head: weight on the previous token, mean", round(on_previous.mean().item(), 3),
+      "smallest", round(on_previous.min().item(), 3))
+assert on_previous.min() > 0.9
+
+# %% [markdown]
+# The previous-word head puts most of each row's weight one step left of the diagonal (the first
+# token has only itself). The same-word head splits the second *to* between both copies of *to*,
+# whatever their distance. The untrained head spreads its weight almost evenly: learning is what
+# gives a head a job.
+#
+# Pick a query word and a head below to see where it looks.
+
+# %%
+def draw_query_weights(head_name: str, query: int) -> torch.Tensor:
+    """Bar chart of one query's weights [T] in one of the heads above; returns the weights."""
+    w = line_weights[head_name][query]
+    fig, ax = plt.subplots(figsize=(8, 2.6))
+    ax.bar(range(len(tokens)), w.numpy(), color="tab:blue")
+    ax.set_xticks(range(len(tokens)), [f"{j}:{t}" for j, t in enumerate(tokens)], rotation=45)
+    ax.set(ylim=(0, 1), ylabel="weight", title=f"{head_name} head, query {query} {tokens[query]!r}")
+    plt.show()
+    return w
+
+
+def attention_explorer() -> widgets.VBox:
+    """Dropdowns for the head and the query token; redraws the bar chart when either changes."""
+    head_pick = widgets.Dropdown(options=list(line_weights), description="head")
+    query_pick = widgets.Dropdown(options=[(f"{i}: {t}", i) for i, t in enumerate(tokens)], value=6, description="query")
+    canvas = widgets.Output()
+
+    def update(_=None):
+        with canvas:
+            canvas.clear_output(wait=True)
+            draw_query_weights(head_pick.value, query_pick.value)
+
+    head_pick.observe(update, names="value")
+    query_pick.observe(update, names="value")
+    return widgets.VBox([widgets.HBox([head_pick, query_pick]), canvas])
+
+# %%
+display(attention_explorer())
+shown = draw_query_weights("previous word", 6)  # the widget's starting view, stored with the notebook
+
+# %%
+print("query 6 ('be') in the previous-word head: top key", repr(tokens[shown.argmax().item()]), "at", shown.argmax().item())
+assert shown.argmax().item() == 5
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question("A query may attend 3 keys with scores 2.0, 2.0 and a masked one. What are its weights?",
+             ["0.5, 0.5, 0", "0.33, 0.33, 0.33", "1, 1, 0", "NaN: −∞ breaks the softmax"],
+             answer=0, explain="The masked score becomes −∞, exp(−∞) = 0, and the two equal scores share the weight."),
+    Question("Why are the scores divided by √d_k?",
+             ["To make them positive", "Their spread grows like √d_k, and a wide spread saturates the softmax",
+              "To save memory", "So that the weights sum to 1"],
+             answer=1, explain="q·k sums d_k products; its standard deviation is about √d_k. A near one-hot softmax has almost no gradient."),
+    Question("In a causal head, what does the output at position 2 depend on?",
+             ["Positions 0, 1 and 2", "Position 2 only", "Every position", "Positions 2 and after"],
+             answer=0, explain="Query 2 may attend keys j <= 2, and the output mixes only their values."),
+    Question("A padding mask `keep` of shape [B, T] goes into attention with scores [B, T, T]. What should you pass?",
+             ["keep[:, None, :]", "keep[:, :, None]", "keep", "~keep"],
+             answer=0, explain="Padding hides keys (the last axis); the new middle axis broadcasts over the queries."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - Attention lets each position build its new vector as a weighted average of the values of the
+#   positions it may see; the weights are the softmax of query-key dot products.
+# - Queries, keys and values are three bias-free linear projections of the same input, so a token can
+#   look for one thing, be found by another, and pass on a third.
+# - The scores are divided by √d_k because their spread grows like √d_k; without it the softmax
+#   saturates (at d_k = 512 most of a row's weight sits on one key) and gradients vanish.
+# - Masks are bool, True = may attend; masked scores become −∞ so they get exactly zero weight. The
+#   causal mask hides the future, padding masks hide filler keys, and a fully masked row returns
+#   zeros instead of NaN.
+# - Our worked example's source printed softmax weights without the 1/√2 scale its own code applies;
+#   the correct output for *horizon* is (0.5863, 0.4658).
+#
+# **Exported to `transformer_course/attention.py`:** `causal_mask(T, device=None)`,
+# `scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out, weights)`
+# and `AttentionHead(d_model, head_size, causal=True, dropout=0.0)`. Chapter 04 runs several heads
+# side by side in one `MultiHeadAttention`.
