@@ -73,6 +73,9 @@ def build(src: Path, timeout: int = 900) -> Path:
     nb = _read_script(src)
     _clean(nb)
     nb_path = _notebook_for(src)
+    # export before running, so a chapter can import what it has just defined (e.g. a second module)
+    nbformat.write(nb, nb_path)
+    export()
     start = time.perf_counter()
     client = NotebookClient(
         nb,
