@@ -145,9 +145,9 @@ print("the same 'bank' vector left the two sentences leaning different ways:",
 #
 # | name | role in the look-up | informal reading |
 # |---|---|---|
-# | **query** `q` | what the current position is looking for | "what am I looking for?" |
-# | **key** `k` | what each position can be found by | "what do I contain?" |
-# | **value** `v` | what each position hands over when it is picked | "what do I share?" |
+# | **query** `q` | the request the current position makes | the question it asks |
+# | **key** `k` | the label each position is matched on | the label on its drawer |
+# | **value** `v` | what each position hands over when it is picked | the drawer's contents |
 #
 # A Python `dict` returns the value of the one key equal to the query. Attention returns a
 # *blend* of all values, each weighted by how well its key matches the query. When one key matches
@@ -184,7 +184,7 @@ inp = torch.tensor([
      [0.3197, 0.9724, 0.6066, 0.2184], [0.4521, 0.9276, 0.3951, 0.1281], [0.7899, 0.7894, 0.2245, 0.2889]],
 ])  # (B, T, C) = (2, 6, 4): "The sun dipped below the horizon" and ", painting the sky with hues"
 query_proj, key_proj, value_proj = (nn.Linear(4, 2, bias=False) for _ in range(3))
-q, k, v = query_proj(inp), key_proj(inp), value_proj(inp)  # (B, T, hs) each
+q, k, v = (proj(inp).detach() for proj in (query_proj, key_proj, value_proj))  # (B, T, hs) each
 print("weight", tuple(query_proj.weight.shape), "-> q", tuple(q.shape), "k", tuple(k.shape), "v", tuple(v.shape))
 assert torch.allclose(q, inp @ query_proj.weight.T)  # nn.Linear stores W as [out, in] = [hs, C]
 
@@ -228,6 +228,7 @@ print("source's row matches the unscaled weights:", torch.allclose(w_unscaled, s
 print("rounded unscaled weights @ v:", w_unscaled.round(decimals=4) @ v_seq)
 print("unscaled weights @ v        :", w_unscaled @ v_seq)
 print("scaled weights @ v (correct):", w_scaled @ v_seq)
+assert [round(x, 4) for x in (w_scaled @ v_seq).tolist()] == [0.5863, 0.4658]
 
 # %% [markdown]
 # So, with the 1/√2 scale that the source's own code applies, *horizon*'s weights are
@@ -282,8 +283,9 @@ assert all(abs(s / math.sqrt(d) - 1) < 0.1 and abs(t - 1) < 0.1 for d, (s, t) in
 # softmax has (almost) zero gradient: the derivative of `p_j` with respect to its score is
 # `p_j (1 - p_j)`, which vanishes when `p_j` is 0 or 1. The model then cannot learn to move its
 # attention. We measure both for 16 keys: the average largest weight of a row, and `1 - Σ p_j²`,
-# which is 0 for a one-hot row and close to 1 for a spread-out one (it is the trace of the softmax's
-# Jacobian, the total gradient the scores can receive).
+# which is 0 for a one-hot row and close to 1 for a spread-out one. (It is the sum of the
+# `p_j (1 - p_j)` above, the trace of the softmax's Jacobian: a simple gauge of how much the weights
+# can still respond to their scores.)
 
 # %%
 def softmax_stats(scores: torch.Tensor) -> tuple[float, float]:
@@ -371,7 +373,8 @@ assert torch.allclose(weights.sum(-1), torch.ones(6)) and (weights.triu(1) == 0)
 # %% [markdown]
 # Every row still sums to 1, and the future gets exactly 0. The first word can only look at itself,
 # so its weight on itself is 1. (One source draws masked cells as "scores of 0": the *scores* are
-# −∞; the *weights* are 0.)
+# −∞; the *weights* are 0. The same source calls causal masking a kind of padding; they are two
+# different masks, as the next paragraph shows, and they are often used together.)
 #
 # **Padding masks.** To batch sentences of different lengths we pad the short ones with filler
 # tokens. The filler must not be attended to, so a padding mask hides those **keys** (columns). It is
@@ -483,7 +486,13 @@ def _check_qkv(q, k, v) -> torch.Size:
             "do not broadcast: everything before the last two dims must match (or be 1)"
         ) from None
 
+# %% [markdown]
+# A mask is checked too: it must be bool (an additive float mask of 0 and −∞ is a common
+# alternative, and mixing the two conventions silently would be a nasty bug) and it must broadcast
+# to the scores' shape.
 
+# %%
+#| export
 def _check_mask(mask, scores_shape: tuple) -> None:
     """Validate a bool mask that must broadcast to the scores' shape [..., T_q, T_k]."""
     if not isinstance(mask, torch.Tensor):
@@ -744,8 +753,15 @@ line = "to be , or not to be , that is the question"  # Hamlet, act 3, scene 1
 tokens = line.split()
 vocab = sorted(set(tokens))
 n_pos = 16
-word_part = F.one_hot(torch.tensor([vocab.index(t) for t in tokens]), len(vocab)).float()  # (T, V_words)
-x_line = torch.cat([word_part, sinusoidal_positional_encoding(len(tokens), n_pos)], dim=-1)[None]  # (1, T, C)
+
+
+def embed_line(words: list[str]) -> torch.Tensor:
+    """[1, T, C]: each word's one-hot vector over `vocab`, followed by the position code."""
+    one_hot = F.one_hot(torch.tensor([vocab.index(w) for w in words]), len(vocab)).float()  # (T, V_words)
+    return torch.cat([one_hot, sinusoidal_positional_encoding(len(words), n_pos)], dim=-1)[None]
+
+
+x_line = embed_line(tokens)  # (1, T, C)
 C = x_line.shape[-1]
 print(f"{len(tokens)} tokens, {len(vocab)} distinct words, C = {len(vocab)} + {n_pos} = {C}")
 
@@ -792,6 +808,41 @@ on_previous = prev.diagonal(-1)  # weight of query i+1 on key i
 print("previous-word head: weight on the previous token, mean", round(on_previous.mean().item(), 3),
       "smallest", round(on_previous.min().item(), 3))
 assert on_previous.min() > 0.9
+
+# %% [markdown]
+# **Moving the words does not change the matches.** One of our sources argues that attention is
+# robust to where things sit: a plain feed-forward layer has separate weights for every input
+# position, so a pattern learned at position 2 must be learned again at position 3, while a query
+# matches a key by their contents. Put three words in front of the line, so every word moves three
+# places, and compare the score of the second *to* (query) against the first *to* (key), and of the
+# second *to* against the word before it:
+
+# %%
+shifted = ["that", "is", "the"] + tokens
+x_shifted = embed_line(shifted)
+
+
+def score(head: AttentionHead, x: torch.Tensor, i: int, j: int) -> float:
+    """The scaled score of query i against key j in ``head`` for the input x [1, T, C]."""
+    with torch.no_grad():
+        return (head.query(x)[0, i] @ head.key(x)[0, j]).item() / math.sqrt(head.head_size)
+
+
+for name, (i, j) in (("same word", (5, 0)), ("previous word", (5, 4)), ("untrained", (5, 0))):
+    before, after = score(heads[name], x_line, i, j), score(heads[name], x_shifted, i + 3, j + 3)
+    print(f"{name:>13} head, query {tokens[i]!r} vs key {tokens[j]!r}: {before:8.4f} before the shift, {after:8.4f} after")
+
+# %%
+for name, (i, j) in (("same word", (5, 0)), ("previous word", (5, 4))):
+    assert abs(score(heads[name], x_line, i, j) - score(heads[name], x_shifted, i + 3, j + 3)) < 1e-4
+assert abs(score(heads["untrained"], x_line, 5, 0) - score(heads["untrained"], x_shifted, 8, 3)) > 1e-3
+
+# %% [markdown]
+# The same-word head's score is unchanged because it reads only the word part. The previous-word
+# head's score is unchanged too, for a different reason: the similarity of two sinusoidal codes
+# depends only on the distance between the positions (chapter 02), and the distance did not change.
+# The untrained head mixes in absolute positions, so its score moves. Which of these a trained
+# head does is up to training; attention makes the position-free choice *possible*.
 
 # %% [markdown]
 # The previous-word head puts most of each row's weight one step left of the diagonal (the first
