@@ -114,7 +114,7 @@ for word, s in zip(river_words, scores_river.tolist(), strict=True):
 
 # %% [markdown]
 # *a* scores 0 with *bank*: they share no feature, so *a* offers no context, as it should. *river*
-# and *fishing* score high.
+# and *fishing* score high, and *bank* matches itself best: its own vector is part of the blend.
 #
 # **Scores to weights.** The softmax turns any row of scores into positive weights that sum to 1,
 # keeping their order: `softmax(s)_j = exp(s_j) / Σ_i exp(s_i)`. **Weights to a new vector.** The
@@ -163,14 +163,15 @@ for sharpness in (1.0, 30.0):
 
 # %% [markdown]
 # The sharp look-up returns key 1's value `[0, 10]` almost exactly; the gentle one blends all
-# three. One of our sources calls the value "how important it is to get a match"; that is not
-# right: the *weight* carries the importance, the value is only the content passed on.
+# three. One of our sources describes the value as a measure of how much a match matters; that is
+# not right: the *weight* carries the importance, the value is only the content passed on.
 #
 # **Why three separate projections?** In a real model the query, key and value are not the raw
 # embedding. Each is a linear map of it: `q = x W_qᵀ`, `k = x W_kᵀ`, `v = x W_vᵀ`, three bias-free
-# `nn.Linear(C, hs)` layers whose weights are learned. This lets a word be *looked for* in one way
-# and *found* in another (what *it* needs in a sentence is a noun to point back to; what makes a
-# noun findable is being a noun), and lets the model choose what to pass on. The projections also
+# `nn.Linear(C, hs)` layers whose weights are learned. A pronoun such as *it* looks for a noun
+# earlier in the sentence, but a noun is found for *being* a noun, not for looking for one: the
+# question and the label are different things, so they get different projections, and a third one
+# chooses what is passed on. The projections also
 # pick the head size `hs`, usually `C / n_heads` (chapter 04 runs several heads side by side).
 #
 # Here is the input of our first source's worked example: a batch of 2 sequences of 6 tokens, each
@@ -221,8 +222,8 @@ print("source's row matches the unscaled weights:", torch.allclose(w_unscaled, s
 
 # %% [markdown]
 # The output is the weighted average of the values. The source prints `(0.5863, 0.4673)`. Its
-# weights are unscaled, and it multiplied the weights *after* rounding them to four decimals; at full
-# precision the first number is 0.5862:
+# weights are unscaled, and it evidently multiplied the weights *after* rounding them to four
+# decimals, which reproduces both of its numbers; at full precision the first one is 0.5862:
 
 # %%
 print("rounded unscaled weights @ v:", w_unscaled.round(decimals=4) @ v_seq)
@@ -402,7 +403,7 @@ print("softmax of a fully masked row:", torch.softmax(row, dim=-1))
 
 # %%
 # Your turn - Exercise 3.2 (★☆☆): the causal mask.
-from transformer_course.checks.attention import check_attention, check_causal_mask
+from transformer_course.checks.attention import check_causal_mask
 
 
 def my_causal_mask(T: int) -> torch.Tensor:
@@ -416,6 +417,9 @@ check_causal_mask(my_causal_mask)
 
 # %%
 # Your turn - Exercise 3.3 (★★☆): attention with an optional mask.
+from transformer_course.checks.attention import check_attention
+
+
 def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
     """(out [..., T_q, d_v], weights [..., T_q, T_k]); mask: bool, True = may attend."""
     ### BEGIN SOLUTION
@@ -572,8 +576,8 @@ print("fully masked query (sequence 1, position 0): weights", w[1, 0], "output",
 assert ours_vs_loop < 1e-6 and ours_vs_torch < 1e-6 and not out.isnan().any()
 
 # %% [markdown]
-# The test suite (`tests/test_attention.py`) repeats the comparison with PyTorch over hundreds of
-# random shapes, batch dimensions and masks, to within 1e-6, and checks that gradients stay finite
+# The test suite (`tests/test_attention.py`) repeats the comparison with PyTorch for 60 random
+# combinations of shapes, batch dimensions and masks, to within 1e-6, and checks that gradients stay finite
 # through a fully masked row. Bad input gets a message that says what is wrong and how to fix it:
 
 # %%
@@ -669,9 +673,10 @@ head = AttentionHead(d_model=4, head_size=2)
 print(head)
 out = head(inp)
 print("out", tuple(out.shape), "weights", tuple(head.last_weights.shape))
-by_hand = my_head_forward(inp, head.query.weight, head.key.weight, head.value.weight)
+q_h, k_h, v_h = (inp @ proj.weight.T for proj in (head.query, head.key, head.value))  # (B, T, hs)
+by_hand, _ = scaled_dot_product_attention(q_h, k_h, v_h, causal_mask(6))
 assert torch.allclose(out, by_hand, atol=1e-6)
-print(head.last_weights[0])
+print("module and hand computation agree:", torch.allclose(out, by_hand, atol=1e-6), "| horizon's output:", out[0, -1])
 
 # %% [markdown]
 # **Causality, tested.** Whatever we write after position `t` must not change the outputs at
@@ -863,7 +868,7 @@ def draw_query_weights(head_name: str, query: int) -> torch.Tensor:
     plt.show()
     return w
 
-
+# %%
 def attention_explorer() -> widgets.VBox:
     """Dropdowns for the head and the query token; redraws the bar chart when either changes."""
     head_pick = widgets.Dropdown(options=list(line_weights), description="head")
