@@ -332,6 +332,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                            'transformer_course/training.py'),
                                              'transformer_course.training.plot_history': ( 'gpt_and_training.html#plot_history',
                                                                                            'transformer_course/training.py'),
+                                             'transformer_course.training.run_train_command': ( 'gpt_and_training.html#run_train_command',
+                                                                                                'transformer_course/training.py'),
                                              'transformer_course.training.save_checkpoint': ( 'gpt_and_training.html#save_checkpoint',
                                                                                               'transformer_course/training.py'),
                                              'transformer_course.training.train': ( 'gpt_and_training.html#train',

@@ -9,8 +9,8 @@
 # **What you will be able to do.**
 # - explain why looking up a row of a table is the same computation as multiplying a one-hot vector
 #   by a matrix, and follow the shapes from `[B, T]` ids to `[B, T, C]` vectors;
-# - compute the sinusoidal position code from its formula and check it, to six decimals, against a
-#   table printed in one of our sources;
+# - compute the sinusoidal position code from its formula, check it against a table printed in one
+#   of our sources, and spot where sources get the formula (or the last digit) wrong;
 # - say what makes the sinusoids a good code (bounded, a distinct code for every position, a shift
 #   by k positions is a fixed rotation, similarity that fades with distance) and what learned
 #   position tables do beyond the length they were trained on;
@@ -114,7 +114,7 @@ print(f"one-hot matmul: {matmul_ops:,} multiply-adds; lookup: {copies:,} copies 
 # %% [markdown]
 # `torch.nn.Embedding` is exactly this table with a fast lookup. During training only the rows of
 # tokens that appear in the batch get a gradient (their one-hot entries are the only non-zeros), so
-# a token that never shows up keeps its random starting row.
+# a token that never shows up keeps its random starting row (weight decay aside).
 
 # %%
 table = torch.nn.Embedding(V, C)
@@ -242,15 +242,15 @@ print("'dog' gets the same vector at position 0 and position 2:", torch.equal(do
 #    the relation between positions p and p + k does not depend on p;
 # 4. **predictable**: the code follows a rule, so it exists for positions never seen in training.
 #
-# The obvious candidates fail. The raw index `p` breaks (1): by position 1000 it is hundreds of
-# times larger than a token vector. The fraction `p / (T - 1)` is bounded but breaks (3): the same
-# position gets a different code in texts of different lengths.
+# The obvious candidates fail. The raw index `p` breaks (1): by position 1000 it is about a
+# thousand times larger than a typical entry of a token vector. The fraction `p / (T - 1)` is
+# bounded but breaks (3): the same position gets a different code in texts of different lengths.
 
 # %%
-token_size = torch.randn(1000, 64, generator=torch.Generator().manual_seed(0)).norm(dim=1).mean()
-print(f"typical length of an N(0, 1) token vector, C = 64: {token_size:.2f}")
+token_entry = torch.randn(100_000, generator=torch.Generator().manual_seed(0)).abs().mean()
+print(f"typical size of a token-vector entry (mean |N(0, 1)|): {token_entry:.2f}")
 for p in (10, 100, 1000):
-    print(f"raw index at position {p:4d}: a vector of length {p * 64 ** 0.5:8.1f}")
+    print(f"raw index at position {p:4d}: an entry of {p:4d}, {p / token_entry:6.0f}x larger")
 for T in (8, 16):
     print(f"fraction code of position 3 in a text of length {T:2d}: {3 / (T - 1):.4f}")
 
@@ -269,11 +269,14 @@ for p in (0, 1, 2, 3, 7, 8, 15):
     print(f"{p:2d} -> {''.join(map(str, bits[p].tolist()))}")
 flips = (bits[1:] != bits[:-1]).sum(0).tolist()  # how often each digit changes going 0 -> 15
 print("changes per digit (slowest to fastest):", flips)
+print("digits that differ: 7 vs 8 ->", (bits[7] != bits[8]).sum().item(), "| 0 vs 8 ->", (bits[0] != bits[8]).sum().item())
 
 # %% [markdown]
-# Digits that jump between 0 and 1 are awkward for gradient descent, and there are only as many
-# codes as bit patterns. Replace each digit by a smooth wave, a sine and a cosine, with its own
-# wavelength, from fast to slow: that is the sinusoidal code.
+# Binary digits have two flaws as a code for a network. They jump, and a jump has no useful slope
+# for gradient descent. And how many digits differ says little about how far apart two numbers are:
+# the neighbours 7 and 8 differ in every digit, while 0 and 8 differ in one. Replace each digit by a
+# smooth wave, a sine and a cosine, with its own wavelength from fast to slow: that is the
+# sinusoidal code, and section 4 shows that its distances do follow the gap between positions.
 
 # %% [markdown]
 # ## 3. The sinusoidal code
@@ -345,9 +348,9 @@ pe64 = sinusoidal_positional_encoding(16, 64, dtype=torch.float64)  # (16, 64)
 show_table(pe64, [0, 1, 2, 3, 4, 5, 58, 59, 60, 61, 62, 63])
 
 # %% [markdown]
-# The source prints 320 entries (columns 0-9 and 54-63). The test suite compares all of them: every
-# one agrees with ours to within one unit in the sixth decimal, and 306 agree exactly. In the other 14
-# the source's last digit is off by one. Here are a few entries of each kind, as the source prints
+# The source prints 320 entries (columns 0-9 and 54-63). The test suite (`tests/test_positional.py`)
+# compares all of them: every one agrees with ours to within one unit in the sixth decimal, and 306
+# agree exactly. In the other 14 the source's last digit is off by one. Here are a few entries of each kind, as the source prints
 # them, next to ours and to the value from Python's `math` module, written out to nine decimals:
 
 # %%
@@ -528,14 +531,17 @@ print("M_5 is a rotation (M M^T = I):", torch.allclose(M @ M.T, torch.eye(64), a
 # **Similarity fades with distance.** The dot product of two codes is a sum over pairs of
 # `sin(pω)sin(qω) + cos(pω)cos(qω) = cos((q - p)ω)`. So it depends only on the gap, equals `C/2 = 32`
 # at gap 0, and falls as the gap grows: quickly at first, then more slowly, with ripples (it does not
-# fall at every single step). Nearby positions look alike, distant ones less so.
+# fall at every single step). Nearby positions look alike, distant ones less so. Since every row has
+# the same length, the distance between two codes is `√(C − 2·dot)`: it too depends only on the gap,
+# which is why checking gaps from position 0 was enough above. (Attention compares *projections* of
+# these vectors, so this is the raw material it starts from, not what it must use.)
 
 # %%
 dots = pe_exact @ pe_exact.T  # (1000, 1000): dot product between every two positions
-gaps = torch.arange(0, 200)
+gaps = torch.arange(0, 500)
 from_0, from_500 = dots[0, gaps], dots[500, 500 + gaps]  # the same gaps, starting at two positions
 print("depends only on the gap:", torch.allclose(from_0, from_500, atol=1e-9))
-print("gap  0, 1, 2, 5, 10, 50, 199:", [round(from_0[g].item(), 2) for g in (0, 1, 2, 5, 10, 50, 199)])
+print("gap 0, 1, 2, 5, 10, 50, 200, 499:", [round(from_0[g].item(), 2) for g in (0, 1, 2, 5, 10, 50, 200, 499)])
 fig, ax = plt.subplots(figsize=(8, 3))
 ax.plot(gaps, from_0)
 ax.set_xlabel("gap k = |q - p| (positions)")
@@ -579,27 +585,31 @@ check_dot_by_offset(my_dot_by_offset)
 # %% [markdown]
 # ## 5. Explore the code
 #
-# Move the sliders to pick a position and a range of columns. The left panel draws those columns as waves over positions
-# 0-127 and marks where the chosen position cuts them; the right panel is that position's row of the
-# table, the numbers that get added to the token vector.
+# Move the sliders to pick a position and a range of columns. The left panel draws those columns as
+# waves over the 64 positions around the chosen one and marks where that position cuts them; the
+# right panel is that position's row of the table, the numbers that get added to the token vector.
 
 # %%
 import ipywidgets as widgets  # noqa: E402
 from IPython.display import display  # noqa: E402
 
 
-def draw_encoding(pe, position, columns):
-    """Waves of pe[:, lo..hi] with the chosen position marked, and that position's row as a heatmap."""
+def draw_encoding(pe, position, columns, window=64):
+    """Waves of pe[:, lo..hi] around the chosen position (marked), and that position's row as a heatmap."""
     lo, hi = columns
     cols = list(range(lo, hi + 1))
+    start = max(0, min(position - window // 2, len(pe) - window))
+    xs = torch.arange(start, min(start + window, len(pe)))
     fig, (ax_w, ax_r) = plt.subplots(1, 2, figsize=(12, 3), gridspec_kw={"width_ratios": [3, 2]})
     for j in cols:
-        ax_w.plot(pe[:, j], lw=1)
+        ax_w.plot(xs, pe[xs, j], lw=1, label=str(j))
     ax_w.axvline(position, color="k", ls="--", lw=1)
     ax_w.scatter([position] * len(cols), pe[position, cols], color="k", s=12, zorder=3)
-    ax_w.set(xlabel="position", ylabel="value", title=f"columns {lo}-{hi}")
-    plot_heatmap(pe[position : position + 1, lo : hi + 1], ax_r, cmap="RdBu", vmin=-1, vmax=1,
-                 row_labels=[f"p={position}"], col_labels=[str(j) for j in cols], title="row of the table")
+    ax_w.set(xlabel="position", ylabel="value", title=f"columns {lo}-{hi} around position {position}")
+    if len(cols) <= 8:
+        ax_w.legend(title="column", fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    plot_heatmap(pe[position : position + 1, lo : hi + 1], ax_r, cmap="RdBu", vmin=-1, vmax=1, annotate=len(cols) <= 12,
+                 row_labels=[f"p={position}"], col_labels=[str(j) for j in cols], title="its row of the table")
     print(f"position {position}, columns {lo}-{hi}:", [round(v, 4) for v in pe[position, cols].tolist()])
     plt.show()
 
@@ -608,7 +618,7 @@ def encoding_explorer(n_positions=128, d_model=64):
     """Sliders for a position and a column range (redrawn on every move); returns the widget and the table."""
     table = sinusoidal_positional_encoding(n_positions, d_model)
     position = widgets.IntSlider(value=7, min=0, max=n_positions - 1, description="position")
-    columns = widgets.IntRangeSlider(value=(0, 7), min=0, max=d_model - 1, description="columns")
+    columns = widgets.IntRangeSlider(value=(0, 5), min=0, max=d_model - 1, description="columns")
     out = widgets.Output()
 
     def update(_=None):
@@ -623,12 +633,13 @@ def encoding_explorer(n_positions=128, d_model=64):
 # %%
 explorer, explorer_table = encoding_explorer()
 display(explorer)
-draw_encoding(explorer_table, position=7, columns=(0, 7))  # the same view, stored with the notebook
+draw_encoding(explorer_table, position=7, columns=(0, 5))  # the same view, stored with the notebook
 
 # %% [markdown]
-# Things to try: slide the position with columns 0-7 and watch the fast pairs spin while the slow
-# ones barely move; pick columns 56-63 and notice they stay near `[0, 1, 0, 1, ...]` for all 128
-# positions, like the high digits of a small binary number.
+# Things to try: slide the position with columns 0-5 (wavelengths of 6 to 11 positions), then with
+# columns 30-35 (wavelengths of hundreds of positions) and compare how fast the row changes; pick
+# columns 56-63 and notice they stay near `[0, 1, 0, 1, ...]` for all 128 positions, like the high
+# digits of a small binary number.
 #
 # ## 6. Learned position tables, and what lies past their end
 #
@@ -655,6 +666,7 @@ for _ in range(50):
 moved = (positions_table.weight.detach() - start).norm(dim=1)  # (16,) how far each row moved
 print("rows 0-7 moved by: ", [round(v, 3) for v in moved[:8].tolist()])
 print("rows 8-15 moved by:", [round(v, 3) for v in moved[8:].tolist()])
+assert moved[8:].max() == 0 and moved[:8].min() > 0
 
 # %% [markdown]
 # (With weight decay, as in AdamW, the untrained rows would instead shrink towards zero: still
