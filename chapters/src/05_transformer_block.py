@@ -1,0 +1,920 @@
+# %% [markdown]
+# # Chapter 05: the transformer block
+#
+# A GPT is one unit repeated many times: the **transformer block**. This chapter builds it from the
+# pieces you already have and the three it still needs:
+#
+# - **`LayerNorm`**, written from scratch and matched against PyTorch's;
+# - **`FeedForward`**, the small two-layer network applied to every position, with ReLU or GELU;
+# - **residual connections** and the **`TransformerBlock`** itself, with the normalisation placed
+#   before each sublayer (GPT-2, "pre-norm") or after it (the 2017 paper, "post-norm").
+#
+# By the end you will be able to count a block's parameters from a formula, explain why residual
+# connections let gradients reach the bottom of a deep stack (and measure it), and spot a bug that
+# appears in two of the sources this course was written from.
+#
+# **Needs:** `MultiHeadAttention` from chapter 04 (which uses chapter 03's attention).
+# **Exports:** `transformer_course/block.py`.
+
+# %%
+#| default_exp block
+
+# %%
+import math
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from IPython.display import display
+from torch import nn
+
+torch.set_printoptions(precision=4)
+_ = torch.manual_seed(0)
+
+# %%
+#| export
+"""The transformer block: layer normalisation, the position-wise feed-forward network, and the
+residual block that wraps chapter 04's multi-head attention and the feed-forward network.
+
+Shapes: B batch, T time (sequence), C = d_model channels, d_ff the feed-forward hidden width
+(4C by default), nh heads.
+
+A block maps [B, T, C] to [B, T, C], so blocks stack; a GPT is a stack of them (chapter 06).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from transformer_course.multihead import KVCache, MultiHeadAttention
+
+NORMS = ("pre", "post")  # where the LayerNorm sits: GPT-2 (pre) or the 2017 paper (post)
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # 2017 paper, exact GELU, GPT-2's tanh approximation
+
+# %% [markdown]
+# ## 1. The block at a glance
+#
+# A block has two **sublayers**. Attention lets every position gather information from the earlier
+# positions; the feed-forward network then transforms each position on its own. Each sublayer is
+# wrapped the same way: normalise, transform, and *add the result back* to what came in. In GPT-2's
+# arrangement:
+#
+# ```
+#  x ─┬─► LN1 ─► attention ─►(+)─┬─► LN2 ─► feed-forward ─►(+)─► out
+#     └───────────────────────────┘└──────────────────────────┘
+#         residual connection          residual connection
+# ```
+#
+# The output has the input's shape `[B, T, C]`, which is what lets us stack blocks.
+#
+# Our running example is the small batch from seed 000 (the text "The sun dipped below the
+# horizon, painting the sky with hues"): two sequences of six tokens, each token already embedded
+# with its position as a 4-number vector, so `[B, T, C] = [2, 6, 4]`.
+
+# %%
+x_seed = torch.tensor([
+    [[0.4553, 0.3277, 0.4210, 0.6628], [0.0874, 0.3216, 0.2850, 0.1438],   # The, sun
+     [0.8880, 0.2221, 0.6271, 0.8234], [0.9180, 0.8070, 0.4281, 0.1977],   # dipped, below
+     [0.4874, 0.9018, 0.4258, 0.1630], [0.0441, 0.1988, 0.6751, 0.8757]],  # the, horizon
+    [[0.9347, 0.9255, 0.6341, 0.0567], [0.7656, 0.2911, 0.6161, 0.0123],   # ",", painting
+     [0.4200, 0.3295, 0.1863, 0.7694], [0.3197, 0.9724, 0.6066, 0.2184],   # the, sky
+     [0.4521, 0.9276, 0.3951, 0.1281], [0.7899, 0.7894, 0.2245, 0.2889]],  # with, hues
+])
+print("x_seed:", tuple(x_seed.shape), "= [B, T, C]")
+
+# %% [markdown]
+# ## 2. Layer normalisation
+#
+# Deep networks train badly when the scale of the numbers flowing through them drifts from layer to
+# layer. Layer normalisation resets the scale **of each token vector separately**: take the C
+# numbers of one token, compute their mean $\mu$ and variance $\sigma^2$, and map each number to
+#
+# $$y = \gamma \odot \frac{x - \mu}{\sqrt{\sigma^2 + \varepsilon}} + \beta .$$
+#
+# After the division the token's numbers have mean 0 and variance 1. Two learned vectors of length C,
+# the *gain* $\gamma$ (starts at 1) and the *bias* $\beta$ (starts at 0), then let the network choose
+# another scale and offset per channel if that helps. The small $\varepsilon = 10^{-5}$ keeps the
+# division finite for a token whose numbers are all equal ($\sigma = 0$).
+#
+# Seed 002 draws tokens as the *columns* of a `[C, T]` matrix and so says "per column"; in our
+# `[B, T, C]` layout a token is a row, and we normalise over the last dimension. Nothing mixes
+# tokens or batch items (unlike batch normalisation), so the layer behaves the same in training and
+# when generating one sequence at a time.
+#
+# First by hand, for the token "The":
+
+# %%
+row = x_seed[0, 0]
+mu = row.mean()
+var = ((row - mu) ** 2).mean()  # divide by C, not C - 1
+by_hand = (row - mu) / torch.sqrt(var + 1e-5)
+print(f"mean {mu.item():.4f}   variance {var.item():.6f}")
+print("normalised:", by_hand)
+print(f"after: mean {by_hand.mean().item():.4f}, variance {by_hand.pow(2).mean().item():.4f}")
+
+# %% [markdown]
+# The new variance is 0.9993 rather than 1 because this token's variance (0.015) is not much
+# larger than ε: the ε in the denominator is not entirely negligible.
+#
+# The variance divides by C (the "biased" variance). `torch.var` divides by C − 1 unless told
+# otherwise, and for C = 4 that is a visible difference:
+
+# %%
+print(f"divide by C:     {row.var(correction=0).item():.6f}")
+print(f"divide by C - 1: {row.var().item():.6f}  (torch.var's default)")
+
+# %% [markdown]
+# Now the module. It takes input of any shape `[..., C]` and checks that the last dimension is the
+# width it was built for.
+
+# %%
+#| export
+def _choice(value, choices: tuple, what: str):
+    """Return ``value`` if it is one of ``choices``; otherwise raise an error listing them."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"unknown {what} {value!r}: choose one of {', '.join(map(repr, choices))}")
+    return value
+
+
+def _positive_int(value, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive int, got {value!r}")
+    return value
+
+
+def _check_channels(x, d_model: int, who: str) -> None:
+    """Raise a clear error unless ``x`` is a tensor whose last dimension is ``d_model``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{who} expects a torch.Tensor [..., {d_model}], got {type(x).__name__}")
+    if x.ndim == 0 or x.shape[-1] != d_model:
+        raise ValueError(
+            f"{who} was built for d_model={d_model} but got input of shape {tuple(x.shape)}: "
+            f"the last dimension must be the {d_model} channels C; fix the input's width or build "
+            f"the module with the input's width"
+        )
+
+# %%
+#| export
+class LayerNorm(nn.Module):
+    """Layer normalisation over the last dimension (Ba, Kiros and Hinton, 2016).
+
+    Each token's C numbers are shifted to mean 0 and scaled to variance 1, then scaled by the
+    learned gain ``weight`` (γ, starts at 1) and shifted by the learned ``bias`` (β, starts at 0):
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``. The variance divides by C, and ``eps`` sits
+    inside the square root, as in ``nn.LayerNorm`` and GPT-2. ``bias=False`` drops β (``bias`` is None).
+
+    Input [..., C] (usually [B, T, C]) -> output of the same shape.
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+        super().__init__()
+        self.d_model = _positive_int(d_model, "d_model")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
+            raise ValueError(f"eps must be a positive number (GPT-2 uses 1e-5), got {eps!r}")
+        self.eps = float(eps)
+        self.weight = nn.Parameter(torch.ones(d_model))  # γ [C]
+        if bias:
+            self.bias = nn.Parameter(torch.zeros(d_model))  # β [C]
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_channels(x, self.d_model, "LayerNorm")
+        mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
+        centred = x - mean  # (..., C)
+        var = centred.pow(2).mean(dim=-1, keepdim=True)  # (..., 1), divides by C
+        y = centred / torch.sqrt(var + self.eps) * self.weight  # (..., C)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}, bias={self.bias is not None}"
+
+# %% [markdown]
+# Our module against PyTorch's `nn.LayerNorm`, with random gains and biases so that γ and β are
+# really tested, on the seed batch and on a larger batch of wilder numbers:
+
+# %%
+def paired_layer_norms(C: int, seed: int = 0):
+    """Our LayerNorm and nn.LayerNorm with the same random γ and β."""
+    ours, ref = LayerNorm(C), nn.LayerNorm(C)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p_ours, p_ref in ((ours.weight, ref.weight), (ours.bias, ref.bias)):
+            p_ours.copy_(torch.randn(C, generator=g))
+            p_ref.copy_(p_ours)
+    return ours, ref
+
+ours, ref = paired_layer_norms(4)
+assert torch.allclose(LayerNorm(4)(x_seed)[0, 0], by_hand)  # γ = 1, β = 0: the hand computation
+x_wild = 3.0 + 10.0 * torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1))
+ours64, ref64 = paired_layer_norms(64)
+for name, a, b in (("seed batch", ours(x_seed), ref(x_seed)), ("[8, 32, 64]", ours64(x_wild), ref64(x_wild))):
+    diff = (a - b).abs().max().item()
+    print(f"{name:12s} largest difference from nn.LayerNorm: {diff:.1e}")
+    assert diff < 1e-6
+
+# %% [markdown]
+# ### Seed 002 puts ε in the wrong place
+#
+# Seed 002 writes the normalisation as $(x - \mu) / (\sigma + \varepsilon)$. PyTorch, TensorFlow
+# and GPT-2 all use $(x - \mu) / \sqrt{\sigma^2 + \varepsilon}$. The two differ by the factor
+# $\sqrt{\sigma^2 + \varepsilon} / (\sigma + \varepsilon)$: almost exactly 1 when the token's spread
+# $\sigma$ is much larger than $\sqrt{\varepsilon} \approx 0.003$, and far from 1 when it is not.
+
+# %%
+def seed002_layer_norm(x, eps=1e-5):
+    """Seed 002's formula (γ = 1, β = 0): divides by the standard deviation plus eps."""
+    sigma = x.var(dim=-1, keepdim=True, correction=0).sqrt()
+    return (x - x.mean(dim=-1, keepdim=True)) / (sigma + eps)
+
+gap = (seed002_layer_norm(x_seed) - LayerNorm(4)(x_seed)).abs().max().item()
+print(f"seed batch (spread ~0.1-0.35): largest difference {gap:.1e}")
+for spread in (1.0, 0.1, 0.01, 0.003, 0.001):
+    x_flat = 0.5 + spread * torch.randn(1, 64, generator=torch.Generator().manual_seed(2))
+    ratio = (LayerNorm(64)(x_flat).norm() / seed002_layer_norm(x_flat).norm()).item()
+    print(f"token spread {spread:<6}: the correct output is {ratio:.4f} x seed 002's")
+
+# %% [markdown]
+# On ordinary activations the error is around $10^{-4}$, small but far larger than the $10^{-6}$
+# we demand of a re-implementation: a model trained with one formula and run with the other drifts.
+# For tokens whose numbers are nearly equal the two disagree by a factor of 3 or more. The picture
+# shows the factor against the spread:
+
+# %%
+sigmas = torch.logspace(-5, 0, 200)
+factor = torch.sqrt(sigmas**2 + 1e-5) / (sigmas + 1e-5)
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.semilogx(sigmas, factor)
+ax.axvline(1e-5**0.5, color="grey", ls=":", label="σ = √ε")
+ax.set_xlabel("token's standard deviation σ")
+ax.set_ylabel("√(σ²+ε) / (σ+ε)")
+ax.set_title("How far seed 002's LayerNorm is from the real one")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### Your turn
+#
+# Write layer normalisation as a plain function of a tensor `x [..., C]`, the gain `weight [C]`
+# and the bias `bias [C]`. The check compares it with the reference on ordinary inputs, on a token
+# whose numbers are all equal, and on a wider batch.
+
+# %%
+from transformer_course.checks.block import (
+    check_block_forward,
+    check_block_parameter_count,
+    check_gelu_tanh,
+    check_input_gradient_norms,
+    check_layer_norm,
+)
+
+# %%
+# Your turn - Exercise 5.1 (★☆☆): layer normalisation over the last dimension.
+def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    """x [..., C], weight [C], bias [C] -> [..., C]: (x - mean) / sqrt(var + eps) * weight + bias."""
+    ### BEGIN SOLUTION
+    mean = x.mean(dim=-1, keepdim=True)
+    var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+    ### END SOLUTION
+
+check_layer_norm(my_layer_norm)
+
+# %% [markdown]
+# ## 3. The feed-forward network
+#
+# After attention has mixed information *between* positions, each position is processed on its own
+# by a small two-layer network: widen the C numbers to a hidden width $d_{ff}$, apply a nonlinearity,
+# and project back to C:
+#
+# $$\mathrm{FFN}(x) = \mathrm{proj}(\,\mathrm{act}(\mathrm{fc}(x))\,).$$
+#
+# The same weights are used at every position ("position-wise"). The hidden width is four times
+# C in the 2017 paper (512 → 2048), in GPT-2 (768 → 3072) and in our seeds (seed 000: 4 → 16;
+# seed 003: 64 → 256). Most of a block's parameters live here.
+#
+# One correction to seed 003, which says the network's input and output are "attention scores":
+# they are not. The attention weights stay inside the attention sublayer; what reaches the
+# feed-forward network is each token's C-number vector (the input plus attention's contribution).
+
+# %%
+#| export
+_ACTIVATION_LAYERS = {
+    "relu": lambda: nn.ReLU(),
+    "gelu": lambda: nn.GELU(),  # exact: x * Φ(x), Φ the standard normal CDF (via erf)
+    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's approximation ("gelu_new" in HF)
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network: ``proj(act(fc(x)))``, the same MLP at every position.
+
+    ``fc`` widens C -> d_ff (default 4C, as in the 2017 paper and GPT-2), ``proj`` narrows back to C.
+    ``activation``: "relu" (2017 paper), "gelu" (exact GELU), or "gelu_tanh" (GPT-2's tanh
+    approximation). ``dropout`` applies to the output (GPT-2's residual dropout).
+
+    Input [..., C] -> output [..., C] (hidden [..., d_ff]).
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, activation: str = "gelu",
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        self.d_model = _positive_int(d_model, "d_model")
+        self.d_ff = 4 * d_model if d_ff is None else _positive_int(d_ff, "d_ff")
+        self.activation = _choice(activation, ACTIVATIONS, "activation")
+        self.fc = nn.Linear(d_model, self.d_ff, bias=bias)
+        self.act = _ACTIVATION_LAYERS[activation]()
+        self.proj = nn.Linear(self.d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_channels(x, self.d_model, "FeedForward")
+        h = self.act(self.fc(x))  # (..., d_ff)
+        return self.dropout(self.proj(h))  # (..., C)
+
+# %% [markdown]
+# Seed 000's network on seed 000's batch (4 → 16 → 4, ReLU), and seed 003's size (64 → 256 → 64).
+# The parameter count is two weight matrices plus two bias vectors: $2 \cdot C \cdot 4C + 4C + C$.
+
+# %%
+for C in (4, 64):
+    ffn = FeedForward(C, activation="relu")
+    counted = sum(p.numel() for p in ffn.parameters())
+    formula = 2 * C * 4 * C + 4 * C + C
+    print(f"C={C:3d}: fc {tuple(ffn.fc.weight.shape)}, proj {tuple(ffn.proj.weight.shape)}, "
+          f"{counted:,} parameters (formula {formula:,})")
+    assert counted == formula
+ffn = FeedForward(4, activation="relu")
+print("seed batch:", tuple(x_seed.shape), "->", tuple(ffn(x_seed).shape))
+
+# %% [markdown]
+# "Position-wise" is a checkable claim: change one token and only that token's output changes.
+
+# %%
+x_changed = x_seed.clone()
+x_changed[0, 3] += 1.0  # change the token "below"
+moved = (ffn(x_changed) - ffn(x_seed)).abs().amax(dim=-1).detach()  # [B, T]: how much each output moved
+print("largest change per position:\n", moved)
+assert moved[0, 3] > 0 and moved.flatten().count_nonzero() == 1
+
+# %% [markdown]
+# ### The activation: ReLU and GELU
+#
+# ReLU, $\max(0, x)$, has a corner at 0 and passes no gradient for negative inputs. GELU (Hendrycks
+# and Gimpel, 2016) weights each input by the probability that a standard normal variable falls
+# below it: $\mathrm{GELU}(x) = x\,\Phi(x) = \tfrac{x}{2}\left(1 + \mathrm{erf}(x/\sqrt{2})\right)$.
+# It is smooth, close to ReLU far from 0, and dips slightly below zero for negative inputs. GPT-2
+# computed it with a cheaper tanh formula,
+# $\tfrac{x}{2}\left(1 + \tanh\!\left(\sqrt{2/\pi}\,(x + 0.044715\,x^3)\right)\right)$.
+# Both formulas written out, against PyTorch:
+
+# %%
+def gelu_exact(x):
+    return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+xs = torch.linspace(-6, 6, 2001, dtype=torch.float64)
+print(f"exact formula vs F.gelu:                 {(gelu_exact(xs) - F.gelu(xs)).abs().max().item():.1e}")
+print(f"tanh formula vs F.gelu(approximate=tanh): {(gelu_tanh(xs) - F.gelu(xs, approximate='tanh')).abs().max().item():.1e}")
+gap = (gelu_exact(xs) - gelu_tanh(xs)).abs()
+print(f"exact vs tanh: largest gap {gap.max().item():.1e} at x = {xs[gap.argmax()].item():.2f}")
+print(f"GELU's minimum: {gelu_exact(xs).min().item():.4f} at x = {xs[gelu_exact(xs).argmin()].item():.2f}")
+
+# %%
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
+for name, y in (("ReLU", F.relu(xs)), ("GELU (exact)", gelu_exact(xs)), ("GELU (tanh)", gelu_tanh(xs))):
+    ax1.plot(xs, y, label=name, ls="--" if "tanh" in name else "-")
+ax1.set_xlim(-4, 3)
+ax1.set_ylim(-0.5, 3)
+ax1.legend()
+ax1.set_title("activations")
+ax2.plot(xs, gelu_exact(xs) - gelu_tanh(xs))
+ax2.set_title("exact GELU minus tanh GELU")
+plt.show()
+
+# %% [markdown]
+# The two GELUs differ by less than $5 \cdot 10^{-4}$: irrelevant when training from scratch, but
+# when we load GPT-2's trained weights (chapter 08) we must use the formula it was trained with, so
+# `FeedForward` offers both (`"gelu"`, `"gelu_tanh"`) as well as `"relu"`.
+
+# %%
+# Your turn - Exercise 5.2 (★☆☆): GPT-2's tanh approximation of GELU.
+def my_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); same shape as x."""
+    ### BEGIN SOLUTION
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    ### END SOLUTION
+
+check_gelu_tanh(my_gelu_tanh)
+
+# %% [markdown]
+# ## 4. Residual connections
+#
+# A residual (or skip) connection computes $y = x + f(x)$: the sublayer $f$ proposes a *change* to
+# its input instead of replacing it. Its derivative is $\partial y / \partial x = I + \partial f /
+# \partial x$, so during backpropagation the gradient arriving at $y$ reaches $x$ directly, plus
+# whatever $f$ adds.
+#
+# Seed 000 says the addition "distributes the gradient equally" to its two inputs. Equal, yes, but
+# not shared out: an addition hands the *whole* incoming gradient to each input.
+
+# %%
+a = torch.tensor(2.0, requires_grad=True)
+b = torch.tensor(-1.0, requires_grad=True)
+(a + b).backward(torch.tensor(5.0))  # incoming gradient 5
+print(f"gradient at a: {a.grad.item()}, at b: {b.grad.item()} (copied, not halved)")
+
+# %% [markdown]
+# Seed 004 makes the argument for depth: the derivative of $f(f(\dots f(x)))$ is the product of
+# the derivatives of every step, so if each factor is below 1 the product shrinks geometrically.
+# Twenty steps of $f(h) = \tfrac12\tanh(h)$, whose slope is at most ½, against twenty steps of
+# $h + \tfrac12 \tanh(h)$, whose slope is at least 1:
+
+# %%
+def chain_gradient(step, depth=20, x0=0.3):
+    x = torch.tensor(x0, requires_grad=True)
+    h = x
+    for _ in range(depth):
+        h = step(h)
+    h.backward()
+    return x.grad.item()
+
+print(f"plain:    d out / d x = {chain_gradient(lambda h: 0.5 * torch.tanh(h)):.3g}")
+print(f"residual: d out / d x = {chain_gradient(lambda h: h + 0.5 * torch.tanh(h)):.3g}")
+
+# %% [markdown]
+# The plain chain passes back a millionth of the gradient. The residual chain keeps it (here it
+# even grows, because every step's slope is above 1; section 7 looks at the real block).
+#
+# ## 5. The block, two ways
+#
+# The 2017 paper puts the normalisation *after* the residual addition ("Add & Norm", seeds 003
+# and 004): `x = LN(x + sublayer(x))`. GPT-2 moved it to the *input* of each sublayer,
+# `x = x + sublayer(LN(x))`, and added one more LayerNorm after the last block (`ln_f`, chapter 06).
+# With pre-norm the residual stream itself is never normalised inside the stack: there is a clean
+# identity path from the top of the network to the bottom. (Seed 002 says a softmax follows the
+# last block; what follows is that final LayerNorm, then the output layer; the softmax comes only
+# at the very end, on the logits.)
+#
+# `TransformerBlock` supports both through `norm="pre"` (the default) or `norm="post"`. Dropout, when
+# used, sits at the end of each sublayer (inside attention's and the feed-forward's output).
+
+# %%
+#| export
+class TransformerBlock(nn.Module):
+    """One decoder block: causal multi-head self-attention, then the feed-forward network, each
+    wrapped in a residual connection and a LayerNorm. Input [B, T, C] -> output [B, T, C].
+
+    ``norm="pre"`` (GPT-2):        ``x = x + attn(ln1(x))``,  ``x = x + mlp(ln2(x))``
+    ``norm="post"`` (2017 paper):  ``x = ln1(x + attn(x))``,  ``x = ln2(x + mlp(x))``
+
+    Pre-norm leaves the residual path untouched, so gradients reach early blocks undiminished;
+    post-norm sends them through a LayerNorm at every sublayer. ``mask`` is an optional extra bool
+    mask (True = may attend) broadcastable to [B, nh, T, T_total], combined with the causal mask;
+    ``cache`` is this layer's :class:`KVCache` during generation (chapter 07).
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 norm: str = "pre", activation: str = "gelu", fast: bool = True, eps: float = 1e-5):
+        super().__init__()
+        self.d_model = _positive_int(d_model, "d_model")
+        self.norm = _choice(norm, NORMS, "norm")
+        _choice(activation, ACTIVATIONS, "activation")  # fail before building anything
+        self.ln1 = LayerNorm(d_model, eps=eps, bias=bias)
+        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast)
+        self.ln2 = LayerNorm(d_model, eps=eps, bias=bias)
+        self.mlp = FeedForward(d_model, activation=activation, dropout=dropout, bias=bias)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        _check_channels(x, self.d_model, "TransformerBlock")
+        if x.ndim != 3:
+            raise ValueError(f"TransformerBlock expects x of shape [B, T, C], got {tuple(x.shape)}; "
+                             "add a batch dimension with x.unsqueeze(0)")
+        if self.norm == "pre":
+            x = x + self.attn(self.ln1(x), mask=mask, cache=cache)  # (B, T, C)
+            x = x + self.mlp(self.ln2(x))  # (B, T, C)
+        else:
+            x = self.ln1(x + self.attn(x, mask=mask, cache=cache))  # (B, T, C)
+            x = self.ln2(x + self.mlp(x))  # (B, T, C)
+        return x
+
+# %% [markdown]
+# Seed 000's block on seed 000's batch: 4 channels, 2 heads of size 2.
+
+# %%
+torch.manual_seed(0)
+block = TransformerBlock(d_model=4, n_head=2)
+print(block)
+with torch.no_grad():
+    out = block(x_seed)
+print("in", tuple(x_seed.shape), "-> out", tuple(out.shape))
+print("output for 'horizon':", out[0, 5])
+
+# %% [markdown]
+# Is it right? PyTorch ships an independent implementation of the same block,
+# `nn.TransformerEncoderLayer`, where `norm_first=True` is pre-norm and `norm_first=False` is
+# post-norm. Its attention packs the query, key and value weights as `[q | k | v]` like ours, so we
+# can copy our weights into it and compare outputs under a causal mask, for both placements.
+
+# %%
+def as_torch_layer(block: TransformerBlock, n_head: int) -> nn.TransformerEncoderLayer:
+    """PyTorch's encoder layer holding a copy of ``block``'s weights (exact GELU, no dropout)."""
+    layer = nn.TransformerEncoderLayer(block.d_model, n_head, dim_feedforward=block.mlp.d_ff, dropout=0.0, activation="gelu",
+                                       layer_norm_eps=block.ln1.eps, batch_first=True, norm_first=block.norm == "pre")
+    copies = [(layer.self_attn.in_proj_weight, block.attn.qkv.weight), (layer.self_attn.in_proj_bias, block.attn.qkv.bias),
+              (layer.self_attn.out_proj.weight, block.attn.proj.weight), (layer.self_attn.out_proj.bias, block.attn.proj.bias),
+              (layer.linear1.weight, block.mlp.fc.weight), (layer.linear1.bias, block.mlp.fc.bias),
+              (layer.linear2.weight, block.mlp.proj.weight), (layer.linear2.bias, block.mlp.proj.bias),
+              (layer.norm1.weight, block.ln1.weight), (layer.norm1.bias, block.ln1.bias),
+              (layer.norm2.weight, block.ln2.weight), (layer.norm2.bias, block.ln2.bias)]
+    with torch.no_grad():
+        for theirs, mine in copies:
+            theirs.copy_(mine)
+    return layer.eval()
+
+# %%
+x = torch.randn(3, 10, 32, generator=torch.Generator().manual_seed(3))
+future = ~torch.ones(10, 10, dtype=torch.bool).tril()  # PyTorch's convention: True = may NOT attend
+for norm in ("pre", "post"):
+    torch.manual_seed(4)
+    block32 = TransformerBlock(32, n_head=4, norm=norm)
+    with torch.no_grad():  # random γ and β, so the two norms are really tested
+        for ln in (block32.ln1, block32.ln2):
+            ln.weight.normal_(1.0, 0.2), ln.bias.normal_(0.0, 0.2)
+    ref_out = as_torch_layer(block32, n_head=4)(x, src_mask=future)
+    diff = (block32(x) - ref_out).abs().max().item()
+    print(f"norm={norm}: largest difference from nn.TransformerEncoderLayer {diff:.1e}")
+    assert diff < 1e-5
+
+# %% [markdown]
+# Causality survives the block: changing the last token leaves every earlier output unchanged.
+
+# %%
+x2 = x.clone()
+x2[:, -1] += 1.0
+moved = (block32(x2) - block32(x)).abs().amax(dim=(0, 2)).detach()  # [T]
+print("largest change per position:", moved)
+assert (moved[:-1] == 0).all() and moved[-1] > 0
+
+# %% [markdown]
+# When generating text (chapter 07) the model sees one new token at a time and keeps earlier keys
+# and values in chapter 04's `KVCache`. The block passes the cache to its attention; feeding the
+# tokens one by one through a cache must give what the full sequence gives.
+
+# %%
+from transformer_course.multihead import KVCache
+
+for norm in ("pre", "post"):
+    torch.manual_seed(5)
+    blk = TransformerBlock(32, n_head=4, norm=norm).eval()
+    cache = KVCache()
+    steps = torch.cat([blk(x[:, t:t + 1], cache=cache) for t in range(x.shape[1])], dim=1)
+    diff = (steps - blk(x)).abs().max().item()
+    print(f"norm={norm}: token by token with a cache vs all at once: {diff:.1e}, cache holds {cache.length} positions")
+    assert diff < 1e-5
+
+# %% [markdown]
+# ### Counting parameters
+#
+# For width C (any number of heads, since the heads split C between them):
+#
+# | part | weights | biases |
+# |---|---|---|
+# | attention `qkv` (C → 3C) and `proj` (C → C) | $4C^2$ | $4C$ |
+# | feed-forward `fc` (C → 4C) and `proj` (4C → C) | $8C^2$ | $5C$ |
+# | two LayerNorms (γ, β) | $2C$ | $2C$ |
+#
+# In total $12C^2 + 13C$, or $12C^2 + 2C$ with `bias=False`. For GPT-2 small (C = 768) that is
+# 7,087,872 per block, and GPT-2 small has 12 blocks.
+
+# %%
+#| export
+def block_parameter_count(d_model: int, bias: bool = True) -> int:
+    """Number of parameters in ``TransformerBlock(d_model, n_head, bias=bias)`` for any ``n_head``.
+
+    12 C² + 13 C with biases, 12 C² + 2 C without (the LayerNorms keep their gains).
+    """
+    C = _positive_int(d_model, "d_model")
+    b = 1 if bias else 0
+    attention = C * 3 * C + b * 3 * C + C * C + b * C  # qkv and proj
+    feed_forward = C * 4 * C + b * 4 * C + 4 * C * C + b * C  # fc and proj
+    layer_norms = 2 * (C + b * C)  # ln1 and ln2: gain and bias each
+    return attention + feed_forward + layer_norms
+
+# %%
+for C, nh, where in ((4, 2, "seed 000"), (64, 4, "seed 003"), (768, 12, "GPT-2 small")):
+    for bias in (True, False):
+        counted = sum(p.numel() for p in TransformerBlock(C, nh, bias=bias).parameters())
+        formula = block_parameter_count(C, bias=bias)
+        print(f"{where:12s} C={C:3d} bias={bias!s:5}: module {counted:>9,}  formula {formula:>9,}")
+        assert counted == formula == 12 * C * C + (13 if bias else 2) * C
+
+# %%
+# Your turn - Exercise 5.3 (★★☆): count a block's parameters.
+def my_block_parameter_count(d_model: int, bias: bool = True) -> int:
+    """Parameters in TransformerBlock(d_model, n_head, bias=bias): attention, feed-forward (4x), two LayerNorms."""
+    ### BEGIN SOLUTION
+    C = d_model
+    weights = 4 * C * C + 8 * C * C + 2 * C
+    biases = (4 * C + 5 * C + 2 * C) if bias else 0
+    return weights + biases
+    ### END SOLUTION
+
+check_block_parameter_count(my_block_parameter_count)
+
+# %% [markdown]
+# Now the forward pass itself. Given a block, use its parts `block.ln1`, `block.attn`, `block.ln2`
+# and `block.mlp` to compute what `block(x)` computes, for `block.norm` equal to `"pre"` or
+# `"post"`. The check builds blocks whose two LayerNorms differ, so it notices which one you use.
+
+# %%
+# Your turn - Exercise 5.4 (★★☆): the block's forward pass, pre-norm and post-norm.
+def my_block_forward(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C] -> [B, T, C], the same as block(x), following block.norm ("pre" or "post")."""
+    ### BEGIN SOLUTION
+    if block.norm == "pre":
+        x = x + block.attn(block.ln1(x))
+        return x + block.mlp(block.ln2(x))
+    x = block.ln1(x + block.attn(x))
+    return block.ln2(x + block.mlp(x))
+    ### END SOLUTION
+
+check_block_forward(my_block_forward)
+
+# %% [markdown]
+# ## 6. Spot the bug: the first LayerNorm, twice
+#
+# Seed 000's block computes the second sublayer as `x + ffwd(layer_norm1(x))`, and seed 004's
+# (post-norm, in Julia) applies `norm_1` after *both* sublayers. Either way the second LayerNorm
+# is built and never used. What does that do?
+
+# %%
+def seed000_forward(block, x):
+    """Seed 000's pre-norm block: ln1 is used before both sublayers."""
+    x = x + block.attn(block.ln1(x))
+    return x + block.mlp(block.ln1(x))  # the bug: should be block.ln2
+
+torch.manual_seed(6)
+fresh = TransformerBlock(32, n_head=4)
+diff = (seed000_forward(fresh, x) - fresh(x)).abs().max().item()
+print(f"freshly built block: buggy vs correct output differ by {diff}")
+
+# %% [markdown]
+# Not at all, on a freshly built block: both LayerNorms start with γ = 1 and β = 0, so they compute
+# the same function. Any test run on an untrained model passes. The damage appears in training:
+# `ln2` never receives a gradient, and `ln1`'s γ and β are pulled two ways, since one setting must
+# serve both sublayers. We train the correct block and the buggy one for 50 steps on a toy
+# regression task and compare.
+
+# %%
+def train_briefly(forward, steps=50, seed=7):
+    torch.manual_seed(seed)
+    blk = TransformerBlock(32, n_head=4)
+    g = torch.Generator().manual_seed(seed)
+    xb, target = torch.randn(4, 10, 32, generator=g), torch.randn(4, 10, 32, generator=g)
+    opt = torch.optim.Adam(blk.parameters(), lr=1e-2)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = F.mse_loss(forward(blk, xb), target)
+        loss.backward()
+        opt.step()
+    return blk, xb, loss.item()
+
+good, xb, good_loss = train_briefly(lambda b, v: b(v))
+bad, _, bad_loss = train_briefly(seed000_forward)
+print(f"after 50 steps: loss {good_loss:.4f} (correct) vs {bad_loss:.4f} (ln1 twice)")
+print(f"ln2 moved from its start by: {(good.ln2.weight - 1).abs().max().item():.4f} (correct), "
+      f"{(bad.ln2.weight - 1).abs().max().item():.4f} (ln1 twice)")
+print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
+      f"{(seed000_forward(good, xb) - good(xb)).abs().max().item():.4f}")
+
+# %% [markdown]
+# The loss hardly suffers on this toy task, and that is what makes the bug dangerous: nothing
+# crashes and the model still learns, only it is not the model that was written down. The buggy
+# model has 2C parameters that never train (its `ln2` is still exactly at its starting
+# values), and once the two LayerNorms have learned different settings, swapping one for the other
+# is a real change to the output: run GPT-2's trained weights (chapter 08) through the buggy block
+# and every prediction is off. Seed 004's post-norm version has the same flaw. The lesson goes
+# beyond this bug: a check at initialisation cannot tell apart modules that start out identical, so
+# the tests of this chapter (and Exercise 5.4's check) give the two LayerNorms different values first.
+#
+# ## 7. Experiment: how much gradient reaches the bottom of a deep stack?
+#
+# Section 4 showed the idea on a scalar chain; now the real thing. We stack 24 freshly built blocks
+# of width 64, send a fixed random gradient $g = \partial L / \partial\,\text{out}$ into the top, and
+# record how large the gradient is at the input of each block, relative to $\lVert g \rVert$. Five
+# variants: pre-norm and post-norm blocks as built above; the same two with the `x +` of both
+# residual connections removed; and, to isolate seed 004's chain-rule argument, a block with
+# neither residual connections nor LayerNorms. The three altered blocks are notebook-only
+# subclasses used for this experiment.
+
+# %%
+#| export
+def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """How much gradient reaches the input of each layer in a stack.
+
+    ``layers`` (applied in order, bottom first) map x [B, T, C] to an output shaped like
+    ``grad_output``, the upstream gradient dL/d(out). Returns a float tensor [len(layers)] whose
+    entry l is the norm of dL/dx_l, where x_l is the input of ``layers[l]``. Leaves the layers'
+    parameter gradients untouched.
+    """
+    layers = list(layers)
+    if not layers:
+        raise ValueError("input_gradient_norms needs at least one layer")
+    h = x.detach().requires_grad_(True)
+    inputs = []
+    for layer in layers:
+        inputs.append(h)
+        h = layer(h)
+    if h.shape != grad_output.shape:
+        raise ValueError(f"grad_output has shape {tuple(grad_output.shape)} but the stack's output has "
+                         f"shape {tuple(h.shape)}; pass one upstream gradient per output number")
+    grads = torch.autograd.grad(h, inputs, grad_outputs=grad_output)
+    return torch.stack([g.norm() for g in grads]).detach()
+
+# %%
+class NoResidualBlock(TransformerBlock):
+    """The block with the two `x +` removed (this experiment only)."""
+
+    def forward(self, x, mask=None, cache=None):
+        if self.norm == "pre":
+            return self.mlp(self.ln2(self.attn(self.ln1(x))))
+        return self.ln2(self.mlp(self.ln1(self.attn(x))))
+
+
+class BareBlock(TransformerBlock):
+    """Neither residual connections nor LayerNorms: attention, then the feed-forward network."""
+
+    def forward(self, x, mask=None, cache=None):
+        return self.mlp(self.attn(x))
+
+
+VARIANTS = {  # name -> (block class, norm placement)
+    "pre-norm, residual": (TransformerBlock, "pre"),
+    "post-norm, residual": (TransformerBlock, "post"),
+    "pre-norm, no residual": (NoResidualBlock, "pre"),
+    "post-norm, no residual": (NoResidualBlock, "post"),
+    "no residual, no LayerNorm": (BareBlock, "pre"),
+}
+
+# %%
+def stack_gradients(variant, depth=24, C=64, seed=0):
+    """Relative gradient norm at the input of each of ``depth`` fresh blocks, bottom first."""
+    kind, norm = VARIANTS[variant]
+    torch.manual_seed(seed)
+    layers = [kind(C, n_head=4, norm=norm) for _ in range(depth)]
+    g = torch.Generator().manual_seed(seed + 1)
+    x, grad_out = torch.randn(4, 16, C, generator=g), torch.randn(4, 16, C, generator=g)
+    return input_gradient_norms(layers, x, grad_out) / grad_out.norm()
+
+measured = {name: stack_gradients(name) for name in VARIANTS}
+print(f"{'':27s}{'block 0 (bottom)':>17s}{'block 12':>10s}{'block 23 (top)':>16s}")
+for name, norms in measured.items():
+    print(f"{name:27s}{norms[0].item():17.3g}{norms[12].item():10.3g}{norms[23].item():16.3g}")
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 3.8))
+for name, norms in measured.items():
+    ax.semilogy(range(len(norms)), norms.clamp_min(1e-30), marker="o", ms=3, label=name)
+ax.set_xlabel("block (0 = bottom, nearest the embeddings)")
+ax.set_ylabel("‖dL/d input‖ / ‖dL/d out‖")
+ax.set_title("Gradient reaching each of 24 blocks at initialisation (zeros drawn at 1e-30)")
+ax.legend(fontsize=8)
+plt.show()
+
+# %% [markdown]
+# Read each line from right (top) to left (bottom), the way the gradient travels:
+#
+# - **No residual, no LayerNorm**: the gradient must pass through all 48 sublayers' Jacobians, and
+#   with PyTorch's default initialisation each one shrinks it. The product collapses to nothing
+#   long before the bottom: this is seed 004's $f'(x)\,f'(f(x)) \cdots$ argument in a real network.
+# - **Residual connections** (pre- or post-norm) keep the gradient of the same size all the way down:
+#   the identity path carries it past every block, and each block adds its own contribution on top,
+#   which is why the pre-norm line even rises a little towards the bottom.
+# - **LayerNorm without residuals** also stops the collapse at this depth, for a different reason:
+#   it divides by the size of its input, so a layer that shrank its output gets its gradient scaled
+#   back up. But the size now wanders from block to block (it depends on every Jacobian in the
+#   chain), where the residual lines are smooth.
+#
+# At initialisation, and at this depth, pre- and post-norm look alike. Their difference shows in
+# training: in a post-norm stack the gradient must cross a LayerNorm at every sublayer on its way
+# down, and such models need a learning-rate warm-up to train stably (Xiong et al., 2020, "On Layer
+# Normalization in the Transformer Architecture"), one reason GPT-2 moved the norm in front of each
+# sublayer.
+#
+# Explore depth and variants yourself (the widget draws when you change a control; below it, the
+# view for 8 bare blocks):
+
+# %%
+def plot_stack_gradients(variant, depth, ax=None):
+    norms = stack_gradients(variant, depth)
+    ax = ax or plt.subplots(figsize=(6, 3))[1]
+    ax.semilogy(range(depth), norms.clamp_min(1e-30), marker="o", ms=3)
+    ax.set_xlabel("block (0 = bottom)")
+    ax.set_ylabel("relative gradient norm")
+    ax.set_title(f"{depth} blocks: {variant}")
+    return norms
+
+def gradient_explorer():
+    variant = widgets.Dropdown(options=list(VARIANTS), description="block")
+    depth = widgets.IntSlider(value=12, min=2, max=32, description="depth")
+    out = widgets.Output()
+    def update(_=None):
+        with out:
+            out.clear_output(wait=True)
+            plot_stack_gradients(variant.value, depth.value)
+            plt.show()
+    for w in (variant, depth):
+        w.observe(update, names="value")
+    return widgets.VBox([widgets.HBox([variant, depth]), out])
+
+# %%
+display(gradient_explorer())  # move the controls to draw
+norms = plot_stack_gradients("no residual, no LayerNorm", 8)  # one view, stored with the notebook
+plt.show()
+print("relative gradient at each block, bottom first:", norms)
+
+# %%
+# Your turn - Exercise 5.5 (★★★): measure the gradient reaching each layer's input.
+def my_input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
+    """Float tensor [len(layers)]: entry l is the norm of dL/dx_l, x_l the input of layers[l] (bottom first),
+    when grad_output is the gradient dL/d(out) arriving at the stack's output."""
+    ### BEGIN SOLUTION
+    h = x.detach().requires_grad_(True)
+    inputs = []
+    for layer in layers:
+        inputs.append(h)
+        h = layer(h)
+    grads = torch.autograd.grad(h, inputs, grad_outputs=grad_output)
+    return torch.stack([g.norm() for g in grads])
+    ### END SOLUTION
+
+check_input_gradient_norms(my_input_gradient_norms)
+
+# %% [markdown]
+# ## 8. Bad input
+#
+# Every module says what is wrong and how to fix it:
+
+# %%
+tries = {
+    "wrong width": lambda: TransformerBlock(32, n_head=4)(torch.randn(2, 5, 16)),
+    "no batch dimension": lambda: TransformerBlock(32, n_head=4)(torch.randn(5, 32)),
+    "LayerNorm width": lambda: LayerNorm(8)(torch.randn(3, 6)),
+    "unknown norm": lambda: TransformerBlock(32, n_head=4, norm="sandwich"),
+    "unknown activation": lambda: FeedForward(32, activation="swish"),
+}
+for what, attempt in tries.items():
+    try:
+        attempt()
+    except ValueError as e:
+        print(f"{what}: {e}")
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question("Over which numbers does LayerNorm compute its mean and variance?",
+             ["Over the batch, for each channel", "Over the C channels of each token, separately",
+              "Over all positions of a sequence", "Over the whole [B, T, C] tensor"],
+             answer=1, explain="Each token vector is normalised on its own, so nothing depends on other tokens or batch items."),
+    Question("A pre-norm block computes...",
+             ["x = LN(x + attn(x))", "x = x + attn(LN(x))", "x = attn(LN(x))", "x = LN(attn(x)) + x"],
+             answer=1, explain="GPT-2 normalises the sublayer's input and adds the result to the untouched x."),
+    Question("How many parameters does a block of width C = 64 have (with biases)?",
+             ["49,152", "49,984", "33,088", "16,640"],
+             answer=1, explain="12·64² + 13·64 = 49,152 + 832. 33,088 is the feed-forward part alone."),
+    Question("Seed 000 uses layer_norm1 before both sublayers. Why does a test on a freshly built model not notice?",
+             ["Because LayerNorm has no parameters", "Because both LayerNorms start as γ = 1, β = 0 and compute the same thing",
+              "Because the feed-forward network ignores its input's scale", "It does notice: the output shape changes"],
+             answer=1, explain="The two only diverge once training moves their parameters, and the unused ln2 never trains."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - **LayerNorm** normalises each token's C numbers to mean 0 and variance 1 (variance divided by C,
+#   ε inside the square root), then applies a learned gain and bias. Ours matches `nn.LayerNorm`
+#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not.
+# - **FeedForward** widens each token to 4C, applies ReLU or GELU (exact or GPT-2's tanh
+#   approximation, which differ by under $5 \cdot 10^{-4}$), and projects back, the same way at every
+#   position.
+# - **Residual connections** add each sublayer's output to its input, so the gradient has a direct
+#   path down the stack: through 24 fresh blocks it arrives at the bottom with the size it started
+#   with, while a stack with neither residuals nor LayerNorms loses it entirely. **Pre-norm** (GPT-2)
+#   keeps that path free of LayerNorms; **post-norm** (2017) puts one on it after every sublayer.
+# - A block has $12C^2 + 13C$ parameters (7,087,872 for GPT-2 small).
+# - Using the first LayerNorm twice (seeds 000 and 004) is invisible at initialisation and wrong
+#   after training.
+#
+# Exported to `transformer_course/block.py`: `LayerNorm`, `FeedForward`, `TransformerBlock`,
+# `block_parameter_count`, `input_gradient_norms`, and the option lists `NORMS` and `ACTIVATIONS`.
+# Chapter 06 stacks these blocks into a GPT and trains it.
