@@ -500,9 +500,12 @@ print(f"row lengths: min {lengths.min():.4f}, max {lengths.max():.4f}, sqrt(C/2)
 assert torch.allclose(lengths, torch.full_like(lengths, 32 ** 0.5), atol=1e-4)
 
 # %% [markdown]
-# **Distinct.** No two positions share a code. The distance between the codes of p and q depends
-# only on the gap `k = q - p` (we prove it below), so it is enough to check every gap. Among the
-# first 100,000 gaps, the two nearest codes are still far apart compared with float noise:
+# **Distinct.** Seed 001 asks for a *periodic* code. Each column is periodic, but the row as a whole
+# never repeats: already the first pair, `(sin p, cos p)`, would return to the same value only if two
+# whole numbers differed by a multiple of `2π`, which never happens. In floating point we check it
+# instead. The distance between the codes of p and q depends only on the gap `k = q - p` (shown
+# below), so it is enough to check every gap from position 0. Among the first 100,000 gaps, the
+# two nearest codes are still far apart compared with float noise:
 
 # %%
 gap_distance = (far - far[0]).norm(dim=1)  # distance between position 0 and position k
