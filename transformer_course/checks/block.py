@@ -57,6 +57,21 @@ def _ln_variants(x, weight, bias, eps):
     ]
 
 
+def _expect_layer_norm(got, x, weight, bias, eps: float) -> None:
+    """Pass if ``got`` is layer_norm(x); otherwise name the first known mistake it matches."""
+    want = F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps)
+    if _close(got, want):
+        return
+    variants = _ln_variants(x, weight, bias, eps)
+    if eps != 1e-5:
+        variants.insert(0, (f"with eps={eps} the result is wrong: use the eps argument instead of a fixed 1e-5",
+                            F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
+    for hint, variant in variants:
+        expect(not _close(got, variant), hint)
+    expect_close(got, want, f"with eps={eps} the values differ from (x - mean) / sqrt(var + eps) * weight + bias "
+                            "over the last dimension")
+
+
 @check("5.1", "my_layer_norm")
 def check_layer_norm(fn):
     """``fn(x [..., C], weight [C], bias [C], eps=1e-5) -> [..., C]``."""
@@ -67,11 +82,7 @@ def check_layer_norm(fn):
     got = _tensor(fn(x, weight, bias), "my_layer_norm")
     expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
     expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
-    want = F.layer_norm(x, (8,), weight, bias, eps=1e-5)
-    if not _close(got, want):
-        for hint, variant in _ln_variants(x, weight, bias, 1e-5):
-            expect(not _close(got, variant), hint)
-        expect_close(got, want, "the values differ from (x - mean) / sqrt(var + eps) * weight + bias over the last dimension")
+    _expect_layer_norm(got, x, weight, bias, 1e-5)
     # a token whose numbers are all equal: the variance is 0, eps keeps it finite
     flat = torch.full((2, 8), 3.0)
     got_flat = _tensor(fn(flat, weight, bias), "my_layer_norm")
@@ -79,14 +90,11 @@ def check_layer_norm(fn):
            "a token whose numbers are all equal (variance 0) gave NaN or inf: add eps inside the square root")
     expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5),
                  "a token whose numbers are all equal normalises to 0, so the output must equal bias")
-    # the eps argument is used
-    got_eps = _tensor(fn(x, weight, bias, eps=0.5), "my_layer_norm")
-    expect_close(got_eps, F.layer_norm(x, (8,), weight, bias, eps=0.5),
-                 "with eps=0.5 the result is wrong: use the eps argument instead of a fixed 1e-5")
+    # a large eps makes eps's place in the formula visible (seed 002's (std + eps))
+    _expect_layer_norm(_tensor(fn(x, weight, bias, eps=0.5), "my_layer_norm"), x, weight, bias, 0.5)
     # another width and a 2-D input
     wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
-    ones, zeros = torch.ones(64), torch.zeros(64)
-    expect_close(fn(wide, ones, zeros), F.layer_norm(wide, (64,)),
+    expect_close(fn(wide, torch.ones(64), torch.zeros(64)), F.layer_norm(wide, (64,)),
                  "a [4, 64] input is normalised wrongly: work over the last dimension for any shape")
 
 
