@@ -555,3 +555,411 @@ for fast in (False, True):
 # The largest difference is a few float32 roundings (1e-7): same function, different order of
 # additions. In the other direction, the loop's head h *is* a slice of the packed layer; there is
 # nothing a loop of heads can compute that the batched layer cannot.
+
+# %% [markdown]
+# ## 7. Fast path and teaching path: one function
+#
+# The two paths of `MultiHeadAttention` share every parameter, so switching `fast` on the same module
+# must not change the output. The teaching path also keeps the weights, which should look like chapter
+# 03's: every row sums to 1 and nothing above the diagonal (the future) gets weight.
+
+# %%
+torch.manual_seed(0)
+mha = MultiHeadAttention(d_model=64, n_head=4).eval()
+x = torch.randn(2, 12, 64)
+y_fast = mha(x)
+mha.fast = False
+y_teach = mha(x)
+w = mha.last_weights
+print("fast and teaching agree within 1e-6:", torch.allclose(y_fast, y_teach, atol=1e-6))
+print("weights:", tuple(w.shape), "= [B, nh, T, T]; rows sum to 1:", torch.allclose(w.sum(-1), torch.ones(2, 4, 12)),
+      "; weight on the future:", w.triu(1).abs().max().item())
+
+# %% [markdown]
+# **Padding.** Sequences in a batch often have different lengths and are padded to the longest. The
+# extra `mask` hides the pad positions as keys. With *left* padding a real problem appears: in the
+# first sequence below, positions 0-2 are pads, so query 0 may look only at key 0 (causal) and key 0 is
+# hidden too. Its row has no allowed key at all: softmax over nothing is 0/0 = NaN, unless handled.
+# Both paths return zero attention for such a row (the layer's output there is just W_o's bias).
+
+# %%
+keep = torch.ones(2, 12, dtype=torch.bool)
+keep[0, :3] = False  # sequence 0 is left-padded with 3 pads
+pad_mask = keep[:, None, None, :]  # [B, 1, 1, T_total]: hide pad keys for every head and query
+outs = {}
+for fast in (True, False):
+    mha.fast = fast
+    outs[fast] = mha(x, mask=pad_mask)
+print("no NaN:", all(torch.isfinite(o).all().item() for o in outs.values()),
+      "| paths agree:", torch.allclose(outs[True], outs[False], atol=1e-6),
+      "| query 0 of sequence 0 = W_o bias:", torch.allclose(outs[True][0, 0], mha.proj.bias, atol=1e-6))
+
+# %% [markdown]
+# ## 8. The same result as `torch.nn.MultiheadAttention`
+#
+# PyTorch's own layer packs its input projection exactly as we do (`in_proj_weight` is
+# [W_q; W_k; W_v], [3C, C]), so our weights copy straight across. One trap: its bool `attn_mask` means
+# the opposite of ours, True = *may not* attend, so we pass `~causal_mask(T)`.
+
+# %%
+ref = nn.MultiheadAttention(64, 4, batch_first=True).eval()
+with torch.no_grad():
+    ref.in_proj_weight.copy_(mha.qkv.weight)
+    ref.in_proj_bias.copy_(mha.qkv.bias)
+    ref.out_proj.weight.copy_(mha.proj.weight)
+    ref.out_proj.bias.copy_(mha.proj.bias)
+want, _ = ref(x, x, x, attn_mask=~causal_mask(12), need_weights=False)
+for fast in (True, False):
+    mha.fast = fast
+    print(f"fast={fast!s:5}  equals torch.nn.MultiheadAttention within 1e-6:", torch.allclose(mha(x), want, atol=1e-6))
+
+# %% [markdown]
+# **Which √ to divide by?** Seed 001 writes the masked multi-head formula with √d_model in the
+# denominator, and seed 004's code divides by √dim, the full model width. Each head compares vectors of
+# hs numbers, so its scores must be divided by √hs (Vaswani et al. 2017, section 3.2.2: d_k = d_model / h).
+# Both can be tried with chapter 03's `scale` argument:
+
+# %%
+qs, ks, vs = (split_heads(t, 4) for t in mha.qkv(x).split(64, dim=-1))
+for name, scale in (("1/√hs = 1/4", 16**-0.5), ("1/√C = 1/8", 64**-0.5)):
+    a, _ = scaled_dot_product_attention(qs, ks, vs, causal_mask(12), scale=scale)
+    same = torch.allclose(mha.proj(merge_heads(a)), want, atol=1e-6)
+    print(f"scale {name:11}: equals torch.nn.MultiheadAttention: {same}")
+
+# %% [markdown]
+# With 1/√C the scores are half as large as they should be, so every softmax is flatter than intended:
+# the layer still trains, but it is not the transformer of the paper (nor of GPT-2 or PyTorch).
+
+# %% [markdown]
+# ## 9. The KV cache inside the layer
+#
+# `forward(x, cache=...)` projects only the new positions, appends their keys and values to the
+# cache, and attends with the shifted mask. Fed in any pieces, one token at a time or in chunks, the
+# layer must give exactly what it gives for the whole sequence at once:
+
+# %%
+def run_in_pieces(layer, x, sizes):
+    """Feed x [B, T, C] through layer in consecutive chunks of the given sizes, sharing one cache."""
+    cache, outs, start = KVCache(), [], 0
+    for n in sizes:
+        outs.append(layer(x[:, start:start + n], cache=cache))
+        start += n
+    return torch.cat(outs, dim=1), cache
+
+for fast in (True, False):
+    mha.fast = fast
+    whole = mha(x)
+    for sizes in ([1] * 12, [5, 1, 6], [3, 3, 3, 3]):
+        pieces, cache = run_in_pieces(mha, x, sizes)
+        print(f"fast={fast!s:5} chunks {str(sizes):38} equal to whole: {torch.allclose(pieces, whole, atol=1e-6)}, cache length {cache.length}")
+
+# %% [markdown]
+# What does a cache cost? Each position stores a key and a value of C numbers per layer:
+# 2 · C · 4 bytes in float32. For GPT-2 small (12 layers, 12 heads of 64, up to 1,024 positions) we can
+# fill one layer's cache and measure it:
+
+# %%
+gpt2_layer = KVCache()
+gpt2_layer.update(torch.zeros(1, 12, 1024, 64), torch.zeros(1, 12, 1024, 64))
+per_layer = gpt2_layer.nbytes
+print(f"one layer, 1,024 positions: {per_layer / 2**20:.1f} MiB; 12 layers: {12 * per_layer / 2**20:.1f} MiB per sequence")
+print(f"per position, all layers: {12 * per_layer / 1024 / 1024:.1f} KiB")
+
+# %% [markdown]
+# That is the price of not recomputing the past; chapter 07 measures what it buys. Exercise 4.5 shows
+# one way large models shrink it: let several query heads share one key/value head.
+
+# %% [markdown]
+# ## 10. What do different heads attend to?
+#
+# With random weights the heads' attention maps mean nothing. To see heads *specialise*, we train a
+# tiny model on a task that needs three different lookups. The input is a sequence of random digits;
+# at every position the model must output three things: the previous digit, the digit two back, and
+# the first digit of the sequence. The model is chapter 02's `InputEmbedding` (token + learned
+# position), one `MultiHeadAttention` with 4 heads and a linear read-out; there is no residual
+# connection, so everything the read-out knows has come through attention.
+
+# %%
+from transformer_course.positional import InputEmbedding  # noqa: E402
+
+V_TOY, T_TOY = 10, 12
+
+
+class LookupModel(nn.Module):
+    """idx [B, T] -> logits [B, T, 3, V] for (previous, two back, first) digit."""
+
+    def __init__(self, d_model: int = 32, n_head: int = 4):
+        super().__init__()
+        self.embed = InputEmbedding(V_TOY, d_model, block_size=T_TOY)
+        self.attn = MultiHeadAttention(d_model, n_head)
+        self.readout = nn.Linear(d_model, 3 * V_TOY)
+
+    def forward(self, idx):
+        return self.readout(self.attn(self.embed(idx))).view(*idx.shape, 3, V_TOY)
+
+# %%
+def lookup_targets(idx):
+    """[B, T] -> [B, T, 3]: previous, two back, first digit (a position with no such digit uses itself)."""
+    t = torch.arange(idx.shape[1])
+    prev, back2 = idx[:, (t - 1).clamp(min=0)], idx[:, (t - 2).clamp(min=0)]
+    return torch.stack([prev, back2, idx[:, :1].expand_as(idx)], dim=-1)
+
+print("digits 7 3 5 1 -> rows: previous, two back, first; one column per position")
+print(lookup_targets(torch.tensor([[7, 3, 5, 1]]))[0].T)
+
+# %%
+torch.manual_seed(0)
+gen = torch.Generator().manual_seed(0)
+model = LookupModel()
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+for step in range(150):
+    idx = torch.randint(0, V_TOY, (64, T_TOY), generator=gen)
+    loss = F.cross_entropy(model(idx).reshape(-1, V_TOY), lookup_targets(idx).reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+model.eval()
+test_idx = torch.randint(0, V_TOY, (256, T_TOY), generator=gen)
+with torch.no_grad():
+    accuracy = (model(test_idx).argmax(-1) == lookup_targets(test_idx)).float().mean((0, 1))
+print(f"loss after 150 steps: {loss.item():.3f}; accuracy (previous, two back, first): {[round(a, 2) for a in accuracy.tolist()]}")
+
+# %% [markdown]
+# Now switch the trained layer to the teaching path to get its weights, [B, nh, T, T], and measure how
+# much each head puts, on average, on four places: the query's own position, one back, two back,
+# and position 0 (for queries from position 3 on, so that "first" never coincides with "one or two back").
+
+# %%
+model.attn.fast = False
+with torch.no_grad():
+    model(test_idx)
+head_w = model.attn.last_weights.mean(0)  # [nh, T, T], averaged over 256 sequences
+patterns = {
+    "self": lambda w: w.diagonal(0).mean(),
+    "one back": lambda w: w.diagonal(-1).mean(),
+    "two back": lambda w: w.diagonal(-2).mean(),
+    "first": lambda w: w[3:, 0].mean(),
+}
+share = torch.tensor([[float(f(head_w[h])) for f in patterns.values()] for h in range(4)])  # [nh, 4]
+print("head | " + " | ".join(f"{p:>8}" for p in patterns) + " | mostly")
+for h in range(4):
+    print(f"{h:4} | " + " | ".join(f"{s:8.2f}" for s in share[h]) + f" | {list(patterns)[share[h].argmax()]}")
+for task in ("one back", "two back", "first"):
+    assert share[:, list(patterns).index(task)].max() > 0.7, f"no head specialised in {task}"
+
+# %% [markdown]
+# Each lookup the task needs has a head that puts most of its weight on that place, learned from
+# nothing but the loss. No single head could serve all three: it has one softmax per query. A fourth
+# head is not needed by the task; what it learns depends on the seed (often a blurred copy of one of the
+# others). The maps below show one test sequence; the slider picks another.
+
+# %%
+import ipywidgets as widgets  # noqa: E402
+from IPython.display import display  # noqa: E402
+
+from transformer_course.viz import plot_heatmap  # noqa: E402
+
+
+def draw_heads(seq: int) -> None:
+    """Heatmaps of every head's weights [T, T] for test sequence ``seq`` (rows: queries, columns: keys)."""
+    digits = [str(d) for d in test_idx[seq].tolist()]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.8))
+    for h, ax in enumerate(axes):
+        plot_heatmap(model.attn.last_weights[seq, h], ax, row_labels=digits, col_labels=digits, cmap="Blues",
+                     vmin=0.0, vmax=1.0, colorbar=False, title=f"head {h}: {list(patterns)[share[h].argmax()]}")
+        ax.set_xlabel("key")
+    axes[0].set_ylabel("query")
+    fig.tight_layout()
+    plt.show()
+
+
+def head_explorer() -> widgets.VBox:
+    """A slider over test sequences; redraws the four heads' maps."""
+    seq = widgets.IntSlider(value=0, min=0, max=len(test_idx) - 1, description="sequence")
+    canvas = widgets.Output()
+
+    def update(_=None):
+        with canvas:
+            canvas.clear_output(wait=True)
+            draw_heads(seq.value)
+
+    seq.observe(update, names="value")
+    return widgets.VBox([seq, canvas])
+
+# %%
+display(head_explorer())
+draw_heads(0)  # the widget's starting view, stored with the notebook
+
+# %% [markdown]
+# ## 11. Measured: loop, batched and fused on this CPU
+#
+# `benchmarks/bench_attention.py` times the three versions (same weights, checked to agree first) for
+# sequence lengths 64 to 1,024 with d_model 256 and 8 heads, and records the peak memory each call
+# allocates. It runs PyTorch on one thread and counts CPU time, the work done, because wall time on a
+# shared machine swings with whatever else runs. Run it yourself with
+# `python benchmarks/bench_attention.py`; the chapter plots the figures stored in
+# `benchmarks/results/attention.json` (**this machine's figures**: yours will differ, the ratios less so).
+
+# %%
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+bench = json.loads(Path("../benchmarks/results/attention.json").read_text())
+rows = bench["rows"]
+lengths = sorted({r["T"] for r in rows})
+series = {v: {r["T"]: r for r in rows if r["variant"] == v} for v in ("loop", "batched", "fused")}
+print(f"d_model {bench['meta']['d_model']}, {bench['meta']['n_head']} heads, batch {bench['meta']['batch']}, torch {bench['meta']['torch']}")
+
+# %%
+fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4))
+for name, by_T in series.items():
+    ax_t.plot(lengths, [by_T[T]["ms"] for T in lengths], "o-", label=name)
+    ax_m.plot(lengths, [by_T[T]["peak_mib"] for T in lengths], "o-", label=name)
+for ax, label in ((ax_t, "CPU time per call (ms)"), (ax_m, "peak memory per call (MiB)")):
+    ax.set(xscale="log", yscale="log", xlabel="sequence length T", ylabel=label)
+    ax.set_xticks(lengths, [str(T) for T in lengths])
+    ax.legend()
+fig.suptitle("Multi-head attention, d_model 256, 8 heads (this machine's figures)")
+plt.show()
+
+# %%
+T_max = lengths[-1]
+lo, ba, fu = (series[v][T_max] for v in ("loop", "batched", "fused"))
+print(f"at T = {T_max}: loop / fused time {lo['ms'] / fu['ms']:.1f}x, batched / fused time {ba['ms'] / fu['ms']:.1f}x")
+print(f"             batched / fused memory {ba['peak_mib'] / fu['peak_mib']:.1f}x, loop / fused memory {lo['peak_mib'] / fu['peak_mib']:.1f}x")
+growth = {v: series[v][T_max]["peak_mib"] / series[v][lengths[-2]]["peak_mib"] for v in series}
+print(f"memory growth from T = {lengths[-2]} to {T_max}: " + ", ".join(f"{v} {g:.1f}x" for v, g in growth.items()))
+fused_fastest = all(series["fused"][T]["ms"] < min(series["loop"][T]["ms"], series["batched"][T]["ms"]) for T in lengths)
+print("fused is the fastest at every measured length:", fused_fastest)
+
+# %% [markdown]
+# How to read it. Doubling T doubles the fused kernel's memory (it never holds more than a block of
+# scores at once) but roughly quadruples the batched version's: it materialises the full
+# [B, nh, T, T] scores, their masked copy and the softmax. The loop holds one head's [B, T, T] at a
+# time, so its peak is about nh times smaller than the batched one, yet it pays nh times the calls.
+# Batching heads removes the per-call overhead; fusing the attention removes the T² tensors as well,
+# and in the stored figures that made it the fastest at every length (the last line above).
+
+# %% [markdown]
+# ## 12. Your turn
+#
+# Each exercise defines one function; write the body between the markers and run the cell. The check
+# under it runs your function on small and larger inputs and says what is wrong in words. The rest of
+# the chapter never uses your versions, so skipping one is fine.
+
+# %%
+from transformer_course.checks.multihead import (  # noqa: E402
+    check_causal_mask_with_past,
+    check_grouped_query_attention,
+    check_merge_heads,
+    check_pack_qkv_weight,
+    check_split_heads,
+)
+
+# %%
+# Your turn - Exercise 4.1 (★☆☆): split the channels into heads.
+def my_split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """[B, T, C] -> [B, nh, T, hs]; head h holds channels h*hs .. (h+1)*hs - 1 of every token."""
+    ### BEGIN SOLUTION
+    B, T, C = x.shape
+    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
+    ### END SOLUTION
+
+check_split_heads(my_split_heads)
+
+# %%
+# Your turn - Exercise 4.2 (★☆☆): merge the heads back.
+def my_merge_heads(y: torch.Tensor) -> torch.Tensor:
+    """[B, nh, T, hs] -> [B, T, C = nh * hs]; the inverse of split_heads."""
+    ### BEGIN SOLUTION
+    B, nh, T, hs = y.shape
+    return y.transpose(1, 2).reshape(B, T, nh * hs)
+    ### END SOLUTION
+
+check_merge_heads(my_merge_heads)
+
+# %%
+# Your turn - Exercise 4.3 (★★☆): pack a list of heads into one qkv weight.
+def my_pack_qkv_weight(heads: list) -> torch.Tensor:
+    """heads: nh AttentionHead(C, hs) -> qkv.weight [3C, C] = [W_q; W_k; W_v], heads in order in each block."""
+    ### BEGIN SOLUTION
+    return torch.cat([torch.cat([getattr(h, kind).weight for h in heads]) for kind in ("query", "key", "value")])
+    ### END SOLUTION
+
+check_pack_qkv_weight(my_pack_qkv_weight)
+
+# %%
+# Your turn - Exercise 4.4 (★★☆): the causal mask when `past` positions are cached.
+def my_causal_mask_with_past(T: int, past: int) -> torch.Tensor:
+    """Bool [T, past + T]: new query t sits at position past + t and may attend keys 0 .. past + t."""
+    ### BEGIN SOLUTION
+    return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)
+    ### END SOLUTION
+
+check_causal_mask_with_past(my_causal_mask_with_past)
+
+# %% [markdown]
+# **Exercise 4.5 (★★★), grouped-query attention.** The KV cache stores a key and a value per head. Large
+# models (Llama 2 70B, Mistral) shrink it by giving the nh query heads only n_kv < nh key/value heads:
+# query heads are split into n_kv consecutive groups of nh / n_kv, and each group shares one key/value
+# head (n_kv = 1 is *multi-query* attention). The cache shrinks by nh / n_kv. Write the causal attention
+# for this layout: q [B, nh, T, hs], k and v [B, n_kv, T, hs]. Hint: make each key/value head appear
+# nh / n_kv times in a row, then it is ordinary attention.
+
+# %%
+# Your turn - Exercise 4.5 (★★★): grouped-query attention.
+def my_grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [B, nh, T, hs], k and v [B, n_kv, T, hs] -> [B, nh, T, hs]; query head h uses kv head h // (nh // n_kv)."""
+    ### BEGIN SOLUTION
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
+    out, _ = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[2]))
+    return out
+    ### END SOLUTION
+
+check_grouped_query_attention(my_grouped_query_attention)
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz  # noqa: E402
+
+quiz([
+    Question("A layer has d_model = 64 and 4 heads. What shape are the attention scores for a batch of 4 sequences of 10 tokens?",
+             ["[4, 4, 10, 16]", "[4, 4, 10, 10]", "[4, 10, 4, 16]", "[4, 10, 64]"],
+             answer=1, explain="Scores compare every query with every key: [B, nh, T, T]. [4, 4, 10, 16] is the shape of q, k and v per head."),
+    Question("Why does merging heads need .reshape (or .contiguous().view) after transpose(1, 2)?",
+             ["transpose copies the data into a new layout",
+              "transpose only swaps strides, so the memory is not in [B, T, nh, hs] order and view cannot merge the axes",
+              "view only works on 3-D tensors",
+              "reshape is faster than view"],
+             answer=1, explain="view reinterprets memory as it is; after a transpose the elements of one token are not adjacent, so a copy is needed."),
+    Question("A KV cache holds L = 5 positions and 3 new tokens arrive together. Which keys may new query 0 attend?",
+             ["key 0 only", "keys 0 to 5", "keys 5 to 7", "all 8 keys"],
+             answer=1, explain="New query 0 sits at position L + 0 = 5, so it sees keys 0..5. is_causal=True would wrongly give it key 0 only."),
+    Question("Each head's scores are divided by...",
+             ["√d_model", "√(head size)", "the number of heads", "√T"],
+             answer=1, explain="A head's q·k sums hs products, so √hs keeps the spread near 1; dividing by √d_model (seeds 001, 004) over-flattens the softmax."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - Multi-head attention runs nh heads of width hs = C / nh on the same input, puts their outputs side
+#   by side and mixes them with W_o. Each head has its own softmax, so each can look somewhere else:
+#   trained on a three-lookup task, separate heads learned "one back", "two back" and "first".
+# - Stacking the heads' projections gives one packed `qkv` Linear (C -> 3C, [q | k | v], heads
+#   contiguous in each); `view(B, T, nh, hs).transpose(1, 2)` makes the heads a batch axis and
+#   `transpose(1, 2).reshape(B, T, C)` undoes it. We proved the loop and the batched layer are the same
+#   function by copying weights, and matched `torch.nn.MultiheadAttention` (whose bool mask is inverted).
+# - The seeds' slips, corrected: seed 000's printed weights skip the 1/√hs it describes; seed 003's scores
+#   are [B, nh, T, T], not [B, nh, T, hs]; seeds 001 and 004 scale by √d_model instead of √hs.
+# - With a KV cache of L positions, new query t sees keys 0..L+t: the causal triangle shifts right, which
+#   `is_causal=True` (top-left aligned) gets wrong for several new queries. Fed in any pieces, the cached
+#   layer equals the uncached one.
+# - Measured on this CPU (`benchmarks/results/attention.md`): the fused kernel was the fastest at every
+#   length from 64 to 1,024, and its memory grew linearly in T while the batched version's grew with T².
+#
+# **Exported to `transformer_course.multihead`:** `MultiHeadAttention`, `KVCache`, `split_heads`,
+# `merge_heads`, `causal_mask_with_past`, `LoopedMultiHeadAttention` (the baseline), `pack_heads`.
