@@ -50,7 +50,6 @@ import transformers  # noqa: E402
 
 transformers.logging.set_verbosity_error()  # no version-dependent warnings in the stored outputs
 transformers.utils.logging.disable_progress_bar()
-from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from transformer_course import GPT, GPTConfig, generate  # noqa: E402
 
@@ -151,11 +150,10 @@ def make_hf_stand_in(vocab_size: int = 512, n_positions: int = 128, n_embd: int 
         raise ImportError("make_hf_stand_in needs transformers: pip install 'transformer-course[pretrained]'") from e
     cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
                      n_head=n_head, **config)
-    torch.manual_seed(seed)
     model = GPT2LMHeadModel(cfg).eval()
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():  # the tied lm_head shares wte's tensor
+    with torch.no_grad():  # overwrite transformers' initialisation; the tied lm_head shares wte's tensor
+        for name, p in model.named_parameters():
             mean = 1.0 if re.search(r"ln_\w+\.weight$", name) else 0.0
             p.copy_(mean + std * torch.randn(p.shape, generator=gen))
     return model
@@ -166,6 +164,18 @@ workdir = tempfile.TemporaryDirectory()
 folder = Path(workdir.name) / "tiny-gpt2"
 hf.save_pretrained(folder)
 print(sorted(p.name for p in folder.iterdir()))
+
+# %% [markdown]
+# Why a spread of 0.2 and not transformers' usual 0.02? Greedy generation from the same three-token
+# prompt shows it:
+
+# %%
+start = torch.tensor([[1, 2, 3]])
+for spread in (0.02, 0.2):
+    model = make_hf_stand_in(std=spread)
+    out = model.generate(start, max_new_tokens=30, do_sample=False, pad_token_id=0,
+                         attention_mask=torch.ones_like(start))
+    print(f"spread {spread}: {len(set(out[0, 3:].tolist())):2} different tokens in 30 greedy steps")
 
 # %% [markdown]
 # What is inside `model.safetensors`? Plain named tensors. We read them with `safetensors` (a format
@@ -248,10 +258,9 @@ for hf_name, (ours, transpose) in table.items():
 # %% [markdown]
 # ## 4. The loader
 #
-# First the configuration: Hugging Face's names
-# become ours, and any GPT-2 variant our model cannot express (cross-attention, a different MLP width,
-# attention scaled per layer, an unknown activation) is refused by name rather than loaded wrongly.
-# Dropout is set to 0: a loaded model is for inference.
+# First the configuration: Hugging Face's names become ours, and any GPT-2 variant our model cannot
+# express (cross-attention, a different MLP width, attention scaled per layer, an unknown activation)
+# is refused by name rather than loaded wrongly. Dropout is set to 0: a loaded model is for inference.
 
 # %%
 #| export
@@ -311,6 +320,7 @@ def _names(names: list[str], n: int = 6) -> str:
 def convert_hf_state_dict(hf_sd: Mapping[str, torch.Tensor], model: GPT) -> dict[str, torch.Tensor]:
     """Rename, transpose and check GPT-2 tensors so that `model.load_state_dict` accepts them.
 
+    Conv1D weights [in, out] become nn.Linear weights [out, in] (c_attn [C, 3C] -> qkv [3C, C]).
     Names may carry the "transformer." prefix or not. Unknown, missing or wrongly shaped tensors raise
     `ValueError` naming them. When `model` ties `lm_head` to the token embedding, `lm_head.weight`
     is `wte.weight` (a stored copy must equal it); when untied, it is read from the file.
@@ -390,6 +400,8 @@ def hub_reachable(timeout: float = 2.0) -> bool:
     """True when huggingface.co accepts a connection within `timeout` s and HF_HUB_OFFLINE is unset."""
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         return False
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # a direct probe says nothing behind a proxy: let huggingface_hub try, with its timeout
     try:
         socket.create_connection((_HUB_HOST, 443), timeout=timeout).close()
     except OSError:
@@ -412,13 +424,17 @@ def download_hf_gpt2(name: str = "gpt2", timeout: float = 2.0, cache_dir: str | 
         return Path(snapshot_download(name, allow_patterns=patterns, cache_dir=cache_dir, local_files_only=True))
     except LocalEntryNotFoundError:
         pass
+    offline = HubUnavailableError(
+        f"cannot download {name!r}: {_HUB_HOST} is not reachable and the weights are not cached. "
+        "Run this once with a network connection (about 550 MB for 'gpt2'), or pass a local "
+        "folder holding config.json and model.safetensors."
+    )
     if not hub_reachable(timeout):
-        raise HubUnavailableError(
-            f"cannot download {name!r}: {_HUB_HOST} is not reachable and the weights are not cached. "
-            "Run this once with a network connection (about 550 MB for 'gpt2'), or pass a local "
-            "folder holding config.json and model.safetensors."
-        )
-    return Path(snapshot_download(name, allow_patterns=patterns, cache_dir=cache_dir, etag_timeout=timeout))
+        raise offline
+    try:
+        return Path(snapshot_download(name, allow_patterns=patterns, cache_dir=cache_dir, etag_timeout=timeout))
+    except LocalEntryNotFoundError as e:  # the connection failed on the way
+        raise offline from e
 
 
 def _resolve(path_or_name: str | os.PathLike) -> Path:
@@ -452,7 +468,7 @@ def load_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> GPT:
 
 # %% [markdown]
 # Bad inputs, each refused with a message that says what is wrong. The checkpoint here is the stand-in
-# with one tensor renamed, one removed, and one of the wrong size; then a folder without weights.
+# with one tensor renamed, one removed, and one of the wrong size; then a folder with no checkpoint.
 
 # %%
 renamed = {k.replace("h.1.ln_2", "h.1.ln_3"): v for k, v in hf_tensors.items()}
@@ -466,7 +482,7 @@ for label, tensors in [("renamed", renamed), ("removed", removed), ("resized", r
 try:
     load_hf_gpt2(Path(workdir.name))
 except FileNotFoundError as e:
-    print("empty folder:", str(e).replace(workdir.name, "<tmp>"))
+    print("folder without config.json:", str(e).replace(workdir.name, "<tmp>"))
 
 # %% [markdown]
 # ## 5. Five gotchas, each checked
@@ -483,13 +499,14 @@ from transformers.pytorch_utils import Conv1D
 
 conv = hf.transformer.h[0].mlp.c_fc
 x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
-print(type(conv).__name__, isinstance(conv, Conv1D), "weight", tuple(conv.weight.shape), "computes x @ W + b:",
+assert isinstance(conv, Conv1D)
+print("Conv1D weight", tuple(conv.weight.shape), "= [in, out]; it computes x @ W + b:",
       torch.allclose(conv(x), x @ conv.weight + conv.bias, atol=1e-6))
 linear = torch.nn.Linear(64, 256)
 with torch.no_grad():
     linear.weight.copy_(conv.weight.T)
     linear.bias.copy_(conv.bias)
-print("nn.Linear weight", tuple(linear.weight.shape), "= W.T gives the same output:",
+print("nn.Linear weight", tuple(linear.weight.shape), "= [out, in] holding W.T gives the same output:",
       torch.allclose(linear(x), conv(x), atol=1e-6))
 
 # %% [markdown]
