@@ -290,3 +290,25 @@ def test_hub_names_go_to_the_download(monkeypatch, stand_in):
     monkeypatch.setattr(P, "download_hf_gpt2", lambda name: asked.append(name) or stand_in[1])
     assert isinstance(P.load_hf_gpt2("openai-community/gpt2"), GPT)
     assert asked == ["openai-community/gpt2"]
+
+
+def test_hub_probe_respects_offline_and_proxies(monkeypatch):
+    for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert P.hub_reachable()  # no direct probe through a proxy: huggingface_hub decides
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert not P.hub_reachable()  # offline mode wins
+
+
+def test_download_that_fails_on_the_way_is_reported_as_offline(monkeypatch, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def no_files(*args, **kwargs):
+        raise LocalEntryNotFoundError("connection dropped")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_files)
+    monkeypatch.setattr(P, "hub_reachable", lambda timeout=2.0: True)
+    with pytest.raises(P.HubUnavailableError, match="cannot download 'gpt2-medium'"):
+        P.download_hf_gpt2("gpt2-medium", cache_dir=tmp_path)
