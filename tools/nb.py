@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import filecmp
+import hashlib
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,16 @@ def _read_script(src: Path):
     return nb
 
 
+def _stable_ids(nb) -> None:
+    """Cell ids from the cells' content, so a rebuild does not rename every cell (nor churn the
+    ``# %% ... #<id>`` markers nbdev writes into exported modules)."""
+    seen: dict[str, int] = {}
+    for cell in nb.cells:
+        digest = hashlib.sha1(f"{cell.cell_type}\n{cell.source}".encode()).hexdigest()[:8]
+        seen[digest] = seen.get(digest, 0) + 1
+        cell.id = digest if seen[digest] == 1 else f"{digest}-{seen[digest]}"
+
+
 def _clean(nb) -> None:
     """Strip volatile metadata; keep outputs and execution counts (nbval needs both)."""
     nb.metadata = {
@@ -72,6 +83,7 @@ def build(src: Path, timeout: int = 900) -> Path:
 
     nb = _read_script(src)
     _clean(nb)
+    _stable_ids(nb)
     nb_path = _notebook_for(src)
     # export before running, so a chapter can import what it has just defined (e.g. a second module)
     nbformat.write(nb, nb_path)
