@@ -9,7 +9,7 @@ softmax, and a query that may attend nothing gets zero weights and a zero output
 # %% auto #0
 __all__ = ['causal_mask', 'scaled_dot_product_attention', 'AttentionHead']
 
-# %% ../chapters/03_single_head_attention.ipynb #6139b388
+# %% ../chapters/03_single_head_attention.ipynb #29b81130
 import math
 import operator
 
@@ -19,7 +19,7 @@ from torch import nn
 
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
-# %% ../chapters/03_single_head_attention.ipynb #d2f6edf1
+# %% ../chapters/03_single_head_attention.ipynb #f58f7906
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
     try:
@@ -30,7 +30,7 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
         raise ValueError(f"causal_mask needs a sequence length T >= 1, got {T}")
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
-# %% ../chapters/03_single_head_attention.ipynb #9451f8eb
+# %% ../chapters/03_single_head_attention.ipynb #629d7fae
 def _check_qkv(q, k, v) -> torch.Size:
     """Validate q [..., T_q, d_k], k [..., T_k, d_k], v [..., T_k, d_v]; return the broadcast batch shape."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -60,7 +60,7 @@ def _check_qkv(q, k, v) -> torch.Size:
             "do not broadcast: everything before the last two dims must match (or be 1)"
         ) from None
 
-# %% ../chapters/03_single_head_attention.ipynb #cf989bdf
+# %% ../chapters/03_single_head_attention.ipynb #2a38051e
 def _check_mask(mask, scores_shape: tuple) -> None:
     """Validate a bool mask that must broadcast to the scores' shape [..., T_q, T_k]."""
     if not isinstance(mask, torch.Tensor):
@@ -80,7 +80,7 @@ def _check_mask(mask, scores_shape: tuple) -> None:
             f"{tuple(scores_shape)}; a key-padding mask [B, T_k] needs a query axis: mask[:, None, :]"
         )
 
-# %% ../chapters/03_single_head_attention.ipynb #9b297939
+# %% ../chapters/03_single_head_attention.ipynb #d44733d0
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
     """Attention of queries over keys: returns ``(out, weights)``.
 
@@ -110,7 +110,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
-# %% ../chapters/03_single_head_attention.ipynb #39437803
+# %% ../chapters/03_single_head_attention.ipynb #7d2d17ab
 class AttentionHead(nn.Module):
     """One head of self-attention: x [B, T, C] -> [B, T, hs].
 

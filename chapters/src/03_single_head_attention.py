@@ -734,7 +734,7 @@ assert torch.allclose(out[1, :4], alone[0], atol=1e-6) and on_padding == 0
 #
 # Heatmaps show attention at a glance: one row per query, one column per key, darker = more weight.
 # A freshly initialised head has no reason to prefer any key, so its map is a washed-out lower
-# triangle; trained heads (chapters 06 and 08) show structure. To see what structure can look like
+# triangle; trained heads show structure (you train some in chapter 06). To see what it can look like
 # *now*, we build two heads by hand on a real line, each with one job:
 #
 # - a **previous-word head** that uses only positions. Chapter 02 showed that shifting the
