@@ -125,10 +125,12 @@ def table(rows: list[dict], meta: dict) -> str:
     lines += [
         "",
         "Reading it: the loop makes 3·nh small projections and nh small attentions per call; the batched",
-        "version does the same arithmetic in a few large calls but materialises the [B, nh, T, T] scores and",
-        "weights (scores, masked scores, softmax), so its memory grows with T² and, once those tensors outgrow",
-        "the CPU caches, so does its time; the loop only holds one head's [B, T, T] at a time. The fused kernel",
-        "works through the keys in blocks and never stores the full weights, so its memory grows only with T.",
+        "version does the same arithmetic in a few large calls but materialises the full [B, nh, T, T] scores,",
+        "masked scores and softmax at once, so its memory grows with T² and, once those tensors outgrow the CPU",
+        "caches, its time can fall behind the loop's. The loop makes those temporaries one head at a time, but",
+        "each chapter-03 head keeps its weights (`last_weights`), so it ends up holding all nh of them: a lower",
+        "peak with the same T² growth. The fused kernel works through the keys in blocks and never stores the",
+        "full weights, so its memory grows only with T.",
         "",
     ]
     return "\n".join(lines)

@@ -35,6 +35,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                          'transformer_course/block.py'),
                                           'transformer_course.block.TransformerBlock.__init__': ( 'transformer_block.html#transformerblock.__init__',
                                                                                                   'transformer_course/block.py'),
+                                          'transformer_course.block.TransformerBlock.extra_repr': ( 'transformer_block.html#transformerblock.extra_repr',
+                                                                                                    'transformer_course/block.py'),
                                           'transformer_course.block.TransformerBlock.forward': ( 'transformer_block.html#transformerblock.forward',
                                                                                                  'transformer_course/block.py'),
                                           'transformer_course.block._check_channels': ( 'transformer_block.html#_check_channels',

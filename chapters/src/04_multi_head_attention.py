@@ -25,6 +25,10 @@
 #
 # **Shapes.** B batch, T time (new positions), L cached positions, T_total = L + T,
 # C = d_model channels, nh heads, hs = C // nh head size.
+#
+# **Sources.** "Source 000" (001, 003, 004) names one of the published walkthroughs of multi-head
+# attention this chapter was checked against; we reuse their examples and numbers, and where one of
+# them gets something wrong we say so and show the right result.
 
 # %%
 #| default_exp multihead
@@ -59,18 +63,18 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## 2. The loop version
 #
-# Take the tiny batch from seed 000: two sequences of six tokens ("The sun dipped below the horizon",
+# Take the tiny batch from source 000: two sequences of six tokens ("The sun dipped below the horizon",
 # ", painting the sky with hues"), each token already a 4-number vector, so x is [B, T, C] = [2, 6, 4].
 # With nh = 2 heads, each head has hs = 4 / 2 = 2 channels.
 
 # %%
-x_seed = torch.tensor([
+x_src = torch.tensor([
     [[0.4553, 0.3277, 0.4210, 0.6628], [0.0874, 0.3216, 0.2850, 0.1438], [0.8880, 0.2221, 0.6271, 0.8234],
      [0.9180, 0.8070, 0.4281, 0.1977], [0.4874, 0.9018, 0.4258, 0.1630], [0.0441, 0.1988, 0.6751, 0.8757]],
     [[0.9347, 0.9255, 0.6341, 0.0567], [0.7656, 0.2911, 0.6161, 0.0123], [0.4200, 0.3295, 0.1863, 0.7694],
      [0.3197, 0.9724, 0.6066, 0.2184], [0.4521, 0.9276, 0.3951, 0.1281], [0.7899, 0.7894, 0.2245, 0.2889]],
 ])
-print("x:", tuple(x_seed.shape), "= [B, T, C]")
+print("x:", tuple(x_src.shape), "= [B, T, C]")
 
 # %% [markdown]
 # The loop version is exactly the picture: a list of chapter-03 heads, run one after another on the
@@ -133,36 +137,37 @@ class LoopedMultiHeadAttention(nn.Module):
 
 # %%
 looped = LoopedMultiHeadAttention(d_model=4, n_head=2)
-per_head = [head(x_seed) for head in looped.heads]
+per_head = [head(x_src) for head in looped.heads]
 print("each head:   ", [tuple(y.shape) for y in per_head], "= [B, T, hs]")
 concatenated = torch.cat(per_head, dim=-1)
 print("concatenated:", tuple(concatenated.shape), "= [B, T, C]")
-out_loop = looped(x_seed)
+out_loop = looped(x_src)
 print("after W_o:   ", tuple(out_loop.shape), "= [B, T, C], same shape as the input")
 assert torch.equal(out_loop, looped.proj(concatenated))
 
 # %% [markdown]
-# Each head is chapter 03's computation. Seed 000 works one row of one head by hand: the last token,
+# Each head is chapter 03's computation. Source 000 works one row of one head by hand: the last token,
 # *horizon*, with query (0.9100, 0.3448) against the six keys and values it lists. Let us redo it with
 # chapter 03's function.
 
 # %%
 q_horizon = torch.tensor([[0.9100, 0.3448]])  # [T_q = 1, hs = 2]
-k_seed = torch.tensor([[0.0921, 0.9907], [0.5637, 0.7303], [0.1860, 0.4071],
-                       [0.8067, 0.1776], [0.7002, 0.6632], [0.9094, 0.3594]])  # [T_k = 6, hs]
-v_seed = torch.tensor([[0.5637, 0.4056], [0.9803, 0.0100], [0.4111, 0.3980],
-                       [0.6882, 0.9797], [0.5551, 0.7583], [0.3060, 0.2141]])  # [T_k, hs]
-print("raw scores q.k:       ", (q_horizon @ k_seed.T)[0])
-out_h, w_h = scaled_dot_product_attention(q_horizon, k_seed, v_seed)
+k_src = torch.tensor([[0.0921, 0.9907], [0.5637, 0.7303], [0.1860, 0.4071],
+                      [0.8067, 0.1776], [0.7002, 0.6632], [0.9094, 0.3594]])  # [T_k = 6, hs]
+v_src = torch.tensor([[0.5637, 0.4056], [0.9803, 0.0100], [0.4111, 0.3980],
+                      [0.6882, 0.9797], [0.5551, 0.7583], [0.3060, 0.2141]])  # [T_k, hs]
+print("raw scores q.k:       ", (q_horizon @ k_src.T)[0])
+out_h, w_h = scaled_dot_product_attention(q_horizon, k_src, v_src)
 print("weights (scaled):     ", w_h[0])
 print("output:               ", out_h[0])
-w_unscaled = torch.softmax(q_horizon @ k_seed.T, dim=-1)
-print("softmax without 1/√hs:", w_unscaled[0], "->", (w_unscaled @ v_seed)[0])
+w_unscaled = torch.softmax(q_horizon @ k_src.T, dim=-1)
+print("softmax without 1/√hs:", w_unscaled[0], "->", (w_unscaled @ v_src)[0])
 
 # %% [markdown]
-# The raw scores match the seed (0.4254 ... 0.9515). **The seed's weights do not**: it says it divides
+# The raw scores match the source (0.4254 ... 0.9515). **Its weights do not**: it says it divides
 # the scores by √hs = √2, but its printed row (0.1252, 0.1758, 0.1115, 0.1812, 0.1945, 0.2119) and output
-# (0.5863, 0.4673) are the softmax of the *unscaled* scores, the last line above. With the scaling it
+# (0.5863, 0.4673) are the softmax of the *unscaled* scores, the last line above (up to rounding in the
+# fourth decimal, as the source rounds its inputs). With the scaling it
 # describes, the weights are flatter and the output is the one chapter 03's function gives.
 
 # %% [markdown]
@@ -174,7 +179,7 @@ print("softmax without 1/√hs:", w_unscaled[0], "->", (w_unscaled @ v_seed)[0])
 # `nn.Linear(C, 3C)` (called `qkv`) produces all three, packed as [q | k | v].
 #
 # What is left is bookkeeping: move the head index next to the batch index so that one batched matrix
-# product treats (batch, head) pairs as independent problems. Seed 003's sizes: B = 4 sequences of
+# product treats (batch, head) pairs as independent problems. Source 003's sizes: B = 4 sequences of
 # T = 16 tokens, C = 64, nh = 4 heads of hs = 16.
 
 # %%
@@ -200,7 +205,7 @@ a = weights @ vh
 print(f"weights @ v          {tuple(a.shape)}  [B, nh, T, hs]")
 
 # %% [markdown]
-# Seed 003 calls the scores' shape [batch_size, num_heads, context_length, head_size]. That is a slip
+# Source 003 calls the scores' shape [batch_size, num_heads, context_length, head_size]. That is a slip
 # hidden by its numbers: with T = hs = 16 both readings give [4, 4, 16, 16]. The last axis of the scores
 # runs over *keys*, so it has length T. Make T differ from hs and the difference shows:
 
@@ -227,8 +232,8 @@ merged = a_t.reshape(B, T, C)
 print(f".reshape(B, T, C)    {tuple(merged.shape)}  [B, T, C], then W_o: {tuple(nn.Linear(C, C)(merged).shape)}")
 
 # %% [markdown]
-# Seed 003 ends by calling this "the output of the single-head attention"; it is the output of the
-# whole multi-head layer. Seed 004 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`:
+# Source 003 ends by calling this "the output of the single-head attention"; it is the output of the
+# whole multi-head layer. Source 004 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`:
 # Julia stores arrays column-major, so its first axis varies fastest, and that reshape is our
 # `view(B, T, nh, hs)` read backwards.
 #
@@ -614,8 +619,8 @@ for fast in (True, False):
     print(f"fast={fast!s:5}  equals torch.nn.MultiheadAttention within 1e-6:", torch.allclose(mha(x), want, atol=1e-6))
 
 # %% [markdown]
-# **Which √ to divide by?** Seed 001 writes the masked multi-head formula with √d_model in the
-# denominator, and seed 004's code divides by √dim, the full model width. Each head compares vectors of
+# **Which √ to divide by?** Source 001 writes the masked multi-head formula with √d_model in the
+# denominator, and source 004's code divides by √dim, the full model width. Each head compares vectors of
 # hs numbers, so its scores must be divided by √hs (Vaswani et al. 2017, section 3.2.2: d_k = d_model / h).
 # Both can be tried with chapter 03's `scale` argument:
 
@@ -750,7 +755,7 @@ for task in ("one back", "two back", "first"):
 # %% [markdown]
 # Each lookup the task needs has a head that puts most of its weight on that place, learned from
 # nothing but the loss. No single head could serve all three: it has one softmax per query. A fourth
-# head is not needed by the task; what it learns depends on the seed (often a blurred copy of one of the
+# head is not needed by the task; what it learns depends on the random start (often a blurred copy of one of the
 # others). The maps below show one test sequence; the slider picks another.
 
 # %%
@@ -829,16 +834,21 @@ print(f"at T = {T_max}: loop / fused time {lo['ms'] / fu['ms']:.1f}x, batched / 
 print(f"             batched / fused memory {ba['peak_mib'] / fu['peak_mib']:.1f}x, loop / fused memory {lo['peak_mib'] / fu['peak_mib']:.1f}x")
 growth = {v: series[v][T_max]["peak_mib"] / series[v][lengths[-2]]["peak_mib"] for v in series}
 print(f"memory growth from T = {lengths[-2]} to {T_max}: " + ", ".join(f"{v} {g:.1f}x" for v, g in growth.items()))
+print("batched faster than loop at T =", [T for T in lengths if series["batched"][T]["ms"] < series["loop"][T]["ms"]])
 fused_fastest = all(series["fused"][T]["ms"] < min(series["loop"][T]["ms"], series["batched"][T]["ms"]) for T in lengths)
 print("fused is the fastest at every measured length:", fused_fastest)
 
 # %% [markdown]
-# How to read it. Doubling T doubles the fused kernel's memory (it never holds more than a block of
-# scores at once) but roughly quadruples the batched version's: it materialises the full
-# [B, nh, T, T] scores, their masked copy and the softmax. The loop holds one head's [B, T, T] at a
-# time, so its peak is about nh times smaller than the batched one, yet it pays nh times the calls.
-# Batching heads removes the per-call overhead; fusing the attention removes the T² tensors as well,
-# and in the stored figures that made it the fastest at every length (the last line above).
+# How to read it. Doubling T doubles the fused kernel's memory (it works through the keys in blocks and
+# never holds the whole [T, T] score matrix) but roughly quadruples the others'. The batched version
+# materialises the full [B, nh, T, T] scores, their masked copy and the softmax at once. The loop makes
+# those temporaries for one head at a time, but every chapter-03 head keeps its weights for plotting
+# (`last_weights`), so by the last head it holds all nh of them anyway: a lower peak, the same T² growth.
+#
+# For time, batching the heads removes per-call overhead, which matters most at short lengths; at long
+# lengths the cost is in the T² tensors, and the batched version, writing several full copies of them,
+# can fall behind the loop (the lengths where it is faster are listed above). Fusing removes the T²
+# tensors themselves.
 
 # %% [markdown]
 # ## 12. Your turn
@@ -940,7 +950,7 @@ quiz([
              answer=1, explain="New query 0 sits at position L + 0 = 5, so it sees keys 0..5. is_causal=True would wrongly give it key 0 only."),
     Question("Each head's scores are divided by...",
              ["√d_model", "√(head size)", "the number of heads", "√T"],
-             answer=1, explain="A head's q·k sums hs products, so √hs keeps the spread near 1; dividing by √d_model (seeds 001, 004) over-flattens the softmax."),
+             answer=1, explain="A head's q·k sums hs products, so √hs keeps the spread near 1; dividing by √d_model (sources 001 and 004) over-flattens the softmax."),
 ])
 
 # %% [markdown]
@@ -953,8 +963,8 @@ quiz([
 #   contiguous in each); `view(B, T, nh, hs).transpose(1, 2)` makes the heads a batch axis and
 #   `transpose(1, 2).reshape(B, T, C)` undoes it. We proved the loop and the batched layer are the same
 #   function by copying weights, and matched `torch.nn.MultiheadAttention` (whose bool mask is inverted).
-# - The seeds' slips, corrected: seed 000's printed weights skip the 1/√hs it describes; seed 003's scores
-#   are [B, nh, T, T], not [B, nh, T, hs]; seeds 001 and 004 scale by √d_model instead of √hs.
+# - The sources' slips, corrected: source 000's printed weights skip the 1/√hs it describes; source 003's
+#   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 001 and 004 scale by √d_model instead of √hs.
 # - With a KV cache of L positions, new query t sees keys 0..L+t: the causal triangle shifts right, which
 #   `is_causal=True` (top-left aligned) gets wrong for several new queries. Fed in any pieces, the cached
 #   layer equals the uncached one.
