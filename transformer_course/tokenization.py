@@ -11,7 +11,7 @@ pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a
 __all__ = ['GPT2_SPLIT_PATTERN', 'GPT4_SPLIT_PATTERN', 'ENDOFTEXT', 'FORMAT', 'FORMAT_VERSION', 'CharTokenizer',
            'get_pair_counts', 'merge_pair', 'train_merges', 'BPETokenizer', 'get_encoding', 'tokenizer_from_dict']
 
-# %% ../chapters/01_tokenization.ipynb #436545dd
+# %% ../chapters/01_tokenization.ipynb #f30e8d7b
 import functools
 import heapq
 import json
@@ -31,7 +31,7 @@ GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{
 ENDOFTEXT = "<|endoftext|>"  # GPT-2's end-of-document token
 FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
 
-# %% ../chapters/01_tokenization.ipynb #f01bd325
+# %% ../chapters/01_tokenization.ipynb #d448ece1
 def _check_text(text, what: str = "text") -> None:
     if not isinstance(text, str):
         hint = " (decode bytes first: data.decode('utf-8'))" if isinstance(text, bytes | bytearray) else ""
@@ -57,7 +57,7 @@ def _id_list(ids, is_known, describe: str) -> list[int]:
                          "were they made by a different tokenizer?")
     return ids
 
-# %% ../chapters/01_tokenization.ipynb #10c9efe7
+# %% ../chapters/01_tokenization.ipynb #07263437
 class CharTokenizer:
     """One id per distinct character: id i is ``chars[i]``; ``chars`` is sorted by code point.
 
@@ -112,7 +112,7 @@ class CharTokenizer:
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
-# %% ../chapters/01_tokenization.ipynb #16285276
+# %% ../chapters/01_tokenization.ipynb #c6dba80a
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
     """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
 
@@ -123,7 +123,7 @@ def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int 
         counts[pair] = counts.get(pair, 0) + weight
     return counts
 
-# %% ../chapters/01_tokenization.ipynb #93136ae7
+# %% ../chapters/01_tokenization.ipynb #b9bd1beb
 def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
 
@@ -140,7 +140,7 @@ def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[i
             i += 1
     return out
 
-# %% ../chapters/01_tokenization.ipynb #9f779e4f
+# %% ../chapters/01_tokenization.ipynb #beab149a
 def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
     """``merge_pair`` plus the pairs it destroyed and the pairs it created (each with multiplicity).
 
@@ -161,7 +161,7 @@ def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
     new_at = {p for j in made for p in (j - 1, j) if 0 <= p < len(out) - 1}  # pairs that touch new_id
     return out, [(ids[p], ids[p + 1]) for p in old_at], [(out[p], out[p + 1]) for p in new_at]
 
-# %% ../chapters/01_tokenization.ipynb #bd805d11
+# %% ../chapters/01_tokenization.ipynb #2586bf8d
 def _best_pair_naive(words, freqs):
     """Recount every pair of every chunk; the most frequent, ties to the smallest pair."""
     counts: dict = {}
@@ -218,7 +218,7 @@ def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> li
                 del counts[p]
     return merges
 
-# %% ../chapters/01_tokenization.ipynb #889f5ffc
+# %% ../chapters/01_tokenization.ipynb #7c6fcfcf
 def _split_special(text: str, specials) -> list[str]:
     """Cut ``text`` around occurrences of the special-token strings; the specials stay as pieces."""
     if not specials:
@@ -226,7 +226,7 @@ def _split_special(text: str, specials) -> list[str]:
     alternatives = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
     return [piece for piece in regex.split(f"({alternatives})", text) if piece]
 
-# %% ../chapters/01_tokenization.ipynb #d2895851
+# %% ../chapters/01_tokenization.ipynb #830e8d57
 class BPETokenizer:
     """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
 
@@ -408,7 +408,7 @@ class BPETokenizer:
     def __repr__(self) -> str:
         return f"BPETokenizer(name={self.name!r}, vocab_size={self.vocab_size}, merges={len(self.merges)})"
 
-# %% ../chapters/01_tokenization.ipynb #f48f22b3
+# %% ../chapters/01_tokenization.ipynb #472e08f3
 def _recover_pair(token: bytes, rank: int, ranks: dict) -> tuple[bytes, bytes]:
     """The two tokens that merged into ``token``: BPE on its bytes using only ranks below ``rank``."""
     parts = [bytes([b]) for b in token]

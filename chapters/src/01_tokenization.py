@@ -357,10 +357,11 @@ check_merge_pair(my_merge)
 
 # %% [markdown]
 # With the two tools, the whole training loop fits in a few lines. This is a scaffold to see the
-# idea; the package's trainer (next section) does the same thing much faster. Three merges on
-# "aaabdaaabac": `aa` becomes 256, then `(256, a)` becomes 257 ("aaa"), then `(257, b)` becomes 258
-# ("aaab"), and 11 bytes shrink to 5 tokens. Ties between equally frequent pairs go to the smaller
-# pair, a rule we keep everywhere so results are reproducible.
+# idea; the package's trainer (next section) does the same thing much faster. Work it by hand on
+# "aaabdaaabac" first: `aa` occurs four times and becomes 256, giving `256 a b d 256 a b a c`. Now
+# `(256, a)` and `(a, b)` both occur twice; ties go to the smaller pair, a rule we keep everywhere so
+# results are reproducible, so `ab` = (97, 98) becomes 257. Then `(256, 257)` occurs twice and
+# becomes 258 ("aaab"): `258 d 258 a c`, 11 bytes in 5 tokens.
 
 # %%
 def train_tiny(ids: list[int], n_merges: int) -> tuple[list[int], dict]:
@@ -786,9 +787,11 @@ def tokenizer_from_dict(d: dict):
 # %% [markdown]
 # ### Training on Shakespeare
 #
-# We train a vocabulary of 1,024 (768 merges) on the first 1,000,000 characters and keep the rest
-# of the corpus for measuring. The first merges are what you would guess for English: a letter
-# with the space before it, common endings, then whole frequent words.
+# We train a vocabulary of 1,024 (767 merges and `<|endoftext|>`) on the first 1,000,000 characters
+# and keep the rest of the corpus for measuring. The first merges are what you would guess: a space
+# with the letter after it (" t", " a"), frequent letter pairs ("he", "ou"), the colon and newline
+# after every speaker's name, and soon whole words (" the"). The longest tokens are the names of
+# characters who speak most often.
 
 # %%
 train_text, heldout_text = shakespeare[:1_000_000], shakespeare[1_000_000:]
@@ -797,16 +800,6 @@ print(bpe)
 print("first merges:", [bpe.vocab[i].decode() for i in range(256, 272)])
 longest = sorted(bpe.vocab.values(), key=lambda b: (-len(b), b))[:8]
 print("longest tokens:", [t.decode() for t in longest])
-
-# %% [markdown]
-# Every merge is learned in a fixed order that does not depend on the target size, so the first
-# 256 merges of this 1,024 tokenizer *are* the tokenizer of size 512. We use that for the plot in
-# section 8, and check it here by training the small one directly.
-
-# %%
-small = BPETokenizer.train(train_text, vocab_size=512)
-assert small.merges == {p: i for p, i in bpe.merges.items() if i < 512}
-print("the 512 tokenizer is the 1,024 tokenizer's first 256 merges")
 
 # %% [markdown]
 # Text goes in, ids come out, and the exact text comes back, whatever the text: accents, emoji
@@ -879,8 +872,8 @@ assert loaded.encode(stress) == bpe.encode(stress) and loaded.special_tokens == 
 # **Your turn - Exercise 1.4 (★★★).** Write `my_encode_chunk(data, merges)`: encode the bytes of one
 # chunk with a `merges` dict (pair -> new id, lower ids learned first). Start from the byte values,
 # then repeatedly merge the neighbouring pair with the lowest new id, until no neighbouring pair is
-# in `merges`. (Merging pairs simply left to right, or in order of frequency, gives different
-# tokens: the check shows you where.)
+# in `merges`. (Merging the leftmost pair first, or in the order the dict happens to list the merges,
+# gives different tokens: the check shows you where.)
 
 # %%
 # Your turn - Exercise 1.4 (★★★): encode one chunk with learned merges.
@@ -908,6 +901,10 @@ check_encode_chunk(my_encode_chunk)
 # - **BPE**: any V from 256 (plain bytes) upward; every doubling of V buys shorter sequences, and
 #   nothing is ever unknown.
 #
+# One training run gives every BPE size at once: merges are learned in an order that does not depend
+# on the target size, so the first merges of a 4,096 tokenizer *are* a smaller tokenizer. The cell
+# checks that against the 1,024 tokenizer trained above.
+#
 # A model's cost grows with the sequence length T (attention compares every pair of positions, so
 # T² in chapter 03) and with V (the embedding table and the output layer have V rows).
 
@@ -919,12 +916,15 @@ word_vocab = set(train_words)
 unseen = sum(w not in word_vocab for w in heldout_words) / len(heldout_words)
 points = {"characters": (char_tok.vocab_size, heldout_chars),
           "words": (len(word_vocab), len(heldout_words))}
-for v in (256, 512, 768, 1024):
-    sub = BPETokenizer({p: i for p, i in bpe.merges.items() if i < v}, bpe.pattern)
+big = BPETokenizer.train(train_text, vocab_size=4096)
+assert {p: i for p, i in big.merges.items() if i < 1023} == bpe.merges  # same first 767 merges
+for v in (256, 512, 1024, 2048, 4096):
+    sub = BPETokenizer({p: i for p, i in big.merges.items() if i < v}, big.pattern)
     points[f"BPE {v}"] = (v, len(sub.encode_ordinary(measure_text)))
 for name, (v, n) in points.items():
     print(f"{name:>10}: V = {v:6,}  T = {n:9,}  ({n / heldout_chars:.3f} tokens per character)")
-print(f"words never seen in training: {unseen:.1%} of held-out words")
+print(f"words never seen in training: {unseen:.1%} of held-out words; the word vocabulary is "
+      f"{len(word_vocab) / 4096:.1f}x BPE 4096's for {points['BPE 4096'][1] / len(heldout_words):.2f}x fewer tokens")
 
 # %% [markdown]
 # For comparison, GPT-4's tokenizer (V = 100,277, trained on far more text) on the same text:
@@ -947,10 +947,11 @@ ax.set_title("Bigger vocabularies, shorter sequences")
 plt.show()
 
 # %% [markdown]
-# With just 768 merges, the sequence is already much shorter than the characters, and the word
-# tokenizer's advantage comes with a vocabulary thirty times larger and text it cannot represent.
-# Production models sit at V of 50,000 to 200,000 because they are trained on many languages and
-# code; for a small model on Shakespeare, a few thousand is plenty.
+# The first few hundred merges do most of the work: 256 merges already halve the sequence, and each
+# further doubling of V gains less. Words are shorter still, but pay with a much larger vocabulary
+# and text they cannot represent at all. Production models sit at V of 50,000 to 200,000 because
+# they are trained on many languages and code; for a small model on Shakespeare, a few thousand is
+# plenty.
 
 # %% [markdown]
 # ## 9. Real tokenizers with tiktoken
