@@ -301,6 +301,7 @@ def test_block_attribute_names_follow_the_contract():
     assert [name for name, _ in block.named_children()] == ["ln1", "attn", "ln2", "mlp"]
     assert block.norm == "post" and block.mlp.activation == "relu" and block.ln1.eps == 1e-6
     assert block.ln1.bias is None and block.attn.qkv.bias is None and block.mlp.fc.bias is None
+    assert repr(block).startswith("TransformerBlock(\n  norm='post'")
 
 
 # ---------------------------------------------------------------- parameter count
@@ -365,6 +366,8 @@ def test_wrong_width_is_named():
         FeedForward(8)(_x(3, 6))
     with pytest.raises(TypeError, match="expects a torch.Tensor"):
         LayerNorm(4)([1.0, 2.0, 3.0, 4.0])
+    with pytest.raises(TypeError, match=r"needs floating-point input, got torch.int64.*embedding"):
+        TransformerBlock(4, 2)(torch.zeros(1, 3, 4, dtype=torch.long))
 
 
 def test_block_needs_a_batch_dimension():
@@ -390,6 +393,8 @@ def test_unknown_choices_list_the_options():
         (lambda: LayerNorm(4.0), "d_model must be a positive int"),
         (lambda: LayerNorm(4, eps=0), "eps must be a positive number"),
         (lambda: FeedForward(8, d_ff=0), "d_ff must be a positive int"),
+        (lambda: FeedForward(8, dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (lambda: TransformerBlock(8, 2, dropout=-0.1), r"dropout must be in \[0, 1\)"),
         (lambda: TransformerBlock(30, 4), "not divisible by n_head=4"),
     ],
 )

@@ -148,6 +148,9 @@ def _check_channels(x, d_model: int, who: str) -> None:
     """Raise a clear error unless ``x`` is a tensor whose last dimension is ``d_model``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{who} expects a torch.Tensor [..., {d_model}], got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{who} needs floating-point input, got {x.dtype}; token ids go through the "
+                        "embedding first (chapter 02), other tensors can be converted with .float()")
     if x.ndim == 0 or x.shape[-1] != d_model:
         raise ValueError(
             f"{who} was built for d_model={d_model} but got input of shape {tuple(x.shape)}: "
@@ -329,6 +332,8 @@ class FeedForward(nn.Module):
         self.fc = nn.Linear(d_model, self.d_ff, bias=bias)
         self.act = _ACTIVATION_LAYERS[activation]()
         self.proj = nn.Linear(self.d_ff, d_model, bias=bias)
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -505,6 +510,9 @@ class TransformerBlock(nn.Module):
             x = self.ln1(x + self.attn(x, mask=mask, cache=cache))  # (B, T, C)
             x = self.ln2(x + self.mlp(x))  # (B, T, C)
         return x
+
+    def extra_repr(self) -> str:
+        return f"norm={self.norm!r}"
 
 # %% [markdown]
 # Seed 000's block on seed 000's batch: 4 channels, 2 heads of size 2.
