@@ -312,3 +312,17 @@ def test_download_that_fails_on_the_way_is_reported_as_offline(monkeypatch, tmp_
     monkeypatch.setattr(P, "hub_reachable", lambda timeout=2.0: True)
     with pytest.raises(P.HubUnavailableError, match="cannot download 'gpt2-medium'"):
         P.download_hf_gpt2("gpt2-medium", cache_dir=tmp_path)
+
+
+def test_the_hub_gpt2_config_is_the_gpt2_preset():
+    """config.json of the Hub's "gpt2" (older keys, no tie/scale fields: the defaults apply)."""
+    hub_config = {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,
+        "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02,
+        "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12,
+        "n_layer": 12, "n_positions": 1024, "resid_pdrop": 0.1, "summary_activation": None,
+        "summary_first_dropout": 0.1, "summary_proj_to_labels": True, "summary_type": "cls_index",
+        "summary_use_proj": True, "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "vocab_size": 50257,
+    }
+    assert P.config_from_hf(hub_config) == PRESETS["gpt2"]
