@@ -881,11 +881,12 @@ tries = {
     "LayerNorm width": lambda: LayerNorm(8)(torch.randn(3, 6)),
     "unknown norm": lambda: TransformerBlock(32, n_head=4, norm="sandwich"),
     "unknown activation": lambda: FeedForward(32, activation="swish"),
+    "token ids, not vectors": lambda: TransformerBlock(32, n_head=4)(torch.zeros(2, 5, 32, dtype=torch.long)),
 }
 for what, attempt in tries.items():
     try:
         attempt()
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         print(f"{what}: {e}")
     else:
         raise AssertionError(f"{what}: no error was raised")
