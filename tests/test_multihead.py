@@ -397,3 +397,17 @@ def test_forward_bad_input():
         m(torch.randn(5, 32))
     with pytest.raises(ValueError, match=r"got \(2, 0, 32\)"):
         m(torch.randn(2, 0, 32))
+
+
+def test_teaching_weights_match_torch_per_head_weights():
+    m = _mha(fast=False)
+    ref = _torch_mha(m)
+    x = _x(T=6)
+    m(x)
+    _, want = ref(x, x, x, attn_mask=~causal_mask(6), need_weights=True, average_attn_weights=False)
+    torch.testing.assert_close(m.last_weights, want, atol=ATOL, rtol=0)  # (B, nh, T, T)
+
+
+def test_no_length_limit_of_its_own():
+    m = _mha()
+    assert m(_x(B=1, T=600)).shape == (1, 600, 32)

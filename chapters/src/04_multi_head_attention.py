@@ -21,7 +21,8 @@
 # attention maps.
 #
 # **From earlier chapters** (imported from the package, not rewritten): `causal_mask`,
-# `scaled_dot_product_attention` and `AttentionHead` from chapter 03 (`transformer_course.attention`).
+# `scaled_dot_product_attention` and `AttentionHead` from chapter 03 (`transformer_course.attention`),
+# and chapter 02's `InputEmbedding` for a small trained example.
 #
 # **Shapes.** B batch, T time (new positions), L cached positions, T_total = L + T,
 # C = d_model channels, nh heads, hs = C // nh head size.
@@ -404,8 +405,8 @@ except ValueError as e:
 # C -> 3C projection, [q | k | v] with heads contiguous inside each) and `proj` (W_o). The attention
 # itself has two interchangeable paths with the same parameters, chosen by `fast`:
 #
-# - `fast=True` (default) calls PyTorch's fused `F.scaled_dot_product_attention`, which never builds
-#   the [B, nh, T, T] weight tensor in full (see the measurements below). It uses the kernel's own
+# - `fast=True` (default) calls PyTorch's fused `F.scaled_dot_product_attention`, which on this CPU
+#   does not store the full [B, nh, T, T] weights (see the measurements below). It uses the kernel's own
 #   `is_causal` triangle only where that is right: no cache, or a single new query;
 #   otherwise it gets the explicit shifted mask.
 # - `fast=False`, the teaching path, calls chapter 03's function and keeps the weights
@@ -413,6 +414,10 @@ except ValueError as e:
 #
 # An optional extra bool `mask` (True = may attend, e.g. to hide padding) is combined with the causal
 # one. A query whose every key is hidden gets a zero output on both paths, never NaN.
+#
+# The layer keeps no causal-mask buffer of a fixed size: each call builds the mask for its own T (and
+# cache length), so the layer itself has no maximum length. The limit comes from the position
+# embedding (chapter 02's `block_size`), which says so when it is exceeded.
 
 # %%
 #| export
@@ -518,6 +523,10 @@ for bad in ({"d_model": 64, "n_head": 5}, {"d_model": 10, "n_head": 4}):
         MultiHeadAttention(**bad)
     except ValueError as e:
         print("ValueError:", e)
+try:
+    mha(torch.randn(4, 16, 32))  # 32 channels into a 64-channel layer
+except ValueError as e:
+    print("ValueError:", e)
 
 # %% [markdown]
 # ## 6. Proof: the loop and the batched layer are the same function
@@ -586,6 +595,10 @@ print("weights:", tuple(w.shape), "= [B, nh, T, T]; rows sum to 1:", torch.allcl
 # first sequence below, positions 0-2 are pads, so query 0 may look only at key 0 (causal) and key 0 is
 # hidden too. Its row has no allowed key at all: softmax over nothing is 0/0 = NaN, unless handled.
 # Both paths return zero attention for such a row (the layer's output there is just W_o's bias).
+#
+# (Source 003 describes the causal mask as "essentially sequence padding". They are two different
+# masks: the causal one hides *later* positions, a padding mask hides positions that hold no real token.
+# A batch of padded sequences needs both, which is why the layer combines them.)
 
 # %%
 keep = torch.ones(2, 12, dtype=torch.bool)
