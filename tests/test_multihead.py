@@ -411,3 +411,12 @@ def test_teaching_weights_match_torch_per_head_weights():
 def test_no_length_limit_of_its_own():
     m = _mha()
     assert m(_x(B=1, T=600)).shape == (1, 600, 32)
+
+
+def test_kv_cache_does_not_keep_the_whole_qkv_output_alive():
+    qkv_out = torch.randn(1, 5, 3 * 8)  # what the layer splits: [q | k | v]
+    k, v = (split_heads(t, 2) for t in qkv_out.split(8, dim=-1)[1:])  # views into qkv_out
+    cache = KVCache()
+    cache.update(k, v)
+    assert cache.k.untyped_storage().nbytes() == cache.k.numel() * 4  # its own storage, just the keys
+    torch.testing.assert_close(cache.k, k, rtol=0, atol=0)

@@ -369,9 +369,9 @@ class KVCache:
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
             shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
             raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
-        if self.k is None:
-            self.k, self.v = k, v
-            return k, v
+        if self.k is None:  # own copies: k, v are often views that would keep all of qkv's output alive
+            self.k, self.v = k.contiguous(), v.contiguous()
+            return self.k, self.v
         old = self.k
         if (old.shape[0], old.shape[1], old.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]) or (old.dtype, old.device) != (k.dtype, k.device):
             raise ValueError(
