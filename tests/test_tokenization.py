@@ -44,6 +44,11 @@ def trained(shakespeare):
     return BPETokenizer.train(shakespeare[:300_000], vocab_size=600, special_tokens=[ENDOFTEXT])
 
 
+@pytest.fixture(scope="module")
+def cl100k_teacher():
+    return BPETokenizer.from_tiktoken("cl100k_base")
+
+
 # ---------------------------------------------------------------- characters
 
 
@@ -163,6 +168,14 @@ def test_any_text_round_trips_and_matches_tiktoken(trained, text):
     assert trained.to_tiktoken().encode_ordinary(text) == ids
 
 
+def test_lone_surrogates_become_replacement_characters_as_in_tiktoken(trained, cl100k_teacher):
+    enc = get_encoding("cl100k_base")
+    for text in ("a\ud800b", "a\ud83d\ude00b", "\udfff"):  # lone, a valid surrogate pair, lone
+        assert cl100k_teacher.encode(text) == enc.encode(text)
+        assert trained.to_tiktoken().encode(text) == trained.encode(text)
+    assert trained.decode(trained.encode("a\ud800b")) == "a\ufffdb"
+
+
 def test_partial_characters_decode_with_replacement(trained):
     wave = trained.encode("👋")
     assert len(wave) == 4  # ASCII training: the emoji stays as its 4 bytes
@@ -193,6 +206,8 @@ def test_bpe_bad_input(trained):
         trained.encode("a" + ENDOFTEXT)
     with pytest.raises(ValueError, match="not special tokens of this tokenizer: \\['<x>'\\]"):
         trained.encode("a", allowed_special={"<x>"})
+    with pytest.raises(TypeError, match="for one token write {'<\\|endoftext\\|>'}"):
+        trained.encode("a", allowed_special=ENDOFTEXT)
 
 
 def test_running_out_of_pairs_warns():
@@ -262,9 +277,8 @@ def test_get_encoding_errors(monkeypatch):
         get_encoding.cache_clear()
 
 
-def test_from_tiktoken_matches_tiktoken_on_the_whole_corpus(shakespeare):
-    enc = get_encoding("cl100k_base")
-    ours = BPETokenizer.from_tiktoken("cl100k_base")
+def test_from_tiktoken_matches_tiktoken_on_the_whole_corpus(shakespeare, cl100k_teacher):
+    enc, ours = get_encoding("cl100k_base"), cl100k_teacher
     assert ours.vocab_size == enc.n_vocab and len(ours.merges) == 100_000
     assert ours.encode(TITLE) == TITLE_IDS
     assert ours.encode_ordinary(shakespeare) == enc.encode_ordinary(shakespeare)
@@ -281,3 +295,11 @@ def test_gpt2_style_stand_in_round_trips_through_tiktoken(shakespeare):
     assert back.merges == ours.merges and back.special_tokens == ours.special_tokens
     text = shakespeare[50_000:150_000] + ENDOFTEXT + STRESS
     assert back.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all") == ours.encode(text, allowed_special="all")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.text(max_size=40) | st.text(alphabet=" \n\t\r'sdmtlvreéß0123456789!?.,👋世界ÀÉ", max_size=40))
+def test_from_tiktoken_matches_tiktoken_on_any_text(cl100k_teacher, text):
+    enc = get_encoding("cl100k_base")
+    assert cl100k_teacher.encode_ordinary(text) == enc.encode_ordinary(text)
+    assert cl100k_teacher.decode(enc.encode_ordinary(text)) == text

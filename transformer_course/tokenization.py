@@ -226,7 +226,7 @@ def _split_special(text: str, specials) -> list[str]:
     alternatives = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
     return [piece for piece in regex.split(f"({alternatives})", text) if piece]
 
-# %% ../chapters/01_tokenization.ipynb #830e8d57
+# %% ../chapters/01_tokenization.ipynb #d6928517
 class BPETokenizer:
     """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
 
@@ -312,6 +312,10 @@ class BPETokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """str -> list of T ids; special-token strings are encoded as plain text."""
         _check_text(text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates have no UTF-8 form: U+FFFD instead, as tiktoken does
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         chunks = self._regex.findall(text) if self._regex else [text] if text else []
         return [i for chunk in chunks for i in self._encode_chunk(chunk)]
 
@@ -319,6 +323,8 @@ class BPETokenizer:
         """str -> list of T ids. ``allowed_special`` ("all", "none" or a set of strings): which
         special tokens in the text become their ids; any other special string found raises."""
         _check_text(text)
+        if isinstance(allowed_special, str) and allowed_special not in ("all", "none"):
+            raise TypeError(f"allowed_special must be 'all', 'none' or a set of strings; for one token write {{{allowed_special!r}}}")
         if allowed_special in ("all", "none"):
             allowed = set(self.special_tokens) if allowed_special == "all" else set()
         else:

@@ -641,6 +641,10 @@ class BPETokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """str -> list of T ids; special-token strings are encoded as plain text."""
         _check_text(text)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates have no UTF-8 form: U+FFFD instead, as tiktoken does
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
         chunks = self._regex.findall(text) if self._regex else [text] if text else []
         return [i for chunk in chunks for i in self._encode_chunk(chunk)]
 
@@ -648,6 +652,8 @@ class BPETokenizer:
         """str -> list of T ids. ``allowed_special`` ("all", "none" or a set of strings): which
         special tokens in the text become their ids; any other special string found raises."""
         _check_text(text)
+        if isinstance(allowed_special, str) and allowed_special not in ("all", "none"):
+            raise TypeError(f"allowed_special must be 'all', 'none' or a set of strings; for one token write {{{allowed_special!r}}}")
         if allowed_special in ("all", "none"):
             allowed = set(self.special_tokens) if allowed_special == "all" else set()
         else:
@@ -790,8 +796,8 @@ def tokenizer_from_dict(d: dict):
 # We train a vocabulary of 1,024 (767 merges and `<|endoftext|>`) on the first 1,000,000 characters
 # and keep the rest of the corpus for measuring. The first merges are what you would guess: a space
 # with the letter after it (" t", " a"), frequent letter pairs ("he", "ou"), the colon and newline
-# after every speaker's name, and soon whole words (" the"). The longest tokens are the names of
-# characters who speak most often.
+# after every speaker's name, and soon whole words (" the"). The longest tokens are speaker names,
+# which head every speech ("ANTIPHOLUS OF SYRACUSE" speaks a lot in the first play).
 
 # %%
 train_text, heldout_text = shakespeare[:1_000_000], shakespeare[1_000_000:]
