@@ -228,6 +228,9 @@ def test_save_and_load(trained, tmp_path):
     assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
     again = tokenizer_from_dict(json.loads(json.dumps(trained.to_dict())))
     assert isinstance(again, BPETokenizer) and again.merges == trained.merges
+    torch.save({"tokenizer": trained.to_dict()}, tmp_path / "ckpt.pt")  # checkpoints load with weights_only
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert BPETokenizer.from_dict(state["tokenizer"]).encode(STRESS) == trained.encode(STRESS)
 
 
 def test_load_bad_files(tmp_path, trained):
