@@ -987,7 +987,8 @@ assert title_ids == [i for k, i in enumerate(claimed) if not (i == 220 and k > 1
 
 # %% [markdown]
 # The same walkthrough measures "the vocabulary of the training text": the number of distinct ids
-# the text uses, and the largest id. Here is that for Shakespeare. Note the largest id is not the
+# the text uses (it calls them distinct characters, but they are tokens), and the largest id. Here
+# is that for Shakespeare. Note the largest id is not the
 # number of rows an embedding table needs: ids start at 0, so a table indexed by the largest id
 # needs **largest id + 1** rows (the walkthrough's 100,069 × 64 table for a largest id of 100069 is
 # one row short), and a model that should read any cl100k text needs all `n_vocab` rows.
