@@ -790,7 +790,7 @@ def draw_heads(seq: int) -> None:
     fig.tight_layout()
     plt.show()
 
-
+# %%
 def head_explorer() -> widgets.VBox:
     """A slider over test sequences; redraws the four heads' maps."""
     seq = widgets.IntSlider(value=0, min=0, max=len(test_idx) - 1, description="sequence")
