@@ -983,6 +983,14 @@ quiz([
 #   layer equals the uncached one.
 # - Measured on this CPU (`benchmarks/results/attention.md`): the fused kernel was the fastest at every
 #   length from 64 to 1,024, and its memory grew linearly in T while the batched version's grew with T².
-#
+#   The ratios, from the stored figures:
+
+# %%
+for T_b in (lengths[0], lengths[-1]):
+    lo, ba, fu = (series[v][T_b] for v in ("loop", "batched", "fused"))
+    print(f"T = {T_b:4}: time loop / fused {lo['ms'] / fu['ms']:.1f}x, batched / fused {ba['ms'] / fu['ms']:.1f}x; "
+          f"memory batched / fused {ba['peak_mib'] / fu['peak_mib']:.1f}x")
+
+# %% [markdown]
 # **Exported to `transformer_course.multihead`:** `MultiHeadAttention`, `KVCache`, `split_heads`,
 # `merge_heads`, `causal_mask_with_past`, `LoopedMultiHeadAttention` (the baseline), `pack_heads`.
