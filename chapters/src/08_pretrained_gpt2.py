@@ -638,9 +638,9 @@ print(f"124M GPT-2: the tied matrix holds {gpt2_cfg.vocab_size * gpt2_cfg.d_mode
 # %% [markdown]
 # ### Gotcha 4: GPT-2's GELU is the tanh approximation
 #
-# GELU is `x · Φ(x)`, with Φ the standard normal distribution function. In 2018 the exact Φ (an `erf`)
-# was slow on accelerators, so GPT-2 used the approximation from the GELU paper (Hendrycks and Gimpel,
-# 2016): `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`. Hugging Face calls it `"gelu_new"`; our
+# GELU is `x · Φ(x)`, with Φ the standard normal distribution function (computed with `erf`). GPT-2's
+# code, like GPT-1's and BERT's before it, used instead the cheaper approximation proposed in the GELU
+# paper (Hendrycks and Gimpel, 2016): `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`. Hugging Face calls it `"gelu_new"`; our
 # `FeedForward` calls it `"gelu_tanh"`. The two curves are hard to tell apart, but "hard to tell
 # apart" is not "equal", and our proof uses a tolerance of 1e-5.
 
