@@ -169,3 +169,15 @@ def test_load_block_mistakes_are_named(candidate, hint):
     outcome = run(check_load_block, candidate)
     assert outcome.status == "failed"
     assert hint in outcome.message
+
+
+def test_load_block_without_transformers_says_what_to_install(monkeypatch):
+    import transformer_course.checks.pretrained as checks
+
+    def missing():
+        raise ImportError("make_hf_stand_in needs transformers")
+
+    monkeypatch.setattr(checks, "_reference_block", missing)
+    outcome = run(check_load_block, lambda block, tensors: None)
+    assert outcome.status == "failed"
+    assert "pip install 'transformer-course[pretrained]'" in outcome.message

@@ -78,6 +78,7 @@ def test_block_outputs_are_the_forward_pass(loaded, idx):
     """The hooks record the real stream: ln_f + lm_head of the last entry are the logits."""
     stream = P.block_outputs(loaded, idx)
     assert [tuple(s.shape) for s in stream] == [(3, 20, 64)] * 3
+    assert not any(m._forward_hooks for m in loaded.modules())  # the hooks are gone afterwards
     with torch.no_grad():
         torch.testing.assert_close(loaded.lm_head(loaded.ln_f(stream[-1])), _logits(loaded, idx), atol=0, rtol=0)
 

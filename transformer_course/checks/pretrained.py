@@ -123,7 +123,10 @@ def check_load_block(fn):
     from ..block import TransformerBlock
     from ..pretrained import _BLOCK_KEYS
 
-    hf_block, tensors = _reference_block()
+    try:
+        hf_block, tensors = _reference_block()
+    except ImportError:
+        expect(False, "this check compares with transformers' GPT2Block: pip install 'transformer-course[pretrained]'")
     ours = TransformerBlock(32, 4, activation="gelu_tanh").eval()
     with torch.no_grad():
         fn(ours, {k: v.clone() for k, v in tensors.items()})
