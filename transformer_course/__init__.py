@@ -3,14 +3,26 @@
 Modules:
 
 - `transformer_course.attention`: Scaled dot-product attention, the causal mask, and one attention head. Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and keys, d_v the width of values. Attention is softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
+- `transformer_course.block`: The transformer block: layer normalisation, the position-wise feed-forward network, and the residual block that wraps chapter 04's multi-head attention and the feed-forward network.
 - `transformer_course.checks.attention`: Checks for chapter 03's exercises (single-head attention). Hand-written.
 - `transformer_course.checks.block`: Checks for chapter 05's exercises (the transformer block). Hand-written.
 - `transformer_course.checks.generation`: Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
+- `transformer_course.checks.model`: Checks for chapter 06's exercises (the GPT model and its training).
+- `transformer_course.checks.multihead`: Checks for chapter 04's exercises (multi-head attention). Hand-written.
+- `transformer_course.checks.positional`: Checks for chapter 02's exercises: embeddings and positional encoding (hand-written).
+- `transformer_course.checks.pretrained`: Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written.
+- `transformer_course.checks.tokenization`: Checks for chapter 01's exercises (tokenization). Hand-written.
+- `transformer_course.classroom`: Classroom tools: the student edition of the chapters, and grading of student notebooks.
 - `transformer_course.cli`: The ``transformer-course`` command (hand-written, not exported).
 - `transformer_course.data`: Training data for the course: Shakespeare's plays as plain text, and batches of token ids.
+- `transformer_course.encoder_decoder`: The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
 - `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
+- `transformer_course.model`: The whole GPT (`model.py`: embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry) and its training (`training.py`: AdamW with weight decay on matrices, warm-up then cosine learning rate, gradient clipping, evaluation, atomic checkpoints that resume exactly, the `train` command). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
+- `transformer_course.multihead`: Multi-head causal self-attention (chapter 04), with the KV cache used for generation.
 - `transformer_course.positional`: Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].
+- `transformer_course.pretrained`: Load GPT-2 weights saved in Hugging Face's layout into the course's `GPT` (exported from chapter 08).
 - `transformer_course.quiz`: Quick self-test questions at the end of each chapter, as an offline ipywidgets quiz.
+- `transformer_course.tokenization`: Tokenization: text to integer ids and back. A text of T tokens becomes T ids in 0..V-1 (V the vocabulary size). `CharTokenizer`: one id per distinct character. `BPETokenizer`: byte-level byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019), trained with incremental pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a fast `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's encodings; "cl100k_base" (GPT-4) works offline.
 - `transformer_course.viz`: Plotting helpers shared by several chapters (hand-written, not exported)."""
 
 # The docstring above is written by nbdev-export (one line per module, from each module's docstring).
@@ -58,6 +70,10 @@ _PUBLIC = {
     "stream": "generation",
     # chapter 08 (exported)
     "load_hf_gpt2": "pretrained",
+    # chapter 09 (exported)
+    "EncoderDecoder": "encoder_decoder",
+    "Seq2SeqConfig": "encoder_decoder",
+    "CrossAttention": "encoder_decoder",
     # hand-written support code
     "load_shakespeare": "data",
     "train_val_split": "data",

@@ -346,6 +346,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                               'transformer_course/training.py'),
                                              'transformer_course.training.config_differences': ( 'gpt_and_training.html#config_differences',
                                                                                                  'transformer_course/training.py'),
+                                             'transformer_course.training.encode_corpus': ( 'gpt_and_training.html#encode_corpus',
+                                                                                            'transformer_course/training.py'),
                                              'transformer_course.training.estimate_loss': ( 'gpt_and_training.html#estimate_loss',
                                                                                             'transformer_course/training.py'),
                                              'transformer_course.training.load_checkpoint': ( 'gpt_and_training.html#load_checkpoint',

@@ -1,0 +1,901 @@
+# %% [markdown]
+# # 09 · The original transformer: encoder, decoder and cross-attention
+#
+# GPT is half of a larger machine. The 2017 transformer ("Attention Is All You Need") had two stacks:
+# an **encoder** that reads the whole input once, with every position looking at every other, and a
+# **decoder** that writes the output one token at a time and, at every layer, looks back at the
+# encoder's result through **cross-attention**. GPT kept only the decoder, without the cross-attention.
+#
+# **In this chapter you will** build cross-attention from chapter 03's attention function, padding
+# masks for batches of different lengths, the encoder and decoder layers (post-norm as in the paper,
+# pre-norm selectable), and a full `EncoderDecoder` model; prove each layer equals PyTorch's own
+# `nn.TransformerEncoderLayer` / `nn.TransformerDecoderLayer`; and train it on this CPU to turn dates
+# written in words ("the twenty-second of November 2026") into ISO form ("2026-11-22").
+#
+# **You need** chapters 03 (attention and masks), 04 (multi-head attention) and 05 (the block).
+
+# %%
+#| default_exp encoder_decoder
+
+# %%
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.manual_seed(0)
+# One thread: this chapter's matrices are small, so more threads gain little, and a single thread
+# gives bit-for-bit the numbers stored here on any machine (training amplifies tiny rounding changes).
+torch.set_num_threads(1)
+
+# %% [markdown]
+# ## 1. Cross-attention is the same attention with different inputs
+#
+# In self-attention the queries, keys and values all come from one sequence. In cross-attention the
+# **queries come from the decoder** (what the output so far is asking for) and the **keys and values
+# come from the encoder's output** (what the input offers). Nothing else changes: chapter 03's
+# `scaled_dot_product_attention` does the work. The only new thing is that the two sequences may have
+# different lengths, so the weights are a T_out × T_in rectangle rather than a square.
+
+# %%
+from transformer_course.attention import scaled_dot_product_attention
+
+d = 8
+decoder_states = torch.randn(1, 3, d)  # 3 output positions so far
+encoder_states = torch.randn(1, 5, d)  # 5 input positions
+W_q, W_k, W_v = (torch.randn(d, d) / d**0.5 for _ in range(3))
+out, weights = scaled_dot_product_attention(decoder_states @ W_q, encoder_states @ W_k, encoder_states @ W_v)
+print("output", tuple(out.shape), "weights", tuple(weights.shape))
+print("each output row's weights sum to", weights.sum(-1))
+
+# %% [markdown]
+# Three output positions, each a mixture of the five input positions. No causal mask here: the
+# whole input is known before decoding starts, so every output position may look at all of it.
+
+# %% [markdown]
+# ## 2. Padding: batches of different lengths
+#
+# Sentences differ in length, but a batch is a rectangle. We pad the short ones with a **pad token**
+# and build a **padding mask** (True = a real token) so that no query ever attends to a pad. A key
+# that is padding must get exactly zero weight, whatever its vector is.
+
+# %%
+#| export
+"""The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
+
+An encoder reads the source once with bidirectional self-attention; a decoder generates the target
+with causal self-attention and, in every layer, cross-attention to the encoder's output (queries from
+the decoder, keys and values from the encoder). Post-norm as in the paper, pre-norm selectable.
+Shapes: B batch, S source positions, T target positions, C = d_model, nh heads, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_course.block import LayerNorm, TransformerBlock
+from transformer_course.multihead import MultiHeadAttention, _check_mask, merge_heads, split_heads
+from transformer_course.positional import InputEmbedding
+
+
+def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """ids [B, T] -> bool [B, T], True where the token is real (not ``pad_id``)."""
+    if not isinstance(ids, torch.Tensor) or ids.ndim != 2:
+        raise ValueError(f"ids must be a [B, T] tensor of token ids, got {getattr(ids, 'shape', type(ids).__name__)}")
+    return ids != pad_id
+
+
+def key_mask(keep: torch.Tensor) -> torch.Tensor:
+    """A padding mask [B, T_k] shaped to broadcast over heads and queries: [B, 1, 1, T_k]."""
+    return keep[:, None, None, :]
+
+# %%
+PAD = 0
+batch = torch.tensor([[5, 6, 7, 8], [9, 10, PAD, PAD]])  # two sentences, the second padded
+keep = padding_mask(batch, PAD)
+print(keep)
+
+# %% [markdown]
+# The proof that padding is invisible: attention over the padded batch gives, for the short
+# sentence, exactly what attention over the short sentence alone gives, whatever the pad positions hold.
+
+# %%
+x = torch.randn(2, 4, d)
+out_padded, w_padded = scaled_dot_product_attention(x, x, x, mask=key_mask(keep)[:, 0])
+out_alone, _ = scaled_dot_product_attention(x[1:, :2], x[1:, :2], x[1:, :2])
+x_garbage = x.clone()
+x_garbage[1, 2:] = 1e3  # change what sits in the padded positions
+out_garbage, _ = scaled_dot_product_attention(x_garbage, x_garbage, x_garbage, mask=key_mask(keep)[:, 0])
+print("weights on pad keys:", w_padded[1, :, 2:].abs().max().item())
+print("short sentence, padded vs alone:", torch.allclose(out_padded[1, :2], out_alone[0], atol=1e-6))
+print("real positions unchanged by pad contents:", torch.allclose(out_padded[1, :2], out_garbage[1, :2], atol=1e-6))
+
+# %% [markdown]
+# And a sequence that is *all* padding: every key is masked, so a naive softmax would divide 0 by 0
+# and produce NaN that then spreads through every later layer. The course's attention gives zero
+# weights and a zero output instead (chapter 03).
+
+# %%
+all_pad = torch.zeros(1, 1, 4, dtype=torch.bool)
+o, w = scaled_dot_product_attention(x[:1], x[:1], x[:1], mask=all_pad)
+print("any NaN:", bool(o.isnan().any() or w.isnan().any()), "| output max", o.abs().max().item())
+
+# %% [markdown]
+# In the decoder both masks apply at once: position t may see target position j only if j ≤ t
+# (causal) **and** j is not padding. The combined mask is the logical AND of the two.
+
+# %%
+from transformer_course.attention import causal_mask
+
+tgt = torch.tensor([[1, 4, 5, PAD, PAD]])
+combined = causal_mask(5) & padding_mask(tgt, PAD)[:, None, :]  # (1, T, T)
+print(combined.int())
+
+# %% [markdown]
+# **Your turn - Exercise 9.1 (★☆☆).** Write `decoder_self_mask(tgt, pad_id)`: the bool
+# mask [B, T, T] where query t may attend key j exactly when j ≤ t and token j is not padding.
+
+# %%
+from transformer_course.checks.encoder_decoder import check_decoder_self_mask
+
+
+def decoder_self_mask(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """tgt [B, T] ids -> bool [B, T, T]: True where query t may attend key j (j <= t, j not padding)."""
+    ### BEGIN SOLUTION
+    T = tgt.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
+    real = tgt != pad_id  # (B, T): which keys are tokens
+    return causal[None] & real[:, None, :]  # (B, T, T)
+    ### END SOLUTION
+
+
+check_decoder_self_mask(decoder_self_mask)
+
+# %% [markdown]
+# **Your turn - Exercise 9.2 (★★☆).** Write single-head `cross_attention(x, memory, memory_keep,
+# W_q, W_k, W_v)`: queries from the decoder states `x` [B, T, d], keys and values from the encoder
+# output `memory` [B, S, d], scaled by 1/√d, pad keys (`memory_keep` False) never attended, and a
+# source that is all padding giving zeros rather than NaN. Return the output [B, T, d].
+
+# %%
+from transformer_course.checks.encoder_decoder import check_cross_attention
+
+
+def cross_attention(x, memory, memory_keep, W_q, W_k, W_v):
+    """x [B, T, d], memory [B, S, d], memory_keep bool [B, S] -> [B, T, d]."""
+    ### BEGIN SOLUTION
+    q, k, v = x @ W_q, memory @ W_k, memory @ W_v  # (B, T, d), (B, S, d), (B, S, d)
+    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, T, S)
+    scores = scores.masked_fill(~memory_keep[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-pad rows: 0/0 -> 0
+    return weights @ v  # (B, T, d)
+    ### END SOLUTION
+
+
+check_cross_attention(cross_attention)
+
+# %% [markdown]
+# ## 3. Multi-head cross-attention
+#
+# The package's `CrossAttention` is chapter 04's `MultiHeadAttention` with one change: the packed
+# projection's query rows read the decoder states and its key and value rows read the encoder output.
+# Keeping the packed layout [W_q | W_k | W_v] means the same weights drop straight into PyTorch's
+# `nn.MultiheadAttention` (its `in_proj_weight` is packed the same way), which we use to prove it.
+
+# %%
+#| export
+class CrossAttention(MultiHeadAttention):
+    """Multi-head attention from the decoder (queries) to the encoder output (keys, values).
+
+    ``forward(x [B, T, C], memory [B, S, C], mask=None) -> [B, T, C]``. Same parameters as
+    `MultiHeadAttention` (``qkv`` packed [q | k | v], ``proj``); never causal: the whole source is
+    known. ``mask``: bool, broadcastable to [B, nh, T, S] (True = may attend), e.g. ``key_mask(keep)``.
+    A query whose every key is masked gets a zero output, never NaN.
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True, fast: bool = True):
+        super().__init__(d_model, n_head, dropout=dropout, bias=bias, causal=False, fast=fast)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        for name, t in (("x", x), ("memory", memory)):
+            if not isinstance(t, torch.Tensor) or t.ndim != 3 or t.shape[-1] != self.d_model:
+                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+                raise ValueError(f"CrossAttention expects {name} of shape [B, *, {self.d_model}], got {shape}")
+        if x.shape[0] != memory.shape[0]:
+            raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
+        C = self.d_model
+        w_q, w_kv = self.qkv.weight.split([C, 2 * C])  # (C, C), (2C, C)
+        b_q, b_kv = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
+        q = split_heads(F.linear(x, w_q, b_q), self.n_head)  # (B, nh, T, hs)
+        k, v = (split_heads(t, self.n_head) for t in F.linear(memory, w_kv, b_kv).split(C, dim=2))  # (B, nh, S, hs)
+        if mask is not None:
+            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
+        attend = self._attend_fast if self.fast else self._attend_teaching
+        y = attend(q, k, v, mask)  # (B, nh, T, hs)
+        return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
+
+# %%
+C, nh = 16, 4
+ours = CrossAttention(C, nh).eval()
+theirs = nn.MultiheadAttention(C, nh, batch_first=True).eval()
+with torch.no_grad():
+    theirs.in_proj_weight.copy_(ours.qkv.weight)
+    theirs.in_proj_bias.copy_(ours.qkv.bias)
+    theirs.out_proj.weight.copy_(ours.proj.weight)
+    theirs.out_proj.bias.copy_(ours.proj.bias)
+x_dec, mem = torch.randn(2, 3, C), torch.randn(2, 5, C)
+mem_keep = torch.tensor([[True] * 5, [True, True, True, False, False]])
+ref, _ = theirs(x_dec, mem, mem, key_padding_mask=~mem_keep)  # PyTorch: True = ignore
+print("equal to nn.MultiheadAttention within 1e-6:", torch.allclose(ours(x_dec, mem, key_mask(mem_keep)), ref, atol=1e-6))
+
+# %% [markdown]
+# ## 4. The encoder layer and the decoder layer
+#
+# An **encoder layer** is chapter 05's block with the causal mask switched off: every source position
+# sees every other (bidirectional). A **decoder layer** has three sublayers, each with its residual
+# connection and LayerNorm: masked (causal) self-attention, cross-attention to the encoder output,
+# and the feed-forward network. The paper puts each LayerNorm *after* its residual sum (post-norm);
+# GPT-2 and most modern models put it *before* the sublayer (pre-norm, chapter 05).
+
+# %%
+#| export
+class EncoderLayer(TransformerBlock):
+    """Bidirectional self-attention + feed-forward: x [B, S, C] -> [B, S, C].
+
+    Chapter 05's `TransformerBlock` (same ``ln1``, ``attn``, ``ln2``, ``mlp`` and pre/post-norm
+    logic) with a non-causal attention. ``mask``: bool key mask broadcastable to [B, nh, S, S].
+    Defaults follow the 2017 paper: post-norm, ReLU.
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 norm: str = "post", activation: str = "relu", fast: bool = True, eps: float = 1e-5):
+        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation, fast=fast, eps=eps)
+        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=False, fast=fast)
+
+
+class DecoderLayer(TransformerBlock):
+    """Causal self-attention, cross-attention to the encoder, feed-forward: x [B, T, C] -> [B, T, C].
+
+    Adds ``ln_cross`` and ``cross_attn`` (a `CrossAttention`) between chapter 05's two sublayers.
+    ``self_mask``: extra bool mask for the self-attention (target padding), broadcastable to
+    [B, nh, T, T], combined with the causal mask; ``memory_mask``: bool mask [B, nh, T, S] for the
+    cross-attention (source padding).
+    """
+
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 norm: str = "post", activation: str = "relu", fast: bool = True, eps: float = 1e-5):
+        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation, fast=fast, eps=eps)
+        self.ln_cross = LayerNorm(d_model, eps=eps, bias=bias)
+        self.cross_attn = CrossAttention(d_model, n_head, dropout=dropout, bias=bias, fast=fast)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None = None,
+                memory_mask: torch.Tensor | None = None) -> torch.Tensor:
+        if self.norm == "pre":
+            x = x + self.attn(self.ln1(x), mask=self_mask)  # (B, T, C)
+            x = x + self.cross_attn(self.ln_cross(x), memory, mask=memory_mask)
+            return x + self.mlp(self.ln2(x))
+        x = self.ln1(x + self.attn(x, mask=self_mask))
+        x = self.ln_cross(x + self.cross_attn(x, memory, mask=memory_mask))
+        return self.ln2(x + self.mlp(x))
+
+# %% [markdown]
+# ### Proof: the same numbers as PyTorch's own layers
+#
+# PyTorch ships `nn.TransformerEncoderLayer` and `nn.TransformerDecoderLayer`. `copy_from_torch`
+# moves their weights into ours (names differ, layouts do not); then both must agree to within
+# 1e-5 for post-norm and pre-norm, with padding in the source and the target.
+
+# %%
+#| export
+@torch.no_grad()
+def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
+    """Copy a ``nn.TransformerEncoderLayer``/``nn.TransformerDecoderLayer`` into our layer; returns ours."""
+    pairs = [(ours.attn, theirs.self_attn), (ours.mlp.fc, theirs.linear1), (ours.mlp.proj, theirs.linear2),
+             (ours.ln1, theirs.norm1), (ours.ln2, theirs.norm2)]
+    if isinstance(ours, DecoderLayer):
+        pairs[-1] = (ours.ln2, theirs.norm3)
+        pairs += [(ours.ln_cross, theirs.norm2), (ours.cross_attn, theirs.multihead_attn)]
+    for mine, ref in pairs:
+        if isinstance(ref, nn.MultiheadAttention):
+            mine.qkv.weight.copy_(ref.in_proj_weight)  # both packed [W_q; W_k; W_v]
+            mine.qkv.bias.copy_(ref.in_proj_bias)
+            mine.proj.weight.copy_(ref.out_proj.weight)
+            mine.proj.bias.copy_(ref.out_proj.bias)
+        else:
+            mine.weight.copy_(ref.weight)
+            mine.bias.copy_(ref.bias)
+    return ours
+
+# %%
+torch.backends.mha.set_fastpath_enabled(False)  # PyTorch's inference fast path drops padded rows
+src_keep = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+tgt_keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+src_x, tgt_x = torch.randn(2, 6, C), torch.randn(2, 5, C)
+for norm_first in (False, True):
+    norm = "pre" if norm_first else "post"
+    ref_enc = nn.TransformerEncoderLayer(C, nh, 4 * C, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    ref_dec = nn.TransformerDecoderLayer(C, nh, 4 * C, dropout=0.0, batch_first=True, norm_first=norm_first).eval()
+    enc = copy_from_torch(EncoderLayer(C, nh, norm=norm).eval(), ref_enc)
+    dec = copy_from_torch(DecoderLayer(C, nh, norm=norm).eval(), ref_dec)
+    mem_ours = enc(src_x, mask=key_mask(src_keep))
+    mem_ref = ref_enc(src_x, src_key_padding_mask=~src_keep)
+    out_ours = dec(tgt_x, mem_ours, self_mask=key_mask(tgt_keep), memory_mask=key_mask(src_keep))
+    future = torch.ones(5, 5, dtype=torch.bool).triu(1)  # PyTorch's convention: True = may NOT attend
+    out_ref = ref_dec(tgt_x, mem_ref, tgt_mask=future, tgt_is_causal=True,
+                      tgt_key_padding_mask=~tgt_keep, memory_key_padding_mask=~src_keep)
+    real = tgt_keep[..., None]  # PyTorch's padded query rows are not meaningful; compare real ones
+    print(f"{norm}-norm: encoder max diff {(mem_ours - mem_ref)[src_keep].abs().max().item():.1e}, "
+          f"decoder max diff {((out_ours - out_ref) * real).abs().max().item():.1e}")
+
+# %% [markdown]
+# ## 5. The full model
+#
+# The source and the target get **separate embeddings** (they may be different alphabets: here,
+# English words and digits), each with sinusoidal positions as in the paper (chapter 02). The encoder
+# stack turns the source into `memory`; the decoder stack reads the target so far plus `memory`; a
+# linear head gives logits over the target vocabulary. Training uses *teacher forcing*: the decoder
+# input is the true target shifted right by one (it starts with a begin token), and the loss asks it to
+# predict the next target token at every position at once, exactly like GPT's training.
+
+# %%
+#| export
+NORMS = ("pre", "post")
+
+
+@dataclass
+class Seq2SeqConfig:
+    """Sizes and choices of an `EncoderDecoder` (defaults: the paper's post-norm, ReLU, sinusoids)."""
+
+    src_vocab_size: int
+    tgt_vocab_size: int
+    max_src_len: int
+    max_tgt_len: int
+    n_layer_enc: int = 2
+    n_layer_dec: int = 2
+    n_head: int = 4
+    d_model: int = 64
+    dropout: float = 0.0
+    norm: str = "post"
+    activation: str = "relu"
+    positional: str = "sinusoidal"
+    pad_id: int = 0
+    bias: bool = True
+
+    def __post_init__(self):
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        for side in ("src", "tgt"):
+            vocab = getattr(self, f"{side}_vocab_size")
+            if not 0 <= self.pad_id < vocab:
+                raise ValueError(f"pad_id {self.pad_id} is outside the {side} vocabulary 0..{vocab - 1}: "
+                                 "reserve one id of each vocabulary for padding")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class EncoderDecoder(nn.Module):
+    """Source ids [B, S] and target ids [B, T] -> logits [B, T, V_tgt] (and the loss, given targets)."""
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.cfg = cfg
+        layer = dict(n_head=cfg.n_head, dropout=cfg.dropout, bias=cfg.bias, norm=cfg.norm, activation=cfg.activation)
+        self.src_embed = InputEmbedding(cfg.src_vocab_size, cfg.d_model, cfg.max_src_len, cfg.positional, cfg.dropout)
+        self.tgt_embed = InputEmbedding(cfg.tgt_vocab_size, cfg.d_model, cfg.max_tgt_len, cfg.positional, cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg.d_model, **layer) for _ in range(cfg.n_layer_enc))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg.d_model, **layer) for _ in range(cfg.n_layer_dec))
+        # pre-norm leaves the residual stream un-normalised, so each stack ends with a LayerNorm
+        final = (lambda: LayerNorm(cfg.d_model, bias=cfg.bias)) if cfg.norm == "pre" else nn.Identity
+        self.enc_norm, self.dec_norm = final(), final()
+        self.lm_head = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+
+    def encode(self, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """src [B, S] -> (memory [B, S, C], keep [B, S] bool). Run once per source, reused every step."""
+        if isinstance(src, torch.Tensor) and src.ndim == 2 and src.shape[1] == 0:
+            raise ValueError("empty source sequence (length 0): give at least one token, e.g. just the end token")
+        keep = padding_mask(src, self.cfg.pad_id)
+        x = self.src_embed(src)  # (B, S, C)
+        for layer in self.encoder:
+            x = layer(x, mask=key_mask(keep))
+        return self.enc_norm(x), keep
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, src_keep: torch.Tensor) -> torch.Tensor:
+        """tgt [B, T] (target so far), memory [B, S, C] -> logits [B, T, V_tgt]."""
+        if tgt.ndim == 2 and tgt.shape[1] > self.cfg.max_tgt_len:
+            raise ValueError(f"target has {tgt.shape[1]} tokens but this model handles at most "
+                             f"max_tgt_len={self.cfg.max_tgt_len}: shorten it or build a model with a larger max_tgt_len")
+        if tgt.shape[0] != memory.shape[0]:
+            raise ValueError(f"source batch has {memory.shape[0]} sequences but target batch has {tgt.shape[0]}: "
+                             "they must pair up one to one")
+        y = self.tgt_embed(tgt)  # (B, T, C)
+        self_mask, memory_mask = key_mask(padding_mask(tgt, self.cfg.pad_id)), key_mask(src_keep)
+        for layer in self.decoder:
+            y = layer(y, memory, self_mask=self_mask, memory_mask=memory_mask)
+        return self.lm_head(self.dec_norm(y))  # (B, T, V_tgt)
+
+    def forward(self, src, tgt, targets=None):
+        """(logits [B, T, V_tgt], loss or None); padded targets (pad_id) are left out of the loss."""
+        if src.shape[0] != tgt.shape[0]:
+            raise ValueError(f"source batch has {src.shape[0]} sequences but target batch has {tgt.shape[0]}: "
+                             "they must pair up one to one")
+        logits = self.decode(tgt, *self.encode(src))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=self.cfg.pad_id)
+        return logits, loss
+
+    @torch.no_grad()
+    def greedy_decode(self, src: torch.Tensor, bos_id: int, eos_id: int, max_new_tokens: int | None = None):
+        """Encode once, then pick the most likely token step by step -> [B, 1 + n] ids (starting with bos).
+
+        Sequences that produced ``eos_id`` are padded with ``pad_id`` while the others finish.
+        """
+        steps = self.cfg.max_tgt_len - 1 if max_new_tokens is None else max_new_tokens
+        memory, keep = self.encode(src)  # once, reused at every step below
+        out = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(steps):
+            nxt = self.decode(out, memory, keep)[:, -1].argmax(-1)  # (B,)
+            nxt = nxt.masked_fill(done, self.cfg.pad_id)
+            out = torch.cat([out, nxt[:, None]], dim=1)
+            done |= nxt == eos_id
+            if done.all():
+                break
+        return out
+
+    @torch.no_grad()
+    def cross_attention_weights(self, src: torch.Tensor, tgt: torch.Tensor) -> list[torch.Tensor]:
+        """Cross-attention weights of every decoder layer, each [B, nh, T, S] (teaching path)."""
+        layers = [layer.cross_attn for layer in self.decoder]
+        saved = [a.fast for a in layers]
+        try:
+            for a in layers:
+                a.fast = False  # chapter 03's function keeps the weights; same numbers as the fused one
+            self.decode(tgt, *self.encode(src))
+            return [a.last_weights for a in layers]
+        finally:
+            for a, fast in zip(layers, saved):
+                a.fast = fast
+
+# %% [markdown]
+# ## 6. A real task: dates in words → ISO dates
+#
+# The code writes its own data: random dates rendered in several styles that people use, paired with
+# the ISO form. The model must read day, month and year wherever they sit in the input, in words or
+# digits, and write them in a fixed order. That reordering is exactly what cross-attention is for.
+
+# %%
+#| export dates
+# Dates written the ways people write them, and their ISO form: a seq2seq task (chapter 09).
+# Each example pairs a source like "the twenty-second of November 2026" or "Nov 22nd, 2026" with the
+# target "2026-11-22". Vocabularies are characters, with 0 = padding, 1 = begin, 2 = end.
+import datetime
+import random
+
+import torch
+
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
+          "October", "November", "December"]
+_UNITS = ["", "first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth", "ninth"]
+_TEENS = {10: "tenth", 11: "eleventh", 12: "twelfth", 13: "thirteenth", 14: "fourteenth", 15: "fifteenth",
+          16: "sixteenth", 17: "seventeenth", 18: "eighteenth", 19: "nineteenth", 20: "twentieth", 30: "thirtieth"}
+_TENS = {2: "twenty", 3: "thirty"}
+PAD, BOS, EOS = 0, 1, 2
+FIRST, LAST = datetime.date(1900, 1, 1), datetime.date(2099, 12, 31)
+
+
+def ordinal_word(day: int) -> str:
+    """1 -> "first", 22 -> "twenty-second", 30 -> "thirtieth"."""
+    if day in _TEENS:
+        return _TEENS[day]
+    if day < 10:
+        return _UNITS[day]
+    return f"{_TENS[day // 10]}-{_UNITS[day % 10]}"
+
+
+def ordinal_suffix(day: int) -> str:
+    """1 -> "1st", 22 -> "22nd", 13 -> "13th"."""
+    suffix = "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{day}{suffix}"
+
+
+TARGET_CHARS = "-0123456789"
+# every character any format can produce: digits, separators, month names, ordinal words and suffixes
+SOURCE_CHARS = "".join(sorted(set(" ,-/0123456789the of stndrdth" + "".join(MONTHS) + "".join(map(ordinal_word, range(1, 32))))))
+
+FORMATS = {
+    "words": lambda d: f"the {ordinal_word(d.day)} of {MONTHS[d.month - 1]} {d.year}",
+    "day month": lambda d: f"{d.day} {MONTHS[d.month - 1]} {d.year}",
+    "short": lambda d: f"{d.day} {MONTHS[d.month - 1][:3]} {d.year}",
+    "us": lambda d: f"{MONTHS[d.month - 1]} {d.day}, {d.year}",
+    "us ordinal": lambda d: f"{MONTHS[d.month - 1][:3]} {ordinal_suffix(d.day)}, {d.year}",
+    "numeric": lambda d: f"{d.day:02d}/{d.month:02d}/{d.year}",
+}
+
+
+def random_example(rng: random.Random) -> tuple[str, str]:
+    """One (source, target) pair: a uniformly random date in 1900-2099 in a random format."""
+    date = FIRST + datetime.timedelta(days=rng.randrange((LAST - FIRST).days + 1))
+    fmt = rng.choice(sorted(FORMATS))
+    return FORMATS[fmt](date), date.isoformat()
+
+
+def make_examples(n: int, seed: int, exclude: set[str] | None = None) -> list[tuple[str, str]]:
+    """n distinct pairs from ``random.Random(seed)``, none of whose sources is in ``exclude``."""
+    rng, seen, pairs = random.Random(seed), set(exclude or ()), []
+    while len(pairs) < n:
+        src, tgt = random_example(rng)
+        if src not in seen:
+            seen.add(src)
+            pairs.append((src, tgt))
+    return pairs
+
+
+def encode_batch(texts: list[str], chars: str, add_bos: bool = False) -> torch.Tensor:
+    """Texts -> LongTensor [B, longest + extras], char ids offset by 3, EOS at the end, PAD after."""
+    index = {c: i + 3 for i, c in enumerate(chars)}
+    unknown = sorted({c for t in texts for c in t} - set(index))
+    if unknown:
+        raise ValueError(f"characters {unknown} are not in the vocabulary {chars!r}")
+    rows = [([BOS] if add_bos else []) + [index[c] for c in t] + [EOS] for t in texts]
+    out = torch.full((len(rows), max(map(len, rows))), PAD, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row)
+    return out
+
+
+def decode_ids(ids, chars: str) -> str:
+    """Ids -> text, stopping at EOS and skipping BOS/PAD."""
+    text = []
+    for i in ids:
+        if i == EOS:
+            break
+        if i >= 3:
+            text.append(chars[i - 3])
+    return "".join(text)
+
+# %%
+from transformer_course.dates import (
+    BOS,
+    EOS,
+    FORMATS,
+    PAD,
+    SOURCE_CHARS,
+    TARGET_CHARS,
+    decode_ids,
+    encode_batch,
+    make_examples,
+)
+
+test_pairs = make_examples(2000, seed=1)  # held out: the training data never contains these sources
+train_pairs = make_examples(60_000, seed=2, exclude={s for s, _ in test_pairs})
+for src, tgt in train_pairs[:6]:
+    print(f"{src:<40} -> {tgt}")
+print(len(FORMATS), "formats;", len(SOURCE_CHARS) + 3, "source ids;", len(TARGET_CHARS) + 3, "target ids")
+
+# %% [markdown]
+# Batches: sources padded to the longest in the batch; the decoder input starts with BOS, and the
+# target it must predict is the same sequence shifted left, ending with EOS.
+
+# %%
+def make_batch(pairs):
+    src = encode_batch([s for s, _ in pairs], SOURCE_CHARS)
+    full = encode_batch([t for _, t in pairs], TARGET_CHARS, add_bos=True)  # BOS 2026-11-22 EOS
+    return src, full[:, :-1], full[:, 1:]  # source, decoder input, what it must predict
+
+
+src, tgt_in, tgt_out = make_batch(train_pairs[:2])
+print("source", tuple(src.shape), "| decoder input", tgt_in[0].tolist(), "| predict", tgt_out[0].tolist())
+
+# %% [markdown]
+# ### Training on this CPU
+#
+# A small model (2 encoder and 2 decoder layers, d_model 64, 4 heads) trained with AdamW for 1,200
+# steps of 64 examples, with a short warm-up and a linear decay. It takes about two minutes on a
+# laptop CPU.
+
+# %%
+from tqdm.auto import tqdm
+
+from transformer_course.encoder_decoder import EncoderDecoder, Seq2SeqConfig
+
+torch.manual_seed(0)
+cfg = Seq2SeqConfig(src_vocab_size=len(SOURCE_CHARS) + 3, tgt_vocab_size=len(TARGET_CHARS) + 3,
+                    max_src_len=48, max_tgt_len=12, n_layer_enc=2, n_layer_dec=2, n_head=4, d_model=64)
+model = EncoderDecoder(cfg)
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+STEPS, BATCH, LR = 1200, 64, 3e-3
+opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * (1 - s / STEPS) + 0.02)
+order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(3)).tolist()
+losses = []
+model.train()
+for step in tqdm(range(STEPS), desc="training", mininterval=2):
+    i = (step * BATCH) % (len(order) - BATCH)
+    src, tgt_in, tgt_out = make_batch([train_pairs[j] for j in order[i : i + BATCH]])
+    _, loss = model(src, tgt_in, tgt_out)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    losses.append(loss.item())
+_ = model.eval()
+
+# %%
+import matplotlib.pyplot as plt
+
+print("loss: first 100 steps", round(sum(losses[:100]) / 100, 3), "| last 100 steps", round(sum(losses[-100:]) / 100, 4))
+fig, ax = plt.subplots(figsize=(7, 3))
+ax.plot(losses, lw=0.7)
+ax.set(yscale="log", xlabel="step", ylabel="cross-entropy", title="Dates → ISO: training loss")
+plt.show()
+
+# %% [markdown]
+# ### Held-out accuracy
+#
+# Exact match on the 2,000 held-out examples: the whole ISO string must be right. Decoding is greedy:
+# encode once, then pick the most likely next character until EOS.
+
+# %%
+def predict(texts):
+    src = encode_batch(texts, SOURCE_CHARS)
+    out = model.greedy_decode(src, BOS, EOS)
+    return [decode_ids(row.tolist(), TARGET_CHARS) for row in out]
+
+
+predictions = [p for i in range(0, len(test_pairs), 500) for p in predict([s for s, _ in test_pairs[i : i + 500]])]
+correct = [p == t for p, (_, t) in zip(predictions, test_pairs)]
+accuracy = sum(correct) / len(correct)
+print(f"exact match on {len(test_pairs)} held-out dates: {accuracy:.2%}")
+assert accuracy >= 0.99
+for (s, t), p in list(zip(test_pairs, predictions))[:5]:
+    print(f"{s:<40} -> {p} {'✓' if p == t else '✗ (want ' + t + ')'}")
+
+# %% [markdown]
+# Per format, and the mistakes if any:
+
+# %%
+import datetime
+from collections import Counter
+
+by_format = Counter()
+for (s, t), ok in zip(test_pairs, correct):
+    fmt = next(name for name, f in FORMATS.items() if f(datetime.date.fromisoformat(t)) == s)
+    by_format[fmt, ok] += 1
+for name in FORMATS:
+    total = by_format[name, True] + by_format[name, False]
+    print(f"{name:<11} {by_format[name, True]:>4}/{total}")
+print([(s, p) for (s, _), p, ok in zip(test_pairs, predictions, correct) if not ok][:5])
+
+# %% [markdown]
+# ### Where does each output character look?
+#
+# The cross-attention weights of the last decoder layer, averaged over heads: rows are the output
+# characters as they are produced, columns the input characters. The year digits look at the year, the
+# month digits at the month name, the day digits at the day, wherever they sit in the input.
+
+# %%
+from transformer_course.viz import plot_attention
+
+text = "the twenty-second of November 2026"
+src = encode_batch([text], SOURCE_CHARS)
+out = model.greedy_decode(src, BOS, EOS)
+weights = model.cross_attention_weights(src, out[:, :-1])[-1][0].mean(0)  # (T, S), heads averaged
+rows = [decode_ids([i], TARGET_CHARS) or "<bos>" for i in out[0, :-1].tolist()]
+rows = [f"{r} → {decode_ids([n], TARGET_CHARS) or '<eos>'}" for r, n in zip(rows, out[0, 1:].tolist())]
+cols = list(text) + ["<eos>"]
+fig, ax = plt.subplots(figsize=(12, 4))
+plot_attention(weights, rows, cols, ax=ax, title=f"cross-attention: {text!r} → {decode_ids(out[0].tolist(), TARGET_CHARS)}")
+plt.show()
+
+# %% [markdown]
+# A check of that claim in numbers: for each output digit, which input word holds most of its
+# attention?
+
+# %%
+words, starts = text.split(" "), []
+pos = 0
+for w in words:
+    starts.append((pos, pos + len(w)))
+    pos += len(w) + 1
+mass = torch.stack([weights[:, a:b].sum(-1) for a, b in starts], dim=1)  # (T, words)
+for r, row in zip(rows, mass):
+    print(f"{r:<8} looks mostly at {words[int(row.argmax())]!r} ({row.max().item():.0%})")
+
+# %% [markdown]
+# Try your own date (the model never saw a year outside 1900-2099):
+
+# %%
+import ipywidgets as widgets
+
+
+def convert(text: str) -> str:
+    try:
+        return f"{text!r} -> {predict([text])[0]}"
+    except ValueError as e:  # a character the model has no id for
+        return str(e)
+
+
+def date_explorer(initial="4 Jul 1976"):
+    """A text box; each edit shows the model's ISO date below it (redrawn only by the observer)."""
+    box = widgets.Text(value=initial, description="date", continuous_update=True)
+    out = widgets.Output()
+
+    def update(change):
+        with out:
+            out.clear_output(wait=True)
+            print(convert(change["new"]))
+
+    box.observe(update, "value")
+    return widgets.VBox([box, out])
+
+
+print(convert("4 Jul 1976"))
+date_explorer()
+
+# %% [markdown]
+# ## 7. Seed 004's two points, made concrete
+#
+# **The input is encoded once.** `greedy_decode` runs the encoder a single time and reuses its output
+# at every step. The naive alternative calls the whole model at each step and re-encodes the same
+# source every time. Both give the same answer; we count encoder layer calls and time them.
+
+# %%
+calls = Counter()
+hooks = [layer.register_forward_hook(lambda *_: calls.update(["encoder layer"])) for layer in model.encoder]
+
+
+@torch.no_grad()
+def greedy_reencoding(src, steps=11):
+    out = torch.full((src.shape[0], 1), BOS)
+    for _ in range(steps):
+        logits, _ = model(src, out)  # encoder runs again on the same source
+        out = torch.cat([out, logits[:, -1:].argmax(-1)], dim=1)
+    return out
+
+
+batch_src = encode_batch([s for s, _ in test_pairs[:200]], SOURCE_CHARS)
+calls.clear()
+once = model.greedy_decode(batch_src, BOS, EOS, max_new_tokens=11)
+n_once = calls["encoder layer"]
+calls.clear()
+again = greedy_reencoding(batch_src)
+print("same predictions:", [decode_ids(r.tolist(), TARGET_CHARS) for r in once[:3]] == [decode_ids(r.tolist(), TARGET_CHARS) for r in again[:3]])
+print(f"encoder layer calls: encode once {n_once}, re-encode every step {calls['encoder layer']}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import time
+
+for h in hooks:
+    h.remove()
+t0 = time.perf_counter()
+model.greedy_decode(batch_src, BOS, EOS, max_new_tokens=11)
+t1 = time.perf_counter()
+greedy_reencoding(batch_src)
+t2 = time.perf_counter()
+print(f"encode once: {1e3 * (t1 - t0):.0f} ms | re-encode every step: {1e3 * (t2 - t1):.0f} ms "
+      f"({(t2 - t1) / (t1 - t0):.1f}x slower) for 200 dates on this machine")
+
+# %% [markdown]
+# **Where a token sits changes its meaning.** Seed 004 observes that an encoder-decoder gives the same
+# words different probabilities depending on whether they arrived as *input* or were *generated*.
+# Below, one fresh (untrained) model with a shared vocabulary scores what comes after "the cat sat
+# on" twice: once with all four words as input, once with "the cat sat" as input and "on" as the
+# decoder's own output. A decoder-only GPT sees one stream either way, so its two answers are
+# identical by construction.
+
+# %%
+from transformer_course import GPT, GPTConfig
+
+vocab = ["<pad>", "<bos>", "<eos>", "the", "cat", "sat", "on", "mat"]
+ids = {w: i for i, w in enumerate(vocab)}
+torch.manual_seed(4)
+toy = EncoderDecoder(Seq2SeqConfig(len(vocab), len(vocab), 8, 8, d_model=32, n_head=2)).eval()
+as_input, _ = toy(torch.tensor([[ids[w] for w in "the cat sat on".split()]]), torch.tensor([[BOS]]))
+as_output, _ = toy(torch.tensor([[ids[w] for w in "the cat sat".split()]]), torch.tensor([[BOS, ids["on"]]]))
+p_in, p_out = as_input[0, -1].softmax(-1), as_output[0, -1].softmax(-1)
+print(f"encoder-decoder  P(the | ...): all input {p_in[ids['the']]:.3f} vs 'on' generated {p_out[ids['the']]:.3f}")
+gpt = GPT(GPTConfig(vocab_size=len(vocab), block_size=8, n_layer=2, n_head=2, d_model=32)).eval()
+stream = torch.tensor([[ids[w] for w in "the cat sat on".split()]])
+p_gpt = gpt(stream)[0][0, -1].softmax(-1)
+print(f"decoder-only     P(the | the cat sat on) = {p_gpt[ids['the']]:.3f}, one stream: no input/output split")
+
+# %% [markdown]
+# That asymmetry is one reason GPT dropped the encoder: for open-ended text there is no natural line
+# between "input" and "output", and a single stream that treats every token alike is simpler, uses
+# one set of weights for both, and trains on every position of every document.
+#
+# ## 8. When to use which
+#
+# | | Encoder-only (BERT) | Decoder-only (GPT) | Encoder-decoder (the 2017 transformer, T5) |
+# |---|---|---|---|
+# | Attention | bidirectional self-attention | causal self-attention | bidirectional encoder; causal decoder + cross-attention |
+# | Output | a vector per input token | the next token, again and again | an output sequence conditioned on an input sequence |
+# | Good at | classification, tagging, retrieval embeddings | open-ended generation, chat, code, in-context learning | translation, summarisation, structured rewrites like our dates |
+# | Cost at inference | one pass | one pass per new token (KV cache helps) | encoder once + one decoder pass per token |
+#
+# Decoder-only models won for general-purpose language models because one architecture, one
+# training objective (next token) and one stream of text cover every task, and the prompt plays the
+# role the encoder input used to play.
+
+# %% [markdown]
+# **Your turn - Exercise 9.3 (★★☆).** Write `shift_right(tgt, bos_id)`: the decoder input for teacher
+# forcing, the target [B, T] moved one step to the right with `bos_id` in front (the last token drops
+# off), so that position t sees only target tokens before t.
+
+# %%
+from transformer_course.checks.encoder_decoder import check_shift_right
+
+
+def shift_right(tgt: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """tgt [B, T] -> [B, T]: bos_id, tgt[:, 0], ..., tgt[:, T-2]."""
+    ### BEGIN SOLUTION
+    bos = torch.full_like(tgt[:, :1], bos_id)  # (B, 1)
+    return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
+    ### END SOLUTION
+
+
+check_shift_right(shift_right)
+
+# %% [markdown]
+# ## Bad input gets a clear message
+
+# %%
+bad_calls = {
+    "batch sizes differ": lambda: model(encode_batch(["1 May 2000"], SOURCE_CHARS), torch.tensor([[BOS], [BOS]])),
+    "target too long": lambda: model(encode_batch(["1 May 2000"], SOURCE_CHARS), torch.full((1, 13), 3)),
+    "empty source": lambda: model(torch.zeros(1, 0, dtype=torch.long), torch.tensor([[BOS]])),
+    "pad id outside vocabulary": lambda: Seq2SeqConfig(10, 5, 8, 8, pad_id=7),
+}
+for name, call in bad_calls.items():
+    try:
+        call()
+    except ValueError as e:
+        print(f"{name}: {e}")
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question("In cross-attention, where do the keys and values come from?",
+             ["From the decoder's own earlier positions", "From the encoder's output", "From the vocabulary"],
+             answer=1, explain="Queries come from the decoder; keys and values from the encoded source."),
+    Question("Why does cross-attention need no causal mask?",
+             ["The source is fully known before decoding starts", "Because it has only one head", "It does need one"],
+             answer=0, explain="Only the target is produced step by step; every output may read the whole input."),
+    Question("A source that is entirely padding reaches attention. What should come out?",
+             ["NaN, to flag the problem", "Zeros: no key may be attended, so nothing is mixed in", "The pad embedding"],
+             answer=1, explain="A softmax over no keys is 0/0; the course's attention returns zero weights instead."),
+    Question("Why did GPT drop the encoder?",
+             ["Encoders cannot be trained on CPUs", "One causal stream handles every task and treats all tokens alike",
+              "Cross-attention is slower than self-attention"],
+             answer=1, explain="With no fixed input/output boundary, the prompt does the encoder's job."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - Cross-attention is chapter 03's attention with queries from the decoder and keys/values from the
+#   encoder output; padding masks keep pad tokens out, and an all-pad source gives zeros, not NaN.
+# - `EncoderLayer` is chapter 05's block without the causal mask; `DecoderLayer` adds cross-attention
+#   between its two sublayers. Both equal PyTorch's own layers (post- and pre-norm) to within 1e-5.
+# - Trained for about two minutes on a CPU, the model converts dates in six styles to ISO form with at
+#   least 99% exact match on held-out examples, and its cross-attention lines each output digit up with
+#   the input word it comes from.
+#
+# Exported to `transformer_course/encoder_decoder.py`: `padding_mask`, `key_mask`, `CrossAttention`,
+# `EncoderLayer`, `DecoderLayer`, `copy_from_torch`, `Seq2SeqConfig`, `EncoderDecoder`; and to
+# `transformer_course/dates.py`: the date task (`make_examples`, `encode_batch`, `decode_ids`, ...).
