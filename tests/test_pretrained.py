@@ -327,3 +327,14 @@ def test_the_hub_gpt2_config_is_the_gpt2_preset():
         "vocab_size": 50257,
     }
     assert P.config_from_hf(hub_config) == PRESETS["gpt2"]
+
+
+def test_stand_in_has_no_default_valued_tensor(stand_in):
+    """Every tensor random: LayerNorm weights not all 1, biases not all 0, no two tensors alike."""
+    hf, _ = stand_in
+    named = dict(hf.named_parameters())
+    for name, p in named.items():
+        assert not torch.all(p == 1) and not torch.all(p == 0), name
+    ln = named["transformer.h.0.ln_1.weight"]
+    assert abs(ln.mean().item() - 1.0) < 0.1 and 0.05 < ln.std().item() < 0.2
+    assert not torch.equal(named["transformer.h.0.ln_1.weight"], named["transformer.h.0.ln_2.weight"])
