@@ -128,7 +128,7 @@ def copy_from_torch(ours: nn.Module, theirs: nn.Module) -> nn.Module:
             mine.bias.copy_(ref.bias)
     return ours
 
-# %% ../chapters/09_encoder_decoder.ipynb #55ea2b79
+# %% ../chapters/09_encoder_decoder.ipynb #e07c84a6
 NORMS = ("pre", "post")
 
 
@@ -245,5 +245,5 @@ class EncoderDecoder(nn.Module):
             self.decode(tgt, *self.encode(src))
             return [a.last_weights for a in layers]
         finally:
-            for a, fast in zip(layers, saved):
+            for a, fast in zip(layers, saved, strict=True):
                 a.fast = fast

@@ -459,7 +459,7 @@ class EncoderDecoder(nn.Module):
             self.decode(tgt, *self.encode(src))
             return [a.last_weights for a in layers]
         finally:
-            for a, fast in zip(layers, saved):
+            for a, fast in zip(layers, saved, strict=True):
                 a.fast = fast
 
 # %% [markdown]
