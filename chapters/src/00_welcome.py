@@ -26,6 +26,7 @@
 # | 06 GPT and training | the whole model; training on Shakespeare; checkpoints | `model.py`, `training.py` |
 # | 07 Generation | greedy, temperature, top-k, top-p; streaming; KV-cached decoding | `generation.py` |
 # | 08 Pretrained GPT-2 | load GPT-2 weights into your model, match Hugging Face | `pretrained.py` |
+# | 09 Encoder-decoder | the original transformer: cross-attention, padding; dates → ISO | `encoder_decoder.py` |
 #
 # The notebooks are the source of truth: every `#| export` cell is written into the package by
 # `make export`, and the first line of each exported module names the notebook to edit.
@@ -155,6 +156,15 @@ plt.show()
 speakers = Counter(block.split(":\n", 1)[0] for block in text.strip().split("\n\n"))
 for name, n in speakers.most_common(8):
     print(f"{name:<16} {n:>5} speeches")
+
+# %% [markdown]
+# That structure holds everywhere, which is what lets a model learn it: every speech opens with a
+# speaker line ending in a colon, followed by at least one line of verse or prose.
+
+# %%
+speeches = text.strip().split("\n\n")
+assert all(s.split("\n", 1)[0].endswith(":") and "\n" in s for s in speeches)
+print(f"all {len(speeches):,} speeches open with 'SPEAKER:' and have at least one line of text")
 
 # %% [markdown]
 # ## Quick check
