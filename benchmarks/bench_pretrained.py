@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from transformer_course import generate  # noqa: E402
+from transformer_course.model import PRESETS  # noqa: E402
 from transformer_course.pretrained import load_hf_gpt2, make_hf_stand_in  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -46,6 +47,7 @@ SIZES = {
 }
 QUICK = {"tiny (2 x 64)": (2, 4, 64, 512, 32), "small (4 x 256)": (4, 4, 256, 8192, 32)}
 PROMPT_LEN = 16
+GOAL = 1.5  # the issue's target: ours at least 1.5x Hugging Face's tokens per CPU second
 
 
 def _race(runs: dict, repeats: int) -> dict[str, tuple[float, float]]:
@@ -83,8 +85,13 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, ba
         same = torch.equal(run_ours(), run_hf())
         best = _race({"ours": run_ours, "hf": run_hf}, repeats)
     params = sum(p.numel() for p in ours.parameters())
+    # multiply-adds per sequence, weights only: blocks (12 C^2 per layer) at every position, the output
+    # layer (V C) once per new token for HF, and also at the other prompt positions for ours
+    per_block_pass = n_layer * 12 * d_model**2
+    hf_macs = (PROMPT_LEN + new - 1) * per_block_pass + new * vocab * d_model
+    extra = (PROMPT_LEN - 1) * vocab * d_model / hf_macs
     tokens = batch * new
-    return {"params": params, "same": same, **{f"{side}_{kind}": tokens / best[side][i]
+    return {"params": params, "same": same, "extra": extra, **{f"{side}_{kind}": tokens / best[side][i]
             for side in ("ours", "hf") for i, kind in enumerate(("cpu", "wall"))}}
 
 
@@ -102,26 +109,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small sizes, 32 tokens, no results file")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 4], help="batch sizes to run")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: see the docstring)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else SIZES
-    rows = []
+    rows, met, missed = [], [], []
     for name, (n_layer, n_head, d_model, vocab, new) in sizes.items():
-        r = bench_size(n_layer, n_head, d_model, vocab, new, args.batch, args.repeats)
-        rows.append(f"| {name} | {r['params'] / 1e6:.2f}M | {new} | {r['ours_cpu']:,.0f} | {r['hf_cpu']:,.0f} | "
-                    f"**{r['ours_cpu'] / r['hf_cpu']:.2f}x** | {r['ours_wall']:,.0f} | {r['hf_wall']:,.0f} | "
-                    f"{r['ours_wall'] / r['hf_wall']:.2f}x | {'yes' if r['same'] else 'NO'} |")
-        print(rows[-1], flush=True)
+        for batch in args.batch:
+            r = bench_size(n_layer, n_head, d_model, vocab, new, batch, args.repeats)
+            rows.append(f"| {name} | {r['params'] / 1e6:.2f}M | {batch} | {new} | {r['ours_cpu']:,.0f} | "
+                        f"{r['hf_cpu']:,.0f} | **{r['ours_cpu'] / r['hf_cpu']:.2f}x** | {r['ours_wall']:,.0f} | "
+                        f"{r['hf_wall']:,.0f} | {r['ours_wall'] / r['hf_wall']:.2f}x | +{100 * r['extra']:.0f}% | "
+                        f"{'yes' if r['same'] else 'NO'} |")
+            print(rows[-1], flush=True)
+            (met if r["ours_cpu"] / r["hf_cpu"] >= GOAL else missed).append(f"{name}, batch {batch}")
     table = "\n".join([
-        "| model (layers x d_model) | parameters | new tokens | ours, tokens per CPU s | HF, tokens per CPU s "
-        "| ours / HF (CPU) | ours, tokens/s wall | HF, tokens/s wall | ours / HF (wall) | same tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| model (layers x d_model) | parameters | batch | new tokens | ours, tokens per CPU s | HF, tokens per CPU s "
+        "| ours / HF (CPU) | ours, tokens/s wall | HF, tokens/s wall | ours / HF (wall) | ours' extra work "
+        "| same tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
         *rows,
     ])
     if args.quick:
         return
+    gpt2 = PRESETS["gpt2"]
+    head = gpt2.vocab_size * gpt2.d_model
+    per_position = gpt2.n_layer * 12 * gpt2.d_model**2 + head
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         "# Greedy generation: our GPT (KV cache) vs Hugging Face `generate`, same GPT-2 weights\n\n"
@@ -129,14 +143,22 @@ def main() -> None:
         f"Machine: {_cpu_name()}, {torch.get_num_threads()} torch thread(s), load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, torch {torch.__version__}, "
         f"transformers {transformers.__version__}, Python {platform.python_version()}.\n"
-        f"Batch {args.batch}, prompt {PROMPT_LEN} tokens, greedy decoding, best of {args.repeats} runs after a "
+        f"Prompt {PROMPT_LEN} tokens per sequence, greedy decoding, best of {args.repeats} runs after a "
         "warm-up, the two sides alternating. Random weights in GPT-2's layout (no download); both sides "
         "produce the same tokens.\n\n"
         f"{table}\n\n"
+        f"Goal, ours >= {GOAL}x HF by CPU time: met for {'; '.join(met) or 'none'}. "
+        f"Not met for {'; '.join(missed) or 'none'}.\n\n"
         "The machine is shared with other jobs, so wall-clock figures are noisy; CPU time measures the work\n"
         "each side does and is the fairer comparison here. Hugging Face's `generate` serves every model on\n"
         "the Hub (logits processors, stopping criteria, cache objects, input checks at every step); that\n"
         "per-token overhead dominates for small models and fades as the matrix multiplications grow.\n"
+        "Beyond that, both sides do the same arithmetic, with one difference that favours Hugging Face:\n"
+        "`generate` asks the model for the logits of the last prompt position only (`logits_to_keep=1`),\n"
+        "while our `GPT.forward` computes the [V, C] output layer at every prompt position. For GPT-2 that\n"
+        f"layer is {head / 1e6:.1f}M of the {per_position / 1e6:.1f}M weight multiply-adds per position. The column \"ours' extra work\" counts those\n"
+        "surplus multiply-adds as a share of Hugging Face's total (weights only, attention scores ignored).\n"
+        "Computing only the last position's logits in the prompt pass (chapters 06/07) would remove it.\n"
     )
     print(f"wrote {RESULTS}")
 
