@@ -1,0 +1,1157 @@
+# %% [markdown]
+# # Chapter 07: Generation, sampling and the KV cache
+#
+# A trained GPT does not write text by itself. Given a sequence of token ids it returns one vector of
+# **logits** per position: a score for every token of the vocabulary, saying how likely it is to come
+# next. Writing text means turning those scores into a choice, appending the choice to the sequence,
+# and asking again, one token at a time. This chapter builds that loop and the knobs that steer it.
+#
+# **You will build**
+# - the path from logits to probabilities, greedy decoding, and sampling with a seeded `torch.Generator`;
+# - three ways to reshape the distribution before sampling: **temperature**, **top-k** and **top-p**
+#   (nucleus) sampling;
+# - the autoregressive loop itself: feed each sample back, stop at an end token, crop the context when it
+#   outgrows `block_size`, and run several prompts as one batch;
+# - a **KV cache** that stops the loop from recomputing the past, proven to change no output;
+# - `stream`, an iterator that yields tokens as they are made, and a playground widget.
+#
+# **You will be able to** sample text from the model trained in chapter 06 with any of these settings,
+# explain what each one does to the distribution, and say what the cache saves and what it costs.
+#
+# **It needs** the character tokenizer (chapter 01), `GPT` and `train` (chapter 06) and the `KVCache`
+# that chapter 04 built into the attention path. Everything this chapter exports lands in
+# `transformer_course/generation.py`.
+
+# %%
+#| default_exp generation
+
+# %%
+#| export
+"""Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
+
+Sampling knobs (applied in this order to the last position's logits [B, V]): temperature, top-k,
+top-p. ``temperature=0`` means greedy decoding (always the most likely token). ``generate`` and
+``stream`` run the autoregressive loop with an optional KV cache (on by default); the cache never
+changes a result, only the time it takes. Shapes: B batch, T time, V vocabulary size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+
+# %%
+import matplotlib.pyplot as plt
+import torch
+
+torch.set_printoptions(precision=4, sci_mode=False)
+# The models here are tiny: one thread is about as fast as several, does not fight other programs for
+# the cores, and makes every printed number the same on every machine (the order of float additions can
+# depend on the number of threads).
+torch.set_num_threads(1)
+_ = torch.manual_seed(0)
+
+# %% [markdown]
+# ## 1. From logits to probabilities
+#
+# Chapter 06's model ends with a final LayerNorm (`ln_f`) and a linear layer, the language-modelling
+# head, that maps each position's `d_model` numbers to `V` logits. For a batch of `B` sequences of
+# length `T` the output has shape `[B, T, V]`. One of the seeds works through exactly this with a
+# vocabulary of 3,771 tokens, `d_model = 64`, a batch of 4 and a context of 16: the logits are
+# `[4, 16, 3771]`. We build an (untrained) model of that size and look.
+
+# %%
+from transformer_course import GPT, GPTConfig
+
+seed_cfg = GPTConfig(vocab_size=3771, block_size=16, n_layer=2, n_head=4, d_model=64)
+untrained = GPT(seed_cfg).eval()
+batch = torch.randint(0, 3771, (4, 16), generator=torch.Generator().manual_seed(0))
+with torch.no_grad():
+    logits, _ = untrained(batch)
+print("logits:", tuple(logits.shape))
+last = logits[:, -1, :]  # only the last position predicts the token that comes next
+print("last position:", tuple(last.shape))
+
+# %% [markdown]
+# Every position gets a distribution, because training scores all of them at once. At inference we only
+# want what comes *after* the sequence, so we keep the last position: `[B, V]`.
+#
+# Softmax turns one row of logits into probabilities: $p_i = e^{z_i} / \sum_j e^{z_j}$. Every $p_i$ is
+# positive and each row sums to 1.
+#
+# **A correction to one seed.** Seed 002 says the model applies "one final softmax" at the end of the
+# transformer blocks, then the language-modelling head, then "softmax again". There is only one softmax,
+# and it comes after the head; what sits between the last block and the head is a LayerNorm. We can
+# list the model's top-level pieces to see it:
+
+# %%
+print([name for name, _ in untrained.named_children()])
+probs = torch.softmax(last, dim=-1)
+print("rows sum to 1:", torch.allclose(probs.sum(-1), torch.ones(4)))
+print("all positive:", bool((probs > 0).all()))
+
+# %% [markdown]
+# Seed 003 stores the result of that softmax in a variable called `logits`. Keep the names apart:
+# **logits** are unnormalised scores (any real number, the head's output); **probabilities** are what
+# softmax makes of them. The distinction matters below, where every knob acts on the logits.
+#
+# ## 2. Greedy decoding
+#
+# The simplest rule, and the one seed 003 describes ("select one with the highest probability"), is to
+# take the most likely token every time: **greedy decoding**. Softmax is strictly increasing, so the
+# largest logit is also the largest probability: greedy needs no softmax at all.
+
+# %%
+greedy_from_logits = last.argmax(dim=-1)
+greedy_from_probs = probs.argmax(dim=-1)
+print(greedy_from_logits, torch.equal(greedy_from_logits, greedy_from_probs))
+
+# %% [markdown]
+# Greedy is deterministic: the same prompt always gives the same text. That is handy for tests, but for
+# writing it is a poor rule: it never takes the second-best word, and a small model quickly falls into a
+# loop ("the the the ..."). We will see that with the trained model in section 6. What real systems do
+# instead is *sample*.
+#
+# ## 3. Sampling from the distribution
+#
+# Sampling picks a token at random, weighted by its probability. Seed 002 puts it as: a token with
+# probability 0.9 is chosen 90% of the time. `torch.multinomial` does the draw; giving it an explicit,
+# seeded `torch.Generator` makes the draw reproducible without touching the global random state. Let us
+# check the 90% claim with 100,000 draws from a two-token distribution.
+
+# %%
+p = torch.tensor([0.1, 0.9])
+gen = torch.Generator().manual_seed(42)
+draws = torch.multinomial(p, num_samples=100_000, replacement=True, generator=gen)
+freq = torch.bincount(draws, minlength=2) / draws.numel()
+print("frequencies:", freq)
+# the standard error of a frequency is sqrt(p(1-p)/n) ~ 0.00095; 4 of them is a generous bound
+assert (freq - p).abs().max() < 4 * math.sqrt(0.9 * 0.1 / 100_000)
+
+# %% [markdown]
+# Same seed, same draws; a different seed, different draws:
+
+# %%
+def five_draws(seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.multinomial(torch.tensor([0.2, 0.3, 0.5]), 5, replacement=True, generator=g).tolist()
+
+print(five_draws(1), five_draws(1), five_draws(2))
+assert five_draws(1) == five_draws(1)
+
+# %% [markdown]
+# ## 4. Temperature
+#
+# Before the softmax we may divide the logits by a **temperature** $\tau > 0$:
+#
+# $$p_i(\tau) = \frac{e^{z_i/\tau}}{\sum_j e^{z_j/\tau}}.$$
+#
+# $\tau = 1$ leaves the distribution alone. $\tau < 1$ stretches the gaps between logits, so the
+# favourite takes more of the mass (sharper, safer, more repetitive); $\tau > 1$ shrinks the gaps, so the
+# distribution flattens towards uniform (more varied, more mistakes). As $\tau \to 0$ all mass goes to the
+# largest logit: that limit is greedy decoding, which is why this chapter's functions read
+# `temperature=0` as "greedy". Dividing by zero itself would give `inf - inf = nan`, so the code never
+# does it.
+
+# %%
+#| export
+def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
+    """Raise a ValueError that names the problem and the fix for a bad sampling setting."""
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or math.isnan(temperature):
+        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+    if temperature < 0:
+        raise ValueError(
+            f"temperature must be >= 0, got {temperature}: use 0 for greedy decoding (always the most "
+            "likely token), values below 1 for sharper and above 1 for flatter distributions"
+        )
+    if math.isinf(temperature):
+        raise ValueError("temperature must be finite: a very large temperature already gives a near-uniform distribution")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be a whole number >= 1 (or None to keep every token), got {top_k!r}")
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0
+    ):
+        raise ValueError(f"top_p must be in (0, 1] (1 or None keeps every token), got {top_p!r}")
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits [..., V] divided by ``temperature`` (> 0). Greedy decoding (temperature 0) is handled by
+    ``next_token_probs`` and ``sample_next``, never by dividing by zero."""
+    check_sampling_args(temperature)
+    if temperature == 0:
+        raise ValueError("temperature 0 means greedy decoding: take logits.argmax(-1) instead of dividing by 0")
+    return logits / temperature
+
+# %% [markdown]
+# Here is one distribution over five tokens under four temperatures (the logits are made up, the
+# probabilities are computed):
+
+# %%
+z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+temps = [0.25, 0.5, 1.0, 2.0]
+
+def entropy_bits(p):
+    """Shannon entropy in bits: 0 for a certain choice, log2(V) for uniform."""
+    p = p[p > 0]
+    return float(-(p * p.log2()).sum())
+
+for t in temps:
+    p_t = torch.softmax(apply_temperature(z, t), -1)
+    print(f"T={t:<4}  p={[round(x, 3) for x in p_t.tolist()]}  entropy={entropy_bits(p_t):.3f} bits")
+print(f"uniform over 5 tokens: {math.log2(5):.3f} bits")
+
+# %%
+fig, axes = plt.subplots(1, len(temps), figsize=(12, 2.6), sharey=True)
+for ax, t in zip(axes, temps):
+    ax.bar(range(5), torch.softmax(apply_temperature(z, t), -1).numpy(), color="tab:blue")
+    ax.set_title(f"temperature {t}")
+    ax.set_xticks(range(5), [f"tok{i}" for i in range(5)])
+axes[0].set_ylabel("probability")
+fig.suptitle("Temperature reshapes one distribution: low = sharp, high = flat", y=1.04)
+plt.show()
+
+# %% [markdown]
+# The order of the tokens never changes, only how far apart their probabilities are. So temperature
+# changes *which* sample you are likely to get, never which token greedy picks.
+
+# %%
+for t in temps:
+    assert torch.softmax(apply_temperature(z, t), -1).argmax() == z.argmax()
+for bad in (-0.5, 0):
+    try:
+        apply_temperature(z, bad)
+    except ValueError as e:
+        print(e)
+
+# %% [markdown]
+# ### Your turn
+# Write the softmax with a temperature yourself. The check compares your function with the package's on
+# several temperatures and a batch of rows.
+
+# %%
+from transformer_course.checks.generation import (
+    check_cached_generate,
+    check_greedy_generate,
+    check_temperature_probs,
+    check_top_k,
+    check_top_p,
+)
+
+
+# Your turn - Exercise 7.1 (★☆☆): probabilities at a temperature.
+def my_probs_with_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits [B, V] and a temperature > 0 -> probabilities [B, V] (each row sums to 1)."""
+    ### BEGIN SOLUTION
+    return torch.softmax(logits / temperature, dim=-1)
+    ### END SOLUTION
+
+
+check_temperature_probs(my_probs_with_temperature)
+
+# %% [markdown]
+# ## 5. Top-k: keep only the k most likely tokens
+#
+# Even a well-trained model leaves a little probability on thousands of absurd tokens. One draw rarely
+# hits them, but a long text makes many draws, and a single absurd token derails everything after it.
+# **Top-k sampling** keeps the `k` largest logits, sets the others to $-\infty$ (so softmax gives them
+# exactly 0) and samples from what is left.
+#
+# Ties need care: if several logits equal the k-th largest, comparing against that value would keep all
+# of them. Taking the indices from `topk` and scattering the values back keeps exactly `k`.
+
+# %%
+#| export
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the ``k`` largest logits of each row [..., V]; set the rest to -inf.
+
+    Exactly ``k`` survive, even when several logits tie with the k-th largest. ``k`` larger than V
+    keeps everything.
+    """
+    check_sampling_args(top_k=k)
+    k = min(k, logits.size(-1))
+    values, indices = torch.topk(logits, k, dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+
+# %%
+print(top_k_filter(z, 2))
+print(torch.softmax(top_k_filter(z, 2), -1))
+ties = torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0]])
+kept = torch.isfinite(top_k_filter(ties, 2)).sum().item()
+print("with ties at the 2nd place, tokens kept:", kept)
+assert kept == 2
+
+# %% [markdown]
+# ### Your turn
+
+# %%
+# Your turn - Exercise 7.2 (★★☆): top-k filtering.
+def my_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Logits [B, V] -> the same logits with all but the k largest of each row set to -inf."""
+    ### BEGIN SOLUTION
+    values, indices = torch.topk(logits, min(k, logits.size(-1)), dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+    ### END SOLUTION
+
+
+check_top_k(my_top_k)
+
+# %% [markdown]
+# ## 6. Top-p (nucleus): keep the smallest set that holds mass p
+#
+# A fixed `k` suits some distributions and not others. When the model is sure (one token holds 95%),
+# `k = 40` still lets 39 poor choices in; when it is unsure (the mass spread over 200 plausible words),
+# `k = 40` cuts good ones. **Top-p** (Holtzman et al., 2019, "The Curious Case of Neural Text
+# Degeneration") adapts: sort the tokens by probability and keep the smallest prefix whose total
+# probability reaches `p`.
+#
+# A token stays when the mass *before* it (in sorted order) is still below `p`. That rule always keeps the
+# most likely token (nothing comes before it), and it keeps the token that carries the running total
+# across `p`, so the kept mass is at least `p`. The sum runs in float64 so that `p = 1` keeps the whole
+# vocabulary rather than losing its tail to rounding.
+
+# %%
+#| export
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep, in each row [..., V], the smallest set of most likely tokens whose probability reaches ``p``.
+
+    The other logits become -inf. The most likely token always survives; ``p = 1`` keeps every token
+    that has a non-zero probability.
+    """
+    check_sampling_args(top_p=p)
+    probs = torch.softmax(logits.double(), dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # exclusive running total
+    drop_sorted = mass_before >= p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
+    return logits.masked_fill(drop, float("-inf"))
+
+# %%
+p5 = torch.softmax(z, -1)
+print("probabilities, sorted:", p5.sort(descending=True).values)
+for top_p in (0.3, 0.6, 0.8, 0.95, 1.0):
+    keep = torch.isfinite(top_p_filter(z, top_p))
+    print(f"p={top_p:<4}: keeps {int(keep.sum())} tokens holding {float(p5[keep].sum()):.4f}")
+
+# %% [markdown]
+# Just below the top token's own probability, that token alone is the nucleus; just above it, the
+# second token has to join:
+
+# %%
+p_top = float(p5.max())
+for top_p in (p_top - 0.01, p_top + 0.01):
+    print(f"p={top_p:.4f}: keeps {int(torch.isfinite(top_p_filter(z, top_p)).sum())} token(s)")
+
+# %% [markdown]
+# In every case the kept mass reaches `p`, and dropping the least likely kept token would fall below it.
+# A randomized check of that "smallest set" property:
+
+# %%
+g = torch.Generator().manual_seed(7)
+for _ in range(200):
+    row = torch.randn(30, generator=g) * 2
+    top_p = float(torch.rand((), generator=g).clamp(0.01, 1.0))
+    keep = torch.isfinite(top_p_filter(row, top_p))
+    pr = torch.softmax(row.double(), -1)
+    assert pr[keep].sum() >= top_p - 1e-12  # reaches p
+    assert pr[keep].sum() - pr[keep].min() < top_p  # one token fewer would not
+    if (~keep).any():
+        assert pr[keep].min() >= pr[~keep].max()  # and they are the most likely ones
+print("top-p keeps the smallest set reaching p on 200 random rows")
+
+# %% [markdown]
+# ### Your turn
+
+# %%
+# Your turn - Exercise 7.3 (★★☆): top-p (nucleus) filtering.
+def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Logits [B, V] -> logits with every token outside the nucleus of mass p set to -inf."""
+    ### BEGIN SOLUTION
+    probs = torch.softmax(logits, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
+    return logits.masked_fill(drop, float("-inf"))
+    ### END SOLUTION
+
+
+check_top_p(my_top_p)
+
+# %% [markdown]
+# ## 7. One sampling step
+#
+# The three knobs combine in a fixed order, the one Hugging Face's `generate` uses too: divide by the
+# temperature, keep the top k, then keep the nucleus of what remains, then softmax and draw. Greedy
+# (`temperature=0`) skips all of it: the argmax is always inside the top k and inside the nucleus.
+
+# %%
+#| export
+def next_token_probs(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """The distribution the next token is drawn from: logits [B, V] -> probabilities [B, V].
+
+    ``temperature=0`` gives a one-hot row at the argmax (greedy decoding).
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
+    logits = apply_temperature(logits.float(), temperature)
+    if top_k is not None:
+        logits = top_k_filter(logits, top_k)
+    if top_p is not None and top_p < 1.0:
+        logits = top_p_filter(logits, top_p)
+    probs = torch.softmax(logits, dim=-1)
+    if not torch.isfinite(probs).all():
+        raise ValueError("the logits contain NaN or are all -inf, so they give no distribution: check the model's output")
+    return probs
+
+
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick the next token of every row: logits [B, V] -> LongTensor [B].
+
+    Greedy (argmax) when ``temperature=0``; otherwise one draw from ``next_token_probs`` using
+    ``generator`` (a seeded ``torch.Generator`` makes the draw reproducible).
+    """
+    if temperature == 0:
+        check_sampling_args(temperature, top_k, top_p)
+        return logits.argmax(dim=-1)
+    probs = next_token_probs(logits, temperature, top_k, top_p)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+# %% [markdown]
+# Does `sample_next` draw each token as often as its probability says? 200,000 draws from one row with
+# top-k and top-p switched on; the expected frequency of each token is its filtered probability, and the
+# largest gap should stay within about four standard errors, $4\sqrt{p(1-p)/n} \le 0.0045$.
+
+# %%
+row = torch.tensor([[1.5, 0.2, 1.0, -0.5, 0.8, -2.0, 0.0, 0.3]])
+settings = dict(temperature=0.8, top_k=6, top_p=0.9)
+target = next_token_probs(row, **settings)[0]
+gen = torch.Generator().manual_seed(123)
+n = 200_000
+counts = torch.bincount(sample_next(row.expand(n, -1), **settings, generator=gen), minlength=8)
+freq = counts / n
+print("target   :", target)
+print("observed :", freq)
+tolerance = 4 * math.sqrt(0.25 / n)
+print(f"largest gap {float((freq - target).abs().max()):.4f} (tolerance {tolerance:.4f}); "
+      f"filtered-out tokens drawn: {int(counts[target == 0].sum())}")
+assert (freq - target).abs().max() < tolerance and counts[target == 0].sum() == 0
+
+# %% [markdown]
+# ## 8. A model to generate from
+#
+# Sampling needs a trained model. Chapter 06 trains a character-level GPT on Shakespeare; here we train a
+# smaller one again with its `train` function, on two plays (*Romeo and Juliet* and *Hamlet*) for 600
+# steps, which takes seconds on a laptop CPU. That way this chapter depends on no file a fresh copy of
+# the course lacks. (The checkpoint that `transformer-course train` writes works just as well: see
+# section 14.)
+
+# %%
+from transformer_course import CharTokenizer, TrainConfig, load_shakespeare, train, train_val_split
+
+text_sample = load_shakespeare(["tragedies/romeo-and-juliet", "tragedies/hamlet"])
+tok = CharTokenizer.from_text(text_sample)
+data = torch.tensor(tok.encode(text_sample), dtype=torch.long)
+train_data, val_data = train_val_split(data)
+print(f"{len(text_sample):,} characters, vocabulary of {tok.vocab_size}")
+
+# %%
+torch.manual_seed(0)
+cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=4, n_head=4, d_model=64)
+model = GPT(cfg)
+recipe = TrainConfig(max_iters=600, batch_size=16, learning_rate=3e-3, min_lr=3e-4, warmup_iters=20,
+                     eval_interval=300, eval_iters=10, progress=False)
+history = train(model, train_data, val_data, recipe)
+print(f"{model.num_parameters():,} parameters; validation loss {history.val_loss[0]:.3f} -> {history.val_loss[-1]:.3f}")
+
+
+# %% [markdown]
+# ## 9. The autoregressive loop
+#
+# Seed 004 describes generation as a loop: run the model, use only the distribution for the next token,
+# sample from it, append the sample, and run again. A first version is a few lines. It uses the model's
+# `block_size` (the number of positions it has embeddings for), which we meet properly in section 10.
+#
+# Text goes in through the tokenizer. `encode_prompt` turns a string into ids `[1, T]`, and refuses what
+# the model could not read (an empty prompt, characters outside the vocabulary) with a message that names
+# the problem, instead of failing somewhere inside the embedding.
+
+# %%
+#| export
+def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
+    """Encode a text prompt as LongTensor [1, T] with the model's tokenizer.
+
+    Raises a ValueError for an empty prompt and, for a character tokenizer (one with ``.chars``), for
+    characters outside its vocabulary.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"the prompt must be a str, got {type(text).__name__}")
+    if not text:
+        raise ValueError("the prompt is empty: give at least one character to continue from (a newline works)")
+    known = getattr(tokenizer, "chars", None)
+    if known is not None:
+        unknown = sorted(set(text) - set(known))
+        if unknown:
+            raise ValueError(
+                f"the prompt has characters the tokenizer does not know: {''.join(unknown)!r}; remove or replace "
+                f"them (it knows {len(known)} characters: {''.join(known)!r})"
+            )
+    return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
+
+# %%
+def naive_generate(model, idx, max_new_tokens, temperature=1.0, generator=None):
+    """Scaffold: idx [B, T] -> [B, T + max_new_tokens], recomputing everything at every step."""
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -model.cfg.block_size:])  # [B, T, V]
+        nxt = sample_next(logits[:, -1, :], temperature, generator=generator)  # [B]
+        idx = torch.cat([idx, nxt[:, None]], dim=1)  # feed the sample back
+    return idx
+
+prompt = encode_prompt(tok, "ROMEO:\n")  # [1, 7]
+with torch.no_grad():
+    greedy_text = tok.decode(naive_generate(model, prompt, 120, temperature=0)[0].tolist())
+print(greedy_text)
+
+# %% [markdown]
+# Greedy decoding soon repeats itself: once a phrase is the most likely continuation of itself, nothing
+# breaks the cycle. Sampling at temperature 1 and 0.7, with a seeded generator:
+
+# %%
+for t in (1.0, 0.7):
+    with torch.no_grad():
+        out = naive_generate(model, prompt, 120, temperature=t, generator=torch.Generator().manual_seed(1))
+    print(f"--- temperature {t}\n{tok.decode(out[0].tolist())}")
+
+# %% [markdown]
+# Seed 004 adds a worry: it would like $P(\text{next} \mid \text{the cat sat on})$ to be the same whether
+# "on" was part of the prompt or was sampled by the model, and says that in a transformer the two are
+# different. That is true of the encoder-decoder transformer it describes, where the prompt goes through
+# one stack and the output through another. In a **decoder-only** GPT the prompt and the generated tokens
+# go through the very same stack; the model cannot tell them apart. So continuing a prompt that already
+# contains generated text must give exactly the same continuation:
+
+# %%
+with torch.no_grad():
+    full = naive_generate(model, prompt, 30, temperature=0)  # prompt + 30 greedy tokens
+    half = naive_generate(model, full[:, : prompt.size(1) + 15], 15, temperature=0)  # 15 of them typed in
+print(repr(tok.decode(full[0].tolist())))
+print("same continuation:", torch.equal(full, half))
+assert torch.equal(full, half)
+
+# %% [markdown]
+# ### Stopping at an end token
+#
+# The loop above always runs `max_new_tokens` steps. Seed 004 mentions the usual alternative: a special
+# **end token**; generation stops when it is sampled, and it is not shown to the reader. Our
+# character-level model has no special token, but a newline can play the part: stopping at `"\n"`
+# generates exactly one line of verse. The package's `generate` takes `eos_id` for this.
+
+# %% [markdown]
+# ## 10. When the context outgrows `block_size`
+#
+# With learned positions the model has an embedding for positions `0 .. block_size - 1` and nothing
+# beyond. A longer input is an error, not a silent wrap-around:
+
+# %%
+too_long = torch.zeros(1, cfg.block_size + 1, dtype=torch.long)
+try:
+    model(too_long)
+except ValueError as e:
+    print(e)
+
+# %% [markdown]
+# So the loop keeps only the last `block_size` tokens as context (the `idx[:, -block_size:]` in
+# `naive_generate`): the window slides along and the oldest tokens fall out of view. The text can grow
+# without limit; what the model sees at each step cannot.
+
+# %% [markdown]
+# ### Your turn
+# Write the greedy loop yourself, without a cache, cropping the context as above. The check runs it on a
+# small random model, within `block_size` and past it, against the package.
+
+# %%
+# Your turn - Exercise 7.4 (★★☆): the greedy generation loop.
+def my_greedy_generate(model, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """idx [B, T] -> [B, T + max_new_tokens]: always append the most likely next token."""
+    ### BEGIN SOLUTION
+    for _ in range(max_new_tokens):
+        logits, _ = model(idx[:, -model.cfg.block_size:])
+        idx = torch.cat([idx, logits[:, -1, :].argmax(-1, keepdim=True)], dim=1)
+    return idx
+    ### END SOLUTION
+
+
+check_greedy_generate(my_greedy_generate)
+
+# %% [markdown]
+# ## 11. The KV cache
+#
+# Look at what the loop recomputes. At step $t$ it runs the whole window through every layer, although
+# only the last position's output is used, and although every other position was already computed at
+# step $t-1$. With a causal mask a position's keys and values depend only on the tokens up to it, so
+# they cannot change when a token is appended. (Seed 004 notes that an encoder-decoder runs its input
+# stack only once at inference; the KV cache is the decoder-only version of the same saving.)
+#
+# Counting the positions the model processes makes the waste concrete. A forward pre-hook sees every
+# input the model gets:
+
+# %%
+def positions_processed(fn):
+    """Run fn() and count the token positions fed to `model` (summed over calls)."""
+    seen = []
+    handle = model.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[1]))
+    try:
+        fn()
+    finally:
+        handle.remove()
+    return sum(seen), len(seen)
+
+T0, n_new = prompt.size(1), 40
+with torch.no_grad():
+    work_naive = positions_processed(lambda: naive_generate(model, prompt, n_new, temperature=0))
+print(f"prompt of {T0}, {n_new} new tokens: {work_naive[0]} positions in {work_naive[1]} forward passes")
+print("sum of the window lengths:", sum(min(T0 + i, cfg.block_size) for i in range(n_new)))
+
+# %% [markdown]
+# That is quadratic in the length of the text (until the window is full). A **KV cache** keeps, for each
+# layer, the keys and values of the positions already processed (chapter 04 built it into the attention:
+# `MultiHeadAttention(x, cache=...)` appends the new keys and values and attends over all of them). The
+# loop then becomes:
+#
+# 1. **prefill**: run the whole prompt once with an empty cache; the cache now holds its keys and values;
+# 2. **decode**: feed only the newest token; its query attends to the cached keys, and its own key and
+#    value are appended.
+#
+# Chapter 06's `GPT.forward(idx, cache=...)` numbers the new positions from `cache[0].length`, so the
+# newest token gets the right position embedding. Watch the cache grow:
+
+# %%
+cache = model.new_cache()
+with torch.no_grad():
+    logits_prefill, _ = model(prompt, cache=cache)  # prefill: T0 positions
+    print("after prefill:", cache[0].length, "positions, keys", list(cache[0].k.shape))
+    nxt = logits_prefill[:, -1].argmax(-1, keepdim=True)
+    for _ in range(3):
+        logits_step, _ = model(nxt, cache=cache)  # decode: one position
+        nxt = logits_step[:, -1].argmax(-1, keepdim=True)
+        print("after one more token:", cache[0].length, "positions, keys", list(cache[0].k.shape))
+
+# %% [markdown]
+# The keys are `[B, n_head, L, head_size]` per layer, and the values the same. The cache's memory is
+# therefore $2 \times n_\text{layer} \times B \times L \times d_\text{model} \times 4$ bytes in float32
+# (keys and values, $n_\text{head} \cdot \text{head\_size} = d_\text{model}$). It grows linearly with the
+# text, and for big models and long contexts it becomes the dominant cost of serving them.
+
+# %%
+L = cache[0].length
+formula = 2 * cfg.n_layer * 1 * L * cfg.d_model * 4
+measured = sum(layer.nbytes for layer in cache)
+print(f"{L} positions: formula {formula} bytes, measured {measured} bytes")
+assert formula == measured
+full_block = 2 * cfg.n_layer * 1 * cfg.block_size * cfg.d_model * 4
+print(f"a full window of {cfg.block_size} positions: {full_block / 1024:.0f} KiB per sequence")
+
+# %% [markdown]
+# ### Why the cache cannot simply roll past `block_size`
+#
+# Once the text is longer than `block_size`, the window slides by one token per step. It is tempting to
+# drop the oldest entry from the cache and carry on. With learned (or any absolute) positions that is
+# wrong: after the slide every token sits one position earlier in the window, so its input embedding
+# (token + position) changes, and with it its keys and values in the first layer. In deeper layers there
+# is a second reason: each key there was computed while the dropped token was still visible. Compare the
+# first layer's keys of the same tokens, computed in two overlapping windows:
+
+# %%
+text_ids = encode_prompt(tok, text_sample[: cfg.block_size + 1])  # block_size + 1 real characters
+caches = {}
+with torch.no_grad():
+    for name, window in (("first", text_ids[:, :-1]), ("slid", text_ids[:, 1:])):
+        caches[name] = model.new_cache()
+        model(window, cache=caches[name])
+for layer in (0, cfg.n_layer - 1):
+    shared_before = caches["first"][layer].k[:, :, 1:]  # tokens 1 .. block_size-1, positions 1 ..
+    shared_after = caches["slid"][layer].k[:, :, :-1]  # the same tokens, positions 0 ..
+    print(f"layer {layer}: largest change in the shared tokens' keys = {float((shared_before - shared_after).abs().max()):.3f}")
+
+# %% [markdown]
+# Every shared key moved, so rolling the cache would feed the model stale numbers. The exact fix is to
+# **rebuild** the cache from the cropped window (one prefill of the window) whenever the window moves.
+# With the usual sliding window that is every step once the text is longer than `block_size`, so from
+# then on the cache saves nothing; it pays off for the first `block_size` tokens. `generate` therefore
+# takes an extra keyword, `crop_to`: when the context outgrows `block_size`, keep only its last `crop_to`
+# tokens. The default, `block_size`, slides one token at a time as above; a smaller value rebuilds less
+# often (once every `block_size - crop_to + 1` steps) at the price of a shorter context right after each
+# crop. Both paths, cached and uncached, apply the same rule, so they always agree.
+#
+# (Models with *relative* positions, such as rotary embeddings, can drop the oldest cache entries
+# cheaply; but the deeper layers' keys still remember the dropped tokens, so that is an approximation
+# such models accept, not the exact result.)
+#
+# Here is the package's loop. `stream` yields one token per row and step; `generate` collects them.
+
+# %%
+#| export
+def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | None, crop_to: int | None) -> int:
+    """Validate a generation request; return the window kept when the context outgrows block_size."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
+        raise ValueError(f"idx must be a LongTensor of token ids [B, T], got {type(idx).__name__} "
+                         f"{getattr(idx, 'dtype', '')}: build it with torch.tensor(ids, dtype=torch.long)")
+    if idx.dim() != 2:
+        raise ValueError(f"idx must be 2-D [B, T], got shape {tuple(idx.shape)}: for one prompt use idx[None]")
+    if idx.size(0) == 0 or idx.size(1) == 0:
+        raise ValueError(
+            f"the prompt is empty (idx has shape {tuple(idx.shape)}): give at least one token to start from, "
+            "e.g. the encoding of a newline for a character-level model"
+        )
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    vocab, block = model.cfg.vocab_size, model.cfg.block_size
+    low, high = int(idx.min()), int(idx.max())
+    if low < 0 or high >= vocab:
+        raise ValueError(f"token id {low if low < 0 else high} is outside the model's vocabulary 0..{vocab - 1}: "
+                         "encode the prompt with the tokenizer the model was trained with")
+    if eos_id is not None and not (isinstance(eos_id, int) and 0 <= eos_id < vocab):
+        raise ValueError(f"eos_id must be a token id in 0..{vocab - 1} (or None), got {eos_id!r}")
+    crop_to = block if crop_to is None else crop_to
+    if isinstance(crop_to, bool) or not isinstance(crop_to, int) or not 1 <= crop_to <= block:
+        raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
+    return crop_to
+
+
+def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
+    """The loop behind ``stream``: yields LongTensor [B] once per new token."""
+    block = model.cfg.block_size
+    seq = idx  # [B, L]: the prompt and everything generated so far
+    start = 0  # the window the model sees is seq[:, start:], never longer than block_size
+    cache, cache_start = None, None
+    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+    was_training = model.training
+    model.eval()  # dropout off: the same settings and seed must give the same text
+    try:
+        for _ in range(max_new_tokens):
+            with torch.inference_mode():
+                if seq.size(1) - start > block:  # the context outgrew block_size: crop it
+                    start = seq.size(1) - crop_to
+                window = seq[:, start:]  # [B, T_w], T_w <= block_size
+                if not use_cache:
+                    logits, _ = model(window)  # recompute every position
+                elif cache is None or cache_start != start:
+                    # positions are counted from the window's start, so cropping shifted every
+                    # position: the cached keys and values are stale. Rebuild from the window.
+                    cache, cache_start = model.new_cache(), start
+                    logits, _ = model(window, cache=cache)
+                else:
+                    logits, _ = model(window[:, cache[0].length :], cache=cache)  # only the new token
+                nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
+                if eos_id is not None:
+                    nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
+                    finished = finished | (nxt == eos_id)
+                seq = torch.cat([seq, nxt[:, None]], dim=1)
+            yield nxt
+            if eos_id is not None and bool(finished.all()):
+                return
+    finally:
+        model.train(was_training)
+
+
+def stream(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    *,
+    crop_to: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Generate token by token: yields a LongTensor [B] (the next token of every row) per step.
+
+    idx: prompts [B, T] (same length; at least one token). Stops after ``max_new_tokens`` steps, or
+    once every row has produced ``eos_id`` (rows that finished earlier are padded with ``eos_id``).
+    When the context outgrows ``block_size`` only its last ``crop_to`` tokens (default block_size)
+    are kept. ``use_cache`` changes the cost, never the tokens. Arguments are checked here, at the
+    call, not at the first ``next()``.
+    """
+    check_sampling_args(temperature, top_k, top_p)
+    crop_to = _check_request(model, idx, max_new_tokens, eos_id, crop_to)
+    return _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to)
+
+
+def generate(
+    model,
+    idx: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+    eos_id: int | None = None,
+    *,
+    crop_to: int | None = None,
+) -> torch.Tensor:
+    """Continue the prompts idx [B, T]: returns LongTensor [B, T + new] with new <= max_new_tokens.
+
+    ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling to the k most
+    likely tokens / the nucleus of mass p; ``generator`` makes sampling reproducible; with ``eos_id``
+    generation stops once every row has produced it (finished rows are padded with it). See ``stream``.
+    """
+    steps = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to=crop_to))
+    if not steps:
+        return idx.clone()
+    return torch.cat([idx, torch.stack(steps, dim=1)], dim=1)
+
+# %% [markdown]
+# ### The cache changes nothing
+#
+# The claim to prove: with and without the cache, greedy and seeded sampling give identical tokens, also
+# far past `block_size`, and with `crop_to` too. Each run gets a fresh generator with the same seed, so
+# both paths draw the same random numbers; any difference in the logits large enough to matter would show
+# up as a different token.
+
+# %%
+n_long = 3 * cfg.block_size  # well past block_size
+runs = {
+    "greedy": dict(temperature=0),
+    "T=1.0": dict(temperature=1.0),
+    "T=0.8, top-k 10": dict(temperature=0.8, top_k=10),
+    "T=1.0, top-p 0.9, crop_to 48": dict(temperature=1.0, top_p=0.9, crop_to=48),
+}
+for name, kw in runs.items():
+    outs = [generate(model, prompt, n_long, use_cache=c, generator=torch.Generator().manual_seed(5), **kw)
+            for c in (True, False)]
+    print(f"{name:<30} {outs[0].shape[1]} tokens, identical: {torch.equal(*outs)}")
+    assert torch.equal(*outs)
+
+# %% [markdown]
+# The logits themselves agree to float32 rounding (the cached path multiplies matrices of different
+# shapes, so the last bits can differ):
+
+# %%
+seq = generate(model, prompt, 40, temperature=0)  # within block_size
+cache = model.new_cache()
+with torch.no_grad():
+    full_logits, _ = model(seq)
+    step_logits = [model(seq[:, : prompt.size(1)], cache=cache)[0][:, -1]]
+    step_logits += [model(seq[:, t : t + 1], cache=cache)[0][:, -1] for t in range(prompt.size(1), seq.size(1))]
+diff = (torch.stack(step_logits, 1) - full_logits[:, prompt.size(1) - 1 :]).abs().max()
+print(f"largest logit difference, cached vs full recompute: {float(diff):.1e}")
+assert diff < 1e-4
+
+# %% [markdown]
+# And the work: with the cache, the prompt is processed once and every later step processes one position.
+
+# %%
+with torch.no_grad():
+    work_cached = positions_processed(lambda: generate(model, prompt, n_new, temperature=0, use_cache=True))
+    work_plain = positions_processed(lambda: generate(model, prompt, n_new, temperature=0, use_cache=False))
+print(f"{n_new} tokens: {work_plain[0]} positions without the cache, {work_cached[0]} with it "
+      f"({work_plain[0] / work_cached[0]:.1f}x fewer)")
+assert work_cached[0] == T0 + n_new - 1
+
+# %% [markdown]
+# Time on this machine (it varies from run to run and machine to machine; `benchmarks/bench_generation.py`
+# measures it properly and writes `benchmarks/results/generation.md`):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import time
+
+def tokens_per_second(**kw):
+    start = time.perf_counter()
+    generate(model, prompt, cfg.block_size - prompt.size(1), temperature=0, **kw)
+    return (cfg.block_size - prompt.size(1)) / (time.perf_counter() - start)
+
+uncached, cached = tokens_per_second(use_cache=False), tokens_per_second(use_cache=True)
+print(f"within one window: {uncached:.0f} tokens/s without the cache, {cached:.0f} with it ({cached / uncached:.1f}x)")
+
+# %% [markdown]
+# For a model this small the time saved is far smaller than the work saved: a step costs mostly fixed
+# overhead (Python and the launch of a few dozen small operations), not arithmetic. The gain grows with the
+# model and the context; `benchmarks/results/generation.md` records it for the two model sizes of
+# nanoGPT's Shakespeare recipes.
+
+# %% [markdown]
+# ### Your turn
+# Write the cached greedy loop: prefill the prompt once, then feed one token per step. The check compares
+# your tokens with the package's and counts the positions your loop feeds the model (prompt plus
+# `max_new_tokens` stays within `block_size`, so no cropping is needed).
+
+# %%
+# Your turn - Exercise 7.5 (★★★): greedy generation with a KV cache.
+def my_cached_greedy(model, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """idx [B, T] -> [B, T + max_new_tokens] (T + max_new_tokens <= block_size), using model.new_cache()."""
+    ### BEGIN SOLUTION
+    cache = model.new_cache()
+    new = idx  # what the cache has not seen yet: the whole prompt at first
+    for _ in range(max_new_tokens):
+        logits, _ = model(new, cache=cache)
+        new = logits[:, -1, :].argmax(-1, keepdim=True)  # [B, 1]
+        idx = torch.cat([idx, new], dim=1)
+    return idx
+    ### END SOLUTION
+
+
+check_cached_generate(my_cached_greedy)
+
+# %% [markdown]
+# ## 12. Several prompts at once, end tokens, streaming
+#
+# `generate` takes a batch `[B, T]`: B prompts of the same length run side by side, one forward pass per
+# step for all of them. (Prompts of different lengths would need padding and a padding mask, and with
+# learned positions a left-padded prompt would sit at the wrong positions; this chapter keeps to equal
+# lengths.) Greedy results per row equal running each prompt alone:
+
+# %%
+prompts = ["ROMEO:\n", "JULIET:", "HAMLET:"]
+assert len({len(p) for p in prompts}) == 1, "prompts in one batch need the same length"
+batch_ids = torch.tensor([tok.encode(p) for p in prompts])  # [3, 7]
+together = generate(model, batch_ids, 60, temperature=0)
+alone = [generate(model, batch_ids[i : i + 1], 60, temperature=0) for i in range(len(prompts))]
+print("batch rows equal single runs:", all(torch.equal(together[i : i + 1], a) for i, a in enumerate(alone)))
+for row in together:
+    print(repr(tok.decode(row.tolist())))
+
+# %% [markdown]
+# With `eos_id`, a row is finished once it produces the end token; later positions of that row are
+# padded with the end token, and generation stops as soon as every row is finished. Here a newline ends
+# a line of verse, so each prompt gets one line (we drop the end token when showing the text, as seed 004
+# says):
+
+# %%
+newline = tok.encode("\n")[0]
+start = encode_prompt(tok, "ROMEO:\n").expand(3, -1)  # the same prompt three times: [3, 7]
+lines = generate(model, start, 200, temperature=0.9, eos_id=newline, generator=torch.Generator().manual_seed(3))
+print(f"shape {tuple(lines.shape)}: stopped after {lines.shape[1] - start.shape[1]} of at most 200 new tokens")
+for row in lines[:, start.shape[1]:].tolist():
+    line = row[: row.index(newline)] if newline in row else row
+    print(repr(tok.decode(line)))
+
+# %% [markdown]
+# `stream` is the same loop as an iterator: it yields each step's tokens as soon as they exist, which is
+# how chat interfaces print a reply while it is being written. (Its arguments are checked when you call
+# it, not at the first token.)
+
+# %%
+pieces = []
+for step in stream(model, prompt, 80, temperature=0.8, generator=torch.Generator().manual_seed(11)):
+    pieces.append(tok.decode(step.tolist()))
+    print(pieces[-1], end="", flush=True)
+print()
+same = generate(model, prompt, 80, temperature=0.8, generator=torch.Generator().manual_seed(11))
+assert "".join(pieces) == tok.decode(same[0, prompt.size(1):].tolist())
+
+# %% [markdown]
+# ## 13. Playground
+#
+# Type a prompt, set the knobs, press **Generate**. Below the text, the bars show the most likely next
+# tokens after the prompt *under the current settings* (temperature, top-k and top-p reshape them
+# exactly as they reshape the sampling). Top-k 0 means "off".
+
+# %%
+import ipywidgets as widgets
+
+
+def show_char(i):
+    c = tok.decode([i])
+    return {"\n": "\\n", " ": "space"}.get(c, c)
+
+
+def show_generation(prompt_text, temperature=0.8, top_k=None, top_p=1.0, length=150, seed=0, k_bars=10):
+    """Print a continuation of prompt_text and draw the top next-token probabilities after the prompt,
+    under the same settings. Returns (text, [(token, probability), ...])."""
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p)
+    try:
+        idx = encode_prompt(tok, prompt_text)
+        ids = generate(model, idx, length, generator=torch.Generator().manual_seed(seed), **kw)
+    except ValueError as e:
+        print(e)
+        return str(e), []
+    text = tok.decode(ids[0].tolist())
+    print(text)
+    with torch.no_grad():
+        probs = next_token_probs(model(idx[:, -model.cfg.block_size:])[0][:, -1], **kw)[0]
+    top = probs.topk(k_bars)
+    labels = [show_char(i) for i in top.indices.tolist()]
+    fig, ax = plt.subplots(figsize=(7, 2.4))
+    ax.bar(labels, top.values.numpy())
+    ax.set(ylabel="probability", title="most likely next characters after the prompt")
+    plt.show()
+    return text, list(zip(labels, [round(v, 4) for v in top.values.tolist()], strict=True))
+
+
+def playground():
+    """Prompt box, sliders and a Generate button; each click redraws into the widget's Output."""
+    prompt_box = widgets.Textarea(value="ROMEO:\n", description="prompt", layout=widgets.Layout(width="60%"))
+    temperature = widgets.FloatSlider(value=0.8, min=0.0, max=2.0, step=0.05, description="temperature")
+    top_k = widgets.IntSlider(value=0, min=0, max=tok.vocab_size, description="top-k (0=off)")
+    top_p = widgets.FloatSlider(value=1.0, min=0.05, max=1.0, step=0.05, description="top-p")
+    length = widgets.IntSlider(value=150, min=10, max=500, step=10, description="new tokens")
+    seed = widgets.IntText(value=0, description="seed")
+    button = widgets.Button(description="Generate", button_style="primary")
+    out = widgets.Output()
+
+    def on_click(_):
+        with out:
+            out.clear_output(wait=True)
+            show_generation(prompt_box.value, temperature.value, top_k.value or None, top_p.value, length.value, seed.value)
+
+    button.on_click(on_click)
+    rows = [prompt_box, widgets.HBox([temperature, top_k]), widgets.HBox([top_p, length]), widgets.HBox([seed, button])]
+    return widgets.VBox(rows + [out])
+
+# %%
+display(playground())
+text, top = show_generation("ROMEO:\n")  # the playground's starting settings, stored with the notebook
+print(top)
+
+# %% [markdown]
+# ## 14. Bad input, and the command line
+#
+# The command line's `transformer-course generate` calls this function:
+
+# %%
+#| export
+def run_generate_command(args) -> int:
+    """``transformer-course generate``: stream a continuation of ``args.prompt`` to stdout.
+
+    Uses args.checkpoint, prompt, max_new_tokens, temperature, top_k, top_p, seed, device (cli.py).
+    """
+    from transformer_course.runtime import pick_device
+    from transformer_course.training import load_checkpoint
+
+    check_sampling_args(args.temperature, args.top_k, args.top_p)  # before the (slow) load
+    device = pick_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, map_location=device)
+    if ckpt.tokenizer is None:
+        raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: save it with save_checkpoint(..., tokenizer=tok)")
+    model = ckpt.model.to(device)
+    idx = encode_prompt(ckpt.tokenizer, args.prompt, device=device)
+    generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
+    steps = stream(model, idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator=generator)
+    print(args.prompt, end="", flush=True)
+    for step in steps:
+        print(ckpt.tokenizer.decode(step.tolist()), end="", flush=True)
+    print()
+    return 0
+
+# %% [markdown]
+# Every bad setting gets a message that says what is wrong and what to do:
+
+# %%
+bad_calls = {
+    "negative temperature": lambda: generate(model, prompt, 5, temperature=-1),
+    "top_k = 0": lambda: generate(model, prompt, 5, top_k=0),
+    "top_p = 0": lambda: generate(model, prompt, 5, top_p=0.0),
+    "top_p = 1.2": lambda: generate(model, prompt, 5, top_p=1.2),
+    "empty prompt (text)": lambda: encode_prompt(tok, ""),
+    "empty prompt (ids)": lambda: generate(model, torch.zeros(1, 0, dtype=torch.long), 5),
+    "max_new_tokens < 0": lambda: generate(model, prompt, -3),
+    "unknown characters": lambda: encode_prompt(tok, "Romeo, wherefore art thou? \u2764 #1"),
+    "ids outside the vocabulary": lambda: generate(model, torch.tensor([[0, 999]]), 5),
+}
+for name, call in bad_calls.items():
+    try:
+        call()
+        print(f"{name}: accepted?!")
+    except ValueError as e:
+        print(f"{name}: {e}")
+
+# %% [markdown]
+# The same loop runs from a terminal: `transformer-course generate --checkpoint PATH --prompt TEXT`
+# (with `--max-new-tokens`, `--temperature`, `--top-k`, `--top-p`, `--seed`) loads a checkpoint written
+# by `transformer-course train` or `save_checkpoint` and streams the text. We save our model and call
+# the command's entry point directly:
+
+# %%
+import tempfile
+from pathlib import Path
+
+from transformer_course.cli import main as cli_main
+from transformer_course.training import save_checkpoint
+
+with tempfile.TemporaryDirectory() as tmp:
+    checkpoint = save_checkpoint(Path(tmp) / "ch07.pt", model, tokenizer=tok)
+    status = cli_main(["generate", "--checkpoint", str(checkpoint), "--prompt", "JULIET:\n",
+                       "--max-new-tokens", "120", "--temperature", "0.8", "--top-k", "20", "--seed", "7"])
+    print("exit status:", status)
+    status = cli_main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Juliet \u2764"])
+    print("exit status:", status)
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question(
+        "You set temperature to 0.5. What happens to the distribution the next token is drawn from?",
+        options=["It gets flatter: rare tokens become more likely",
+                 "It gets sharper: the likely tokens take more of the mass",
+                 "The most likely token changes",
+                 "Nothing: temperature only matters for training"],
+        answer=1,
+        explain="Dividing the logits by 0.5 doubles the gaps between them, so softmax favours the top tokens "
+                "more; the order of the tokens never changes.",
+    ),
+    Question(
+        "Sorted probabilities are 0.5, 0.3, 0.15, 0.05. Which tokens does top-p with p = 0.7 keep?",
+        options=["Only the first", "The first two", "The first three", "All four"],
+        answer=1,
+        explain="0.5 alone is below 0.7; adding 0.3 reaches 0.8 >= 0.7, so the nucleus is the first two tokens.",
+    ),
+    Question(
+        "Why does a KV cache not change the generated tokens?",
+        options=["It stores the sampled tokens, not activations",
+                 "With a causal mask, earlier positions' keys and values do not depend on later tokens",
+                 "It only works with greedy decoding",
+                 "It lowers the precision so results round the same way"],
+        answer=1,
+        explain="A position only attends to itself and earlier positions, so appending a token cannot change "
+                "the keys and values already computed; the cache reuses them instead of recomputing them.",
+    ),
+    Question(
+        "The text is now longer than block_size and the model uses learned positions. What must a cached loop do?",
+        options=["Drop the oldest cache entry and carry on",
+                 "Keep appending: the cache has no length limit",
+                 "Rebuild the cache from the cropped window, because every token's position changed",
+                 "Switch to greedy decoding"],
+        answer=2,
+        explain="Cropping shifts every token to an earlier position, which changes its embedding and so all "
+                "of its keys and values; the stale cache has to be recomputed from the new window.",
+    ),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - The model gives logits `[B, T, V]`; generation uses the last position's `[B, V]`. One softmax turns
+#   them into probabilities (seed 002's "softmax before the head" is a LayerNorm).
+# - **Greedy** takes the argmax: deterministic, and prone to loops. **Sampling** draws in proportion to the
+#   probabilities; a seeded `torch.Generator` makes it reproducible.
+# - **Temperature** divides the logits: below 1 sharper, above 1 flatter, 0 means greedy. **Top-k** keeps
+#   exactly the k most likely tokens; **top-p** keeps the smallest set whose mass reaches p. They apply
+#   in that order.
+# - The **autoregressive loop** appends each sample and runs again, stops at an end token (`eos_id`), and
+#   crops the context to `block_size` (learned positions end there). A decoder-only model cannot tell
+#   typed tokens from generated ones.
+# - The **KV cache** stores every layer's keys and values, so each step processes one new position instead
+#   of the whole window. It costs $2 \cdot n_\text{layer} \cdot B \cdot L \cdot d_\text{model}$ floats,
+#   changes no output, and must be rebuilt whenever the window is cropped.
+#
+# **Exported to `transformer_course.generation`:** `check_sampling_args`, `apply_temperature`,
+# `top_k_filter`, `top_p_filter`, `next_token_probs`, `sample_next`, `stream`, `generate`, `encode_prompt`,
+# `run_generate_command`.
