@@ -402,3 +402,72 @@ def test_encode_prompt():
         encode_prompt(tok, "")
     with pytest.raises(ValueError, match=r"characters the tokenizer does not know: 'Zx'.*remove or replace"):
         encode_prompt(tok, "abxZ")
+
+
+# ------------------------------------------------------------------ against Hugging Face's generate
+def test_greedy_generation_matches_hugging_face(tmp_path):
+    """A random GPT-2 in Hugging Face's layout: our greedy tokens (with and without the cache) equal
+    transformers' `generate(do_sample=False)` with its own KV cache."""
+    pretrained = pytest.importorskip("transformer_course.pretrained")
+    hf_model = pretrained.make_hf_stand_in(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4, seed=3)
+    hf_model.save_pretrained(tmp_path)
+    ours = pretrained.load_hf_gpt2(tmp_path)
+    idx = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf_model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=30, do_sample=False,
+                                 pad_token_id=0, use_cache=True)
+    for use_cache in (True, False):
+        assert torch.equal(generate(ours, idx, 30, temperature=0, use_cache=use_cache), want)
+
+
+# ------------------------------------------------------------------ the command line
+def _saved(tmp_path):
+    from transformer_course.tokenization import CharTokenizer
+    from transformer_course.training import save_checkpoint
+
+    tok = CharTokenizer.from_text("abcdefg hij\n")
+    model = _model(12, vocab_size=tok.vocab_size)
+    return save_checkpoint(tmp_path / "model.pt", model, tokenizer=tok), model, tok
+
+
+def test_cli_generate_streams_the_same_text_as_generate(tmp_path, capsys):
+    from transformer_course.cli import main
+
+    path, model, tok = _saved(tmp_path)
+    argv = ["generate", "--checkpoint", str(path), "--prompt", "abc", "--max-new-tokens", "20", "--seed", "3",
+            "--temperature", "0.9", "--top-k", "5", "--top-p", "0.95", "--device", "cpu"]
+    assert main(argv) == 0
+    first = capsys.readouterr().out
+    assert main(argv) == 0
+    assert capsys.readouterr().out == first  # seeded: reproducible
+    want = generate(model, encode_prompt(tok, "abc"), 20, temperature=0.9, top_k=5, top_p=0.95,
+                    generator=torch.Generator().manual_seed(3))
+    assert first == tok.decode(want[0].tolist()) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("extra", "match"),
+    [
+        (["--temperature", "-1"], "0 for greedy"),
+        (["--top-k", "0"], "top_k must be"),
+        (["--top-p", "1.5"], r"top_p must be in \(0, 1\]"),
+        (["--max-new-tokens", "-1"], "max_new_tokens must be"),
+        (["--prompt", ""], "the prompt is empty"),
+        (["--prompt", "abZ"], "characters the tokenizer does not know: 'Z'"),
+    ],
+)
+def test_cli_generate_bad_input(tmp_path, capsys, extra, match):
+    import re
+
+    from transformer_course.cli import main
+
+    path, _, _ = _saved(tmp_path)
+    assert main(["generate", "--checkpoint", str(path), "--prompt", "abc", *extra]) == 2
+    assert re.search(match, capsys.readouterr().err)
+
+
+def test_cli_generate_missing_checkpoint(tmp_path, capsys):
+    from transformer_course.cli import main
+
+    assert main(["generate", "--checkpoint", str(tmp_path / "nope.pt"), "--prompt", "a"]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
