@@ -60,7 +60,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     values, indices = torch.topk(logits, k, dim=-1)
     return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
 
-# %% ../chapters/07_generation.ipynb #239de875
+# %% ../chapters/07_generation.ipynb #47b9cc69
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep, in each row [..., V], the smallest set of most likely tokens whose probability reaches ``p``.
 
@@ -68,6 +68,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     that has a non-zero probability.
     """
     check_sampling_args(top_p=p)
+    if p >= 1.0:  # the whole distribution: nothing to drop (and no rounding to drop it by accident)
+        return logits.clone()
     probs = torch.softmax(logits.double(), dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # exclusive running total
@@ -136,7 +138,7 @@ def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
             )
     return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
 
-# %% ../chapters/07_generation.ipynb #73aecd9f
+# %% ../chapters/07_generation.ipynb #9e5d5c1f
 def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | None, crop_to: int | None) -> int:
     """Validate a generation request; return the window kept when the context outgrows block_size."""
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
@@ -163,7 +165,7 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
         raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
     return crop_to
 
-
+# %% ../chapters/07_generation.ipynb #dc3d1399
 def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
@@ -175,7 +177,7 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
     model.eval()  # dropout off: the same settings and seed must give the same text
     try:
         for _ in range(max_new_tokens):
-            with torch.inference_mode():
+            with torch.no_grad():
                 if seq.size(1) - start > block:  # the context outgrew block_size: crop it
                     start = seq.size(1) - crop_to
                 window = seq[:, start:]  # [B, T_w], T_w <= block_size
@@ -199,7 +201,7 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
     finally:
         model.train(was_training)
 
-
+# %% ../chapters/07_generation.ipynb #f3313017
 def stream(
     model,
     idx: torch.Tensor,

@@ -308,8 +308,8 @@ check_top_k(my_top_k)
 #
 # A token stays when the mass *before* it (in sorted order) is still below `p`. That rule always keeps the
 # most likely token (nothing comes before it), and it keeps the token that carries the running total
-# across `p`, so the kept mass is at least `p`. The sum runs in float64 so that `p = 1` keeps the whole
-# vocabulary rather than losing its tail to rounding.
+# across `p`, so the kept mass is at least `p`. The running total is summed in float64, so rounding
+# cannot push it to `p` a token too early; `p = 1` means the whole distribution and returns at once.
 
 # %%
 #| export
@@ -320,6 +320,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     that has a non-zero probability.
     """
     check_sampling_args(top_p=p)
+    if p >= 1.0:  # the whole distribution: nothing to drop (and no rounding to drop it by accident)
+        return logits.clone()
     probs = torch.softmax(logits.double(), dim=-1)
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # exclusive running total
@@ -696,7 +698,8 @@ for layer in (0, cfg.n_layer - 1):
 # cheaply; but the deeper layers' keys still remember the dropped tokens, so that is an approximation
 # such models accept, not the exact result.)
 #
-# Here is the package's loop. `stream` yields one token per row and step; `generate` collects them.
+# Here is the package's loop, in three parts. First, a request is checked before any work starts, so a
+# mistake gets a message that names it rather than an error from deep inside the model:
 
 # %%
 #| export
@@ -726,7 +729,13 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
         raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
     return crop_to
 
+# %% [markdown]
+# Then the loop itself: crop the window when it outgrows `block_size`, run the model on the whole window
+# (no cache), on the whole window into a fresh cache (prefill or rebuild), or on the newest token only
+# (cached decode); sample; mark finished rows; append; yield.
 
+# %%
+#| export
 def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
@@ -738,7 +747,7 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
     model.eval()  # dropout off: the same settings and seed must give the same text
     try:
         for _ in range(max_new_tokens):
-            with torch.inference_mode():
+            with torch.no_grad():
                 if seq.size(1) - start > block:  # the context outgrew block_size: crop it
                     start = seq.size(1) - crop_to
                 window = seq[:, start:]  # [B, T_w], T_w <= block_size
@@ -762,7 +771,12 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
     finally:
         model.train(was_training)
 
+# %% [markdown]
+# Finally the two public entry points: `stream` yields one token per row and step, and `generate`
+# collects them into one tensor.
 
+# %%
+#| export
 def stream(
     model,
     idx: torch.Tensor,
