@@ -37,9 +37,6 @@ def check_temperature_probs(fn):
         if t != 1.0 and torch.allclose(got, torch.softmax(logits * t, dim=-1), atol=1e-5):
             expect(False, f"with temperature {t} you multiplied the logits by it: divide by the temperature instead")
         expect_close(got, want, f"wrong probabilities at temperature {t}: softmax(logits / temperature, dim=-1)")
-    sharp = torch.as_tensor(fn(logits.clone(), 0.5))
-    flat = torch.as_tensor(fn(logits.clone(), 2.0))
-    expect(bool((sharp.max(-1).values > flat.max(-1).values).all()), "a low temperature must make the favourite more likely than a high one")
 
 
 @check("7.2", "top_k")
