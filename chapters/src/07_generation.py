@@ -111,7 +111,7 @@ print(greedy_from_logits, torch.equal(greedy_from_logits, greedy_from_probs))
 # %% [markdown]
 # Greedy is deterministic: the same prompt always gives the same text. That is handy for tests, but for
 # writing it is a poor rule: it never takes the second-best word, and a small model quickly falls into a
-# loop ("the the the ..."). We will see that with the trained model in section 6. What real systems do
+# loop ("the the the ..."). We will see that with the trained model in section 9. What real systems do
 # instead is *sample*.
 #
 # ## 3. Sampling from the distribution
@@ -452,7 +452,7 @@ assert (freq - target).abs().max() < tolerance and counts[target == 0].sum() == 
 # ## 8. A model to generate from
 #
 # Sampling needs a trained model. Chapter 06 trains a character-level GPT on Shakespeare; here we train a
-# smaller one again with its `train` function, on two plays (*Romeo and Juliet* and *Hamlet*) for 600
+# smaller one again with its `train` function, on two plays (*Romeo and Juliet* and *Hamlet*) for 1,000
 # steps, which takes seconds on a laptop CPU. That way this chapter depends on no file a fresh copy of
 # the course lacks. (The checkpoint that `transformer-course train` writes works just as well: see
 # section 14.)
@@ -470,8 +470,8 @@ print(f"{len(text_sample):,} characters, vocabulary of {tok.vocab_size}")
 torch.manual_seed(0)
 cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=4, n_head=4, d_model=64)
 model = GPT(cfg)
-recipe = TrainConfig(max_iters=600, batch_size=16, learning_rate=3e-3, min_lr=3e-4, warmup_iters=20,
-                     eval_interval=300, eval_iters=10, progress=False)
+recipe = TrainConfig(max_iters=1000, batch_size=16, learning_rate=3e-3, min_lr=3e-4, warmup_iters=20,
+                     eval_interval=500, eval_iters=10, progress=False)
 history = train(model, train_data, val_data, recipe)
 print(f"{model.num_parameters():,} parameters; validation loss {history.val_loss[0]:.3f} -> {history.val_loss[-1]:.3f}")
 
