@@ -49,14 +49,20 @@ check: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check transformer_course tests benchmarks tools
 
+# Two workers, one PyTorch thread each: on two cores that beats one worker with two threads, and a
+# kernel's numbers do not depend on the machine's core count (the stored outputs come from one thread).
+# Notebooks go to workers whole (--dist loadfile): a chapter's cells share one kernel, in order.
+JOBS ?= 2
+TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools
-	$(BIN)/pytest tests -q -p no:cacheprovider
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/pytest $(NBVAL) -q $(CHAPTERS)
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS)
+	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
 
 test-fast: $(STAMP)
-	$(BIN)/pytest tests -q -p no:cacheprovider -m "not slow"
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"
 
 test-browser: $(STAMP)
 	$(BIN)/python tests/browser/lab_e2e.py

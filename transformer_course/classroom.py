@@ -25,6 +25,7 @@ import copy
 import csv
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,13 @@ def student_notebook(nb):
     return out
 
 
+# files next to the chapters that notebooks read by relative path (e.g. ../benchmarks/results/*.json)
+SIDE_FILES = ("benchmarks/results",)
+
+
 def write_student_edition(out_dir, chapters_dir=None) -> list[Path]:
-    """Write the student edition of every chapter notebook into ``out_dir``; returns the paths."""
+    """Write the student edition into ``out_dir``: ``chapters/*.ipynb`` plus the files the chapters
+    read by relative path (``SIDE_FILES``), laid out as in the course. Returns the notebook paths."""
     import nbformat
 
     src = Path(chapters_dir) if chapters_dir else COURSE_CHAPTERS
@@ -130,13 +136,16 @@ def write_student_edition(out_dir, chapters_dir=None) -> list[Path]:
     if not notebooks:
         raise FileNotFoundError(f"no chapter notebooks (NN_name.ipynb) found in {src}")
     out = Path(out_dir)
-    if out.resolve() == src.resolve():
+    if src.resolve() in (out.resolve(), (out / "chapters").resolve()):
         raise ValueError("the student edition must go to another directory than the chapters themselves")
-    out.mkdir(parents=True, exist_ok=True)
+    (out / "chapters").mkdir(parents=True, exist_ok=True)
+    for side in SIDE_FILES:
+        if (src.parent / side).is_dir():
+            shutil.copytree(src.parent / side, out / side, dirs_exist_ok=True)
     written = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
-        target = out / path.name
+        target = out / "chapters" / path.name
         nbformat.write(student_notebook(nb), target)
         written.append(target)
     return written
@@ -255,7 +264,7 @@ def run_student_edition_command(args) -> int:
     written = write_student_edition(args.out_dir, args.chapters)
     for path in written:
         print(f"wrote {path}")
-    print(f"{len(written)} chapters; solutions removed, checks kept. Open them with: jupyter lab {args.out_dir}")
+    print(f"{len(written)} chapters; solutions removed, checks kept. Open them with: jupyter lab {Path(args.out_dir) / 'chapters'}")
     return 0
 
 
