@@ -239,7 +239,7 @@ from transformer_course.checks.generation import (
     check_top_p,
 )
 
-
+# %%
 # Your turn - Exercise 7.1 (★☆☆): probabilities at a temperature.
 def my_probs_with_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """Logits [B, V] and a temperature > 0 -> probabilities [B, V] (each row sums to 1)."""
