@@ -1,0 +1,297 @@
+"""transformer_course.training (chapter 06): schedule, optimizer groups, the loop, checkpoints, the CLI."""
+
+import copy
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transformer_course import cli
+from transformer_course.model import GPT, GPTConfig
+from transformer_course.tokenization import CharTokenizer
+from transformer_course.training import (
+    History,
+    TrainConfig,
+    config_differences,
+    encode_corpus,
+    load_checkpoint,
+    lr_at,
+    make_optimizer,
+    param_groups,
+    plot_history,
+    save_checkpoint,
+    train,
+    train_step,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = GPTConfig(vocab_size=12, block_size=16, n_layer=2, n_head=2, d_model=16)
+QUICK = dict(batch_size=4, warmup_iters=5, eval_interval=10, eval_iters=2, progress=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models run fastest, and unaffected by other busy processes, on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def fresh(cfg: GPTConfig = CFG) -> GPT:
+    torch.manual_seed(0)
+    return GPT(cfg)
+
+
+@pytest.fixture(scope="module")
+def data():
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 12, (3000,), generator=gen)
+    return ids[:2700], ids[2700:]
+
+
+# ---------------------------------------------------------------- config and schedule
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"learning_rate": 0.0}, "learning_rate must be a positive number"),
+        ({"learning_rate": -1e-3}, "learning_rate must be a positive number"),
+        ({"learning_rate": float("nan")}, "learning_rate must be a positive number"),
+        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
+        ({"batch_size": -4}, "batch_size must be a positive integer"),
+        ({"max_iters": 1.5}, "max_iters must be a positive integer"),
+        ({"min_lr": 1.0}, r"min_lr must be in \[0, learning_rate"),
+        ({"warmup_iters": 100, "lr_decay_iters": 50}, "warmup_iters < lr_decay_iters"),
+        ({"beta2": 1.0}, r"betas must be in \[0, 1\)"),
+        ({"grad_clip": -1.0}, "grad_clip must be >= 0"),
+        ({"max_seconds": 0}, "max_seconds must be positive"),
+    ],
+)
+def test_train_config_rejects_bad_values(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**overrides)
+
+
+def test_lr_schedule_hand_worked_values():
+    cfg = TrainConfig(max_iters=1100, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100)
+    assert lr_at(0, cfg) == pytest.approx(1e-5)  # 1e-3 * 1 / 100
+    assert lr_at(49, cfg) == pytest.approx(5e-4)
+    assert lr_at(99, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-3)  # cosine starts at the peak
+    assert lr_at(600, cfg) == pytest.approx(5.5e-4)  # half-way: (peak + floor) / 2
+    assert lr_at(1100, cfg) == pytest.approx(1e-4)
+    assert lr_at(5000, cfg) == pytest.approx(1e-4)
+    assert lr_at(300, replace(cfg, lr_decay_iters=500)) == pytest.approx(5.5e-4)
+
+
+@settings(max_examples=50, deadline=None)
+@given(warmup=st.integers(0, 50), length=st.integers(1, 500), step=st.integers(0, 700))
+def test_lr_schedule_is_bounded_and_falls_after_warmup(warmup, length, step):
+    cfg = TrainConfig(max_iters=warmup + length, learning_rate=3e-3, min_lr=3e-4, warmup_iters=warmup)
+    assert cfg.min_lr - 1e-12 <= lr_at(step, cfg) <= cfg.learning_rate + 1e-12 or step < warmup
+    if step >= warmup:
+        assert lr_at(step + 1, cfg) <= lr_at(step, cfg) + 1e-15
+
+
+def test_param_groups_decay_matrices_only_and_list_each_parameter_once():
+    model = fresh()
+    decayed, plain = param_groups(model, 0.1)
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decayed["params"]) and all(p.dim() < 2 for p in plain["params"])
+    ids = [id(p) for g in (decayed, plain) for p in g["params"]]
+    assert len(ids) == len(set(ids)) == len(list(model.parameters()))
+    assert sum(p.numel() for p in decayed["params"] + plain["params"]) == model.num_parameters()
+
+
+def test_train_step_matches_a_plain_reference():
+    """Fused AdamW + clipping against a hand-written reference step (for-loop AdamW)."""
+    model = fresh()
+    twin = copy.deepcopy(model)
+    cfg = TrainConfig(learning_rate=1e-2, grad_clip=0.1)
+    optimizer = make_optimizer(model, cfg)
+    reference = torch.optim.AdamW(param_groups(twin, cfg.weight_decay), lr=cfg.learning_rate,
+                                  betas=(cfg.beta1, cfg.beta2), foreach=False, fused=False)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        seq = torch.randint(0, 12, (4, 17), generator=gen)
+        x, y = seq[:, :-1], seq[:, 1:]
+        loss = train_step(model, optimizer, x, y, grad_clip=0.1)
+        _, ref_loss = twin(x, y)
+        reference.zero_grad()
+        ref_loss.backward()
+        torch.nn.utils.clip_grad_norm_(twin.parameters(), 0.1)
+        reference.step()
+        assert loss == pytest.approx(ref_loss.item(), rel=1e-6)
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the loop
+def test_training_learns_a_repeating_pattern():
+    pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7] * 400)
+    model = fresh()
+    history = train(model, pattern, pattern, TrainConfig(max_iters=60, learning_rate=1e-2, **QUICK))
+    assert history.val_loss[0] > 2.0 and history.val_loss[-1] < 0.2
+    assert history.eval_step == [0, 10, 20, 30, 40, 50, 60]
+    assert len(history.loss) == len(history.lr) == 60 and not model.training
+
+
+def test_resuming_gives_identical_losses(data, tmp_path):
+    train_data, val_data = data
+    schedule = dict(QUICK, lr_decay_iters=40)
+    straight = train(fresh(), train_data, val_data, TrainConfig(max_iters=40, **schedule))
+    path = tmp_path / "half.pt"
+    first = train(fresh(), train_data, val_data, TrainConfig(max_iters=20, **schedule), checkpoint_path=path)
+    assert first.loss == straight.loss[:20]
+    other = GPT(CFG)  # different weights: resume must overwrite them
+    resumed = train(other, train_data, val_data, TrainConfig(max_iters=40, **schedule), resume=load_checkpoint(path))
+    assert resumed.loss == straight.loss  # bit-identical on CPU
+    assert resumed.val_loss == straight.val_loss and resumed.eval_step == straight.eval_step
+    assert resumed.step == list(range(40)) and resumed.lr == straight.lr
+
+
+def test_dropout_resumes_exactly_too(data, tmp_path):
+    cfg = replace(CFG, dropout=0.1)
+    train_data, val_data = data
+    schedule = dict(QUICK, lr_decay_iters=20)
+    straight = train(fresh(cfg), train_data, val_data, TrainConfig(max_iters=20, **schedule))
+    train(fresh(cfg), train_data, val_data, TrainConfig(max_iters=10, **schedule), checkpoint_path=tmp_path / "c.pt")
+    torch.manual_seed(123)  # disturb the global RNG: the checkpoint must restore it
+    resumed = train(fresh(cfg), train_data, val_data, TrainConfig(max_iters=20, **schedule),
+                    resume=load_checkpoint(tmp_path / "c.pt"))
+    assert resumed.loss == straight.loss
+
+
+def test_max_seconds_stops_early_and_still_evaluates(data):
+    train_data, val_data = data
+    history = train(fresh(), train_data, val_data, TrainConfig(max_iters=10_000, max_seconds=0.5, **QUICK))
+    assert len(history.step) < 10_000  # (may be 0 on a busy machine: the first evaluation counts too)
+    assert history.eval_step[-1] == len(history.step) and len(history.val_loss) == len(history.eval_step)
+
+
+def test_history_helpers():
+    h = History(tokens_per_step=100, step=[0, 1, 2, 3], train_seconds=2.0, eval_step=[0, 2, 4],
+                val_loss=[4.0, 2.5, 1.8], eval_seconds=[0.1, 5.0, 9.0])
+    assert h.tokens_per_second == 200.0
+    assert h.time_to(2.5) == 5.0 and h.time_to(1.0) is None
+    assert History.from_dict(json.loads(json.dumps(h.to_dict()))) == h
+    import matplotlib
+
+    matplotlib.use("Agg")
+    assert plot_history(replace(h, loss=[4, 3, 2, 1], train_loss=[4, 2, 1.5])).get_xlabel() == "step"
+
+
+# ---------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_with_tokenizer(tmp_path):
+    model = fresh()
+    tokenizer = CharTokenizer.from_text("abcdefghijkl")
+    path = save_checkpoint(tmp_path / "sub" / "m.pt", model, step=7, tokenizer=tokenizer)
+    assert [p.name for p in path.parent.iterdir()] == ["m.pt"]  # no temporary file left behind
+    loaded = load_checkpoint(path)
+    assert loaded.step == 7 and loaded.config == CFG and loaded.optimizer_state is None
+    assert loaded.tokenizer.encode("lab") == tokenizer.encode("lab")
+    idx = torch.randint(0, 12, (2, 16))
+    assert torch.equal(loaded.model(idx)[0], model.eval()(idx)[0])
+    assert loaded.model.lm_head.weight is loaded.model.embed.token.weight  # tying survives the round trip
+
+
+def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "m.pt", fresh(), step=1)
+    before = path.read_bytes()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, fresh(), step=2)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+
+
+def test_truncated_and_corrupted_checkpoints_are_refused(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", fresh())
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint" * 50)
+    for bad in (truncated, garbage):
+        with pytest.raises(ValueError, match="is truncated or corrupted and cannot be read"):
+            load_checkpoint(bad)
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "missing.pt")
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    with pytest.raises(ValueError, match=r"not a transformer-course checkpoint \(missing"):
+        load_checkpoint(other)
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_checkpoint_with_code_is_not_unpickled(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model": _Payload()}, path)
+    with pytest.raises(ValueError, match="refusing to unpickle them"):
+        load_checkpoint(path)
+    assert "this must never run" not in capsys.readouterr().out
+
+
+def test_mismatched_config_names_the_fields(tmp_path, data):
+    path = save_checkpoint(tmp_path / "m.pt", fresh())
+    other = GPT(replace(CFG, n_layer=3, d_model=32))
+    with pytest.raises(ValueError, match=r"does not match the model: n_layer \(checkpoint 2, model 3\); d_model \(checkpoint 16, model 32\)"):
+        load_checkpoint(path, model=other)
+    assert config_differences(CFG, replace(CFG, dropout=0.3, fast=False)) == []  # same weights, same function
+    load_checkpoint(path, model=GPT(replace(CFG, dropout=0.3)))
+    with pytest.raises(ValueError, match=r"cannot resume: .*n_layer \(checkpoint 2, model 3\)"):
+        train(other, *data, TrainConfig(max_iters=2, **QUICK), resume=load_checkpoint(path))
+
+
+def test_encode_corpus_in_chunks_matches_one_encode():
+    text = "To be, or not to be:\nthat is the question.\n" * 50
+    tokenizer = CharTokenizer.from_text(text)
+    ids = encode_corpus(tokenizer, text, chunk=7)
+    assert ids.dtype == torch.uint8 and ids.tolist() == tokenizer.encode(text)
+    assert encode_corpus(tokenizer, "").numel() == 0
+
+
+# ---------------------------------------------------------------- command line
+def test_cli_trains_writes_and_resumes(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--preset", "tiny", "--out", str(out), "--max-iters", "2", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert "training 'tiny'" in printed and "2 steps of 12 x 64 tokens on cpu" in printed
+    history = json.loads((out / "history.json").read_text())
+    assert history["eval_step"] == [0, 2] and len(history["loss"]) == 2
+    assert load_checkpoint(out / "checkpoint.pt").step == 2
+    assert cli.main(["train", "--preset", "tiny", "--out", str(out), "--max-iters", "3", "--device", "cpu"]) == 0
+    assert "resuming from step 2" in capsys.readouterr().out
+    assert json.loads((out / "history.json").read_text())["step"] == [0, 1, 2]
+
+
+def test_cli_reports_bad_input(tmp_path, capsys):
+    assert cli.main(["train", "--preset", "enormous", "--out", str(tmp_path)]) == 2
+    assert "unknown preset 'enormous'; choose one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--preset", "tiny", "--out", str(tmp_path), "--max-iters", "0"])
+
+
+def test_python_dash_m_shows_the_train_command():
+    result = subprocess.run([sys.executable, "-m", "transformer_course", "train", "--help"], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    assert "--max-seconds" in result.stdout and "--preset" in result.stdout
+
+
+def test_loss_at_step_zero_is_about_ln_vocab(data):
+    history = train(fresh(), *data, TrainConfig(max_iters=1, **QUICK))
+    assert abs(history.val_loss[0] - math.log(12)) < 0.05
