@@ -37,6 +37,7 @@ def small(**overrides) -> GPTConfig:
         ({"norm": "sandwich"}, "norm must be one of"),
         ({"activation": "swish"}, "activation must be one of"),
         ({"eps": 0.0}, "eps must be positive"),
+        ({"positional": "sinusoidal", "d_model": 33, "n_head": 3}, "sinusoidal position code needs an even d_model"),
     ],
 )
 def test_config_rejects_bad_values(overrides, match):

@@ -23,7 +23,7 @@ from .positional import InputEmbedding
 # %% auto #0
 __all__ = ['PRESETS', 'GPTConfig', 'init_gpt_weights', 'GPT', 'count_parameters']
 
-# %% ../chapters/06_gpt_and_training.ipynb #3f3a7e01
+# %% ../chapters/06_gpt_and_training.ipynb #8644b048
 _CHOICES = {"positional": ("learned", "sinusoidal"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu")}
 
 
@@ -58,6 +58,8 @@ class GPTConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "
                              f"each head gets d_model // n_head channels")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.eps > 0:

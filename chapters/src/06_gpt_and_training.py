@@ -127,6 +127,8 @@ class GPTConfig:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "
                              f"each head gets d_model // n_head channels")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
         if not self.eps > 0:
@@ -1361,7 +1363,7 @@ print("the notebook's recipe is TRAIN_PRESETS['tiny']:", TRAIN_PRESETS["tiny"] =
 # recipe of section 7 reached 1.90 after 85 s and ended at 1.874 after 90 s. Our trainer matches
 # nanoGPT's speed rather than beating it: chapter 05's `LayerNorm` computes the mean, the variance
 # and the scaling as separate operations, where nanoGPT calls PyTorch's single fused kernel (the
-# benchmark measures that difference too). Peak memory is about 25 MB above nanoGPT's, the price of
+# benchmark's what-if row swaps in the fused kernel to measure that difference). Peak memory is about 25 MB above nanoGPT's, the price of
 # holding a corpus 4.4 times larger in memory.
 
 # %% [markdown]
