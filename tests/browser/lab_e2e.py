@@ -184,6 +184,15 @@ def displayed(area) -> str:
     )
 
 
+def _press_action_button(area) -> str:
+    """Widgets that redraw on a button (e.g. "Generate") need the click after the control change."""
+    button = area.locator("button.jupyter-button:not(:has-text('Check'))").first
+    if button.count():
+        button.click()
+        return " and its button pressed"
+    return ""
+
+
 def interact(page, area) -> str | None:
     """Change one control in ``area``; return a description, or None if it has no usable control."""
     handle = area.locator(".noUi-handle").first
@@ -192,13 +201,21 @@ def interact(page, area) -> str | None:
         handle.focus()
         for _ in range(3):
             page.keyboard.press("ArrowRight")
-        return "slider moved 3 steps"
-    text = area.locator(".widget-text input, .widget-textarea textarea").first
+        return "slider moved 3 steps" + _press_action_button(area)
+    text = area.locator(".widget-text input[type=text], .widget-textarea textarea").first
     if text.count():
         text.scroll_into_view_if_needed()
         text.fill("To be, or not to be")
-        text.press("Enter")
-        return "text box changed"
+        if text.evaluate("e => e.tagName") == "INPUT":
+            text.press("Enter")
+        return "text box changed" + _press_action_button(area)
+    select = area.locator(".widget-dropdown select").first
+    if select.count():
+        select.scroll_into_view_if_needed()
+        current = select.input_value()
+        values = select.locator("option").evaluate_all("opts => opts.map(o => o.value)")
+        select.select_option(next(v for v in values if v != current))
+        return "dropdown changed" + _press_action_button(area)
     radio = area.locator(".widget-radio-box input").first
     button = area.locator("button:has-text('Check')").first
     if radio.count() and button.count():
