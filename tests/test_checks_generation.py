@@ -18,13 +18,6 @@ from transformer_course.generation import generate, top_k_filter, top_p_filter
 NEG_INF = float("-inf")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _stub(*args, **kwargs):

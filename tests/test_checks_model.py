@@ -3,7 +3,6 @@ and the student edition's stub reports "not done"."""
 
 import math
 
-import pytest
 import torch
 
 from transformer_course.checks.model import (
@@ -15,15 +14,6 @@ from transformer_course.checks.model import (
 )
 from transformer_course.model import count_parameters
 from transformer_course.training import lr_at, param_groups, train_step
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest, and unaffected by other busy processes, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _run(check, fn):

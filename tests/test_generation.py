@@ -25,13 +25,6 @@ from transformer_course.generation import (
 hf = pytest.importorskip("transformers.generation.logits_process")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models gain nothing from threads, and lose a lot on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _rows(seed: int, rows: int = 4, vocab: int = 50, scale: float = 3.0) -> torch.Tensor:

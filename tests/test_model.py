@@ -12,15 +12,6 @@ from hypothesis import strategies as st
 from transformer_course.model import GPT, PRESETS, GPTConfig, count_parameters, init_gpt_weights
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest, and unaffected by other busy processes, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def small(**overrides) -> GPTConfig:
     return replace(GPTConfig(vocab_size=50, block_size=16, n_layer=2, n_head=4, d_model=32), **overrides)
 

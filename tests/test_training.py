@@ -36,13 +36,6 @@ CFG = GPTConfig(vocab_size=12, block_size=16, n_layer=2, n_head=2, d_model=16)
 QUICK = dict(batch_size=4, warmup_iters=5, eval_interval=10, eval_iters=2, progress=False)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest, and unaffected by other busy processes, on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def fresh(cfg: GPTConfig = CFG) -> GPT:
