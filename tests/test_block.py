@@ -65,16 +65,18 @@ def test_layer_norm_by_hand():
 
 @pytest.mark.parametrize("shape", [(4,), (3, 8), (2, 5, 64), (2, 3, 4, 16), (2, 16, 768)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_layer_norm_matches_torch_float32(shape, bias):
+@pytest.mark.parametrize("fast", [False, True])
+def test_layer_norm_matches_torch_float32(shape, bias, fast):
     C = shape[-1]
-    ours, ref = _randomise(LayerNorm(C, bias=bias), 1), nn.LayerNorm(C, bias=bias)
+    ours, ref = _randomise(LayerNorm(C, bias=bias, fast=fast), 1), nn.LayerNorm(C, bias=bias)
     ref.load_state_dict(ours.state_dict())  # same parameter names and shapes
     x = _x(*shape, scale=10.0, shift=3.0)
     assert torch.allclose(ours(x), ref(x), atol=1e-6, rtol=1e-6)
 
 
-def test_layer_norm_matches_torch_float64_and_gradients():
-    ours, ref = _randomise(LayerNorm(48), 2).double(), nn.LayerNorm(48).double()
+@pytest.mark.parametrize("fast", [False, True])
+def test_layer_norm_matches_torch_float64_and_gradients(fast):
+    ours, ref = _randomise(LayerNorm(48, fast=fast), 2).double(), nn.LayerNorm(48).double()
     ref.load_state_dict(ours.state_dict())
     x1 = _x(4, 7, 48, dtype=torch.float64, scale=3.0).requires_grad_()
     x2 = x1.detach().clone().requires_grad_()
@@ -91,10 +93,33 @@ def test_layer_norm_matches_torch_float64_and_gradients():
 @given(C=st.integers(2, 40), rows=st.integers(1, 6), scale=st.floats(1e-2, 1e3), seed=st.integers(0, 10_000))
 def test_layer_norm_output_has_mean_0_and_variance_1(C, rows, scale, seed):
     x = _x(rows, C, seed=seed, dtype=torch.float64, scale=scale, shift=5.0)
-    y = LayerNorm(C).double()(x)
+    y = LayerNorm(C, fast=False).double()(x)  # the step-by-step formula (the fused path is tested against it below)
     var = x.var(-1, correction=0, keepdim=True)
     assert torch.allclose(y.mean(-1), torch.zeros(rows, dtype=torch.float64), atol=1e-9)
     assert torch.allclose(y.pow(2).mean(-1, keepdim=True), var / (var + 1e-5), atol=1e-9)
+
+
+def test_layer_norm_fused_and_teaching_paths_agree_in_value_and_gradients():
+    """fast=True (F.layer_norm) is the same function as the step-by-step formula, with the same parameters."""
+    teach = _randomise(LayerNorm(64, fast=False), 4)
+    fused = LayerNorm(64, fast=True)
+    fused.load_state_dict(teach.state_dict())
+    x1 = _x(3, 9, 64, seed=5, scale=10.0, shift=-2.0).requires_grad_()
+    x2 = x1.detach().clone().requires_grad_()
+    up = _x(3, 9, 64, seed=6)
+    y1, y2 = teach(x1), fused(x2)
+    y1.backward(up)
+    y2.backward(up)
+    torch.testing.assert_close(y2, y1, atol=1e-5, rtol=1e-5)
+    for a, b in ((x2.grad, x1.grad), (fused.weight.grad, teach.weight.grad), (fused.bias.grad, teach.bias.grad)):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert "fast=True" in repr(fused) and "fast=False" in repr(teach)
+
+
+def test_block_fast_flag_reaches_its_layer_norms():
+    for fast in (False, True):
+        blk = TransformerBlock(32, 4, fast=fast)
+        assert blk.ln1.fast is fast and blk.ln2.fast is fast and blk.attn.fast is fast
 
 
 def test_layer_norm_constant_token_gives_bias_not_nan():

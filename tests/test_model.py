@@ -183,6 +183,37 @@ def test_kv_cache_gives_the_same_logits_as_the_full_forward():
     torch.testing.assert_close(torch.cat([first, *steps], dim=1), full, rtol=1e-5, atol=1e-5)
 
 
+def test_last_only_gives_the_last_rows_of_the_full_logits_with_and_without_cache():
+    torch.manual_seed(1)
+    model = GPT(small()).eval()
+    idx = torch.randint(0, 50, (3, 10))
+    with torch.no_grad():
+        full, _ = model(idx)
+        last, loss = model(idx, last_only=True)
+        cache = model.new_cache()
+        prefill, _ = model(idx[:, :6], cache=cache, last_only=True)
+        rest, _ = model(idx[:, 6:], cache=cache, last_only=True)
+    assert last.shape == (3, 1, 50) and loss is None
+    torch.testing.assert_close(last, full[:, -1:], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(prefill, full[:, 5:6], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rest, full[:, -1:], rtol=1e-5, atol=1e-5)
+    assert cache[0].length == 10
+
+
+def test_last_only_with_targets_is_refused():
+    model = GPT(small())
+    idx = torch.randint(0, 50, (1, 5))
+    with pytest.raises(ValueError, match="last_only=True .* no loss over targets"):
+        model(idx, idx, last_only=True)
+
+
+def test_fast_flag_reaches_every_layer_norm():
+    for fast in (False, True):
+        model = GPT(small(fast=fast))
+        norms = [m for m in model.modules() if type(m).__name__ == "LayerNorm"]
+        assert len(norms) == 2 * 2 + 1 and all(m.fast is fast for m in norms)
+
+
 @pytest.mark.parametrize("overrides", [{"norm": "post"}, {"positional": "sinusoidal"}, {"activation": "relu", "bias": False}])
 def test_variants_run_and_train(overrides):
     torch.manual_seed(0)

@@ -420,3 +420,43 @@ def test_kv_cache_does_not_keep_the_whole_qkv_output_alive():
     cache.update(k, v)
     assert cache.k.untyped_storage().nbytes() == cache.k.numel() * 4  # its own storage, just the keys
     torch.testing.assert_close(cache.k, k, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- bf16 on the CPU
+def test_bf16_on_cpu_attends_in_float32_and_returns_bf16(monkeypatch):
+    """bf16 q, k, v on the CPU go through the fused kernel in float32 (it is slower in bf16 there)."""
+    m = _mha(seed=3)
+    x = _x(T=9).bfloat16()
+    seen = []
+    real_sdpa = F.scaled_dot_product_attention
+
+    def spy(q, k, v, *args, **kwargs):
+        seen.append(q.dtype)
+        return real_sdpa(q, k, v, *args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    mb = m.bfloat16()
+    y = mb(x)
+    assert y.dtype == torch.bfloat16 and seen == [torch.float32]
+    # the same as attending in float32 on the bf16 projections and rounding once at the end
+    q, k, v = (split_heads(t, 4) for t in mb.qkv(x).split(32, dim=2))
+    want = mb.proj(merge_heads(real_sdpa(q.float(), k.float(), v.float(), is_causal=True).bfloat16()))
+    assert torch.equal(y, want)
+
+
+@pytest.mark.parametrize("with_cache", [False, True])
+def test_autocast_bf16_output_is_close_to_float32(with_cache):
+    """Under CPU bf16 autocast (chapter 06's training), fast and teaching paths stay within bf16 rounding of fp32."""
+    m = _mha(seed=4)
+    x = _x(T=8, seed=7)
+    want = m(x)
+    for fast in (True, False):
+        m.fast = fast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if with_cache:
+                cache = KVCache()
+                y = torch.cat([m(x[:, :5], cache=cache), m(x[:, 5:], cache=cache)], dim=1)
+            else:
+                y = m(x)
+        assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
+        torch.testing.assert_close(y.float(), want, atol=2e-2, rtol=2e-2)

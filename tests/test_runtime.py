@@ -32,3 +32,19 @@ def test_pick_device(monkeypatch):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA is not available"):
             pick_device("cuda")
+
+
+def test_cpu_has_fast_bf16_asks_torch_and_survives_a_build_without_the_probe(monkeypatch):
+    from transformer_course import runtime
+
+    runtime.cpu_has_fast_bf16.cache_clear()
+    try:
+        answer = runtime.cpu_has_fast_bf16()
+        assert isinstance(answer, bool)
+        probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+        assert answer == any(bool(p()) for p in probes if p is not None)
+        runtime.cpu_has_fast_bf16.cache_clear()
+        monkeypatch.setattr(torch, "cpu", object())  # a PyTorch without the probes (or another CPU family)
+        assert runtime.cpu_has_fast_bf16() is False
+    finally:
+        runtime.cpu_has_fast_bf16.cache_clear()

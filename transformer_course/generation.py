@@ -165,7 +165,7 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
         raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
     return crop_to
 
-# %% ../chapters/07_generation.ipynb #dc3d1399
+# %% ../chapters/07_generation.ipynb #a5dcacd8
 def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
@@ -181,15 +181,16 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
                 if seq.size(1) - start > block:  # the context outgrew block_size: crop it
                     start = seq.size(1) - crop_to
                 window = seq[:, start:]  # [B, T_w], T_w <= block_size
+                # last_only: sampling needs the last position's logits [B, 1, V] only
                 if not use_cache:
-                    logits, _ = model(window)  # recompute every position
+                    logits, _ = model(window, last_only=True)  # recompute every position
                 elif cache is None or cache_start != start:
                     # positions are counted from the window's start, so cropping shifted every
                     # position: the cached keys and values are stale. Rebuild from the window.
                     cache, cache_start = model.new_cache(), start
-                    logits, _ = model(window, cache=cache)
+                    logits, _ = model(window, cache=cache, last_only=True)
                 else:
-                    logits, _ = model(window[:, cache[0].length :], cache=cache)  # only the new token
+                    logits, _ = model(window[:, cache[0].length :], cache=cache, last_only=True)  # only the new token
                 nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
                 if eos_id is not None:
                     nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos

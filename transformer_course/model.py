@@ -115,7 +115,7 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
         if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
             nn.init.normal_(param, mean=0.0, std=std / math.sqrt(2 * n_layer))
 
-# %% ../chapters/06_gpt_and_training.ipynb #bd254502
+# %% ../chapters/06_gpt_and_training.ipynb #4946a736
 class GPT(nn.Module):
     """Decoder-only transformer: token ids idx [B, T] -> logits [B, T, V] (and the loss, given targets)."""
 
@@ -130,18 +130,24 @@ class GPT(nn.Module):
                              activation=cfg.activation, fast=cfg.fast, eps=cfg.eps)
             for _ in range(cfg.n_layer)
         )
-        self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias)
+        self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
         init_gpt_weights(self, cfg.n_layer)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list[KVCache] | None = None):
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list[KVCache] | None = None,
+                *, last_only: bool = False):
         """idx [B, T] token ids -> (logits [B, T, V], mean cross-entropy over targets [B, T] or None).
 
         Target entries equal to -1 are ignored. With a `cache` (from `new_cache()`), the T new tokens
         sit at positions cache[0].length .. cache[0].length + T - 1 and the cache grows by T.
+        `last_only=True` returns the last position's logits only, [B, 1, V]: all that generation
+        needs, and it skips the LM head's [C, V] product at the other T - 1 positions.
         """
+        if last_only and targets is not None:
+            raise ValueError("last_only=True computes the last position's logits only, so there is no loss over "
+                             "targets; leave last_only off when training or evaluating")
         start = 0
         if cache is not None:
             if len(cache) != len(self.blocks):
@@ -155,7 +161,9 @@ class GPT(nn.Module):
         x = self.embed(idx, start_pos=start)  # (B, T, C)
         for i, block in enumerate(self.blocks):
             x = block(x, cache=None if cache is None else cache[i])  # (B, T, C)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, 1, V) with last_only
         if targets is None:
             return logits, None
         if targets.shape != idx.shape:

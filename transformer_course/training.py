@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
+__all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'autocast_for', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
 
-# %% ../chapters/06_gpt_and_training.ipynb #6b6763b9
+# %% ../chapters/06_gpt_and_training.ipynb #76a2f3b0
 # Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
 # cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
 # and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
@@ -21,7 +21,7 @@ import torch
 
 from .data import get_batch
 from .model import GPT, PRESETS, GPTConfig
-from .runtime import pick_device
+from .runtime import cpu_has_fast_bf16, pick_device
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TrainConfig:
     seed: int = 1337  # seeds the batch sampler
     device: str | None = None  # None: CUDA, then MPS, then CPU
     compile: bool = False  # torch.compile the model (pays off only for long runs)
-    bf16: bool = True  # bf16 autocast, used on CUDA only
+    bf16: bool = True  # bf16 autocast on CUDA, and on CPUs with native bf16 (runtime.cpu_has_fast_bf16)
     progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
 
     def __post_init__(self):
@@ -73,10 +73,10 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
 
-# %% ../chapters/06_gpt_and_training.ipynb #fb73a516
+# %% ../chapters/06_gpt_and_training.ipynb #8baea0c4
 def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float = 1.0, autocast=None) -> float:
     """One optimizer step on a batch x, y [B, T]; returns the batch's loss (before the update).
-    `autocast` is an optional context manager for the forward pass (bf16 on CUDA)."""
+    `autocast` is an optional context manager for the forward pass (bf16 autocast, see `train`)."""
     with autocast or nullcontext():
         _, loss = model(x, y)
     optimizer.zero_grad(set_to_none=True)  # gradients accumulate otherwise
@@ -268,11 +268,14 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu") -> Check
                       rng=state.get("rng", {}), tokenizer=_tokenizer_from(state.get("tokenizer")),
                       history=None if history is None else History.from_dict(history))
 
-# %% ../chapters/06_gpt_and_training.ipynb #8dd77048
-def _autocast(device: torch.device, cfg: TrainConfig):
-    """bf16 autocast on CUDA when the GPU supports it; a no-op context elsewhere."""
+# %% ../chapters/06_gpt_and_training.ipynb #b091c9f5
+def autocast_for(device: torch.device, cfg: TrainConfig):
+    """bf16 autocast where the hardware multiplies bf16 natively: a CUDA GPU that supports it, or a CPU
+    with AVX512-BF16 or AMX (`runtime.cpu_has_fast_bf16`). A no-op context elsewhere, or with cfg.bf16 off."""
     if cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
+    if cfg.bf16 and device.type == "cpu" and cpu_has_fast_bf16():
+        return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
     return nullcontext()
 
 
@@ -289,7 +292,7 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
     if "cuda" in resume.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(resume.rng["cuda"])
 
-# %% ../chapters/06_gpt_and_training.ipynb #273ca0f2
+# %% ../chapters/06_gpt_and_training.ipynb #8d61aa31
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids; return the History.
@@ -312,7 +315,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     began, base = time.perf_counter(), history.wall_seconds
 
     def evaluate() -> None:
-        with _autocast(device, cfg):
+        with autocast_for(device, cfg):
             for losses, data in ((history.train_loss, train_data), (history.val_loss, val_data)):
                 losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
                                             seed=cfg.seed + 1, device=device))
@@ -334,7 +337,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(train_data, model.cfg.block_size, cfg.batch_size, generator=batches, device=device)
-        history.loss.append(train_step(forward, optimizer, x, y, cfg.grad_clip, _autocast(device, cfg)))
+        history.loss.append(train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg)))
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += time.perf_counter() - tick
@@ -361,23 +364,28 @@ def plot_history(history: History, ax=None, title: str | None = None):
     ax.legend()
     return ax
 
-# %% ../chapters/06_gpt_and_training.ipynb #e6474d15
-def encode_corpus(tokenizer, text: str, chunk: int = 1 << 20) -> torch.Tensor:
+# %% ../chapters/06_gpt_and_training.ipynb #86d7f9e0
+def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
     """All of `text` as a 1-D tensor of token ids: uint8 when the vocabulary fits in a byte, else int32.
-    Encoded a chunk at a time (cut after a newline), so the Python list of ids never holds more than
-    about `chunk` entries: for 4.8 M characters that list alone would take about 40 MB."""
+    Encoded a chunk at a time (cut after a newline) straight into one preallocated tensor, so the Python
+    list of ids never holds more than about `chunk` entries (0.5 MB; for all 4.8 M characters at once the
+    list alone would take about 40 MB) and no second copy of the corpus is ever made."""
     dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
-    pieces, start = [], 0
+    out = torch.empty(len(text), dtype=dtype)  # a character-level tokenizer gives exactly one id per character
+    n = start = 0
     while start < len(text):
         end = text.find("\n", start + chunk) + 1 or len(text)
-        pieces.append(torch.tensor(tokenizer.encode(text[start:end]), dtype=dtype))
-        start = end
-    return torch.cat(pieces) if pieces else torch.empty(0, dtype=dtype)
+        ids = tokenizer.encode(text[start:end])
+        if n + len(ids) > len(out):  # a byte-level tokenizer on non-ASCII text can give more ids than characters
+            out.resize_(max(n + len(ids), 2 * len(out)))
+        out[n : n + len(ids)] = torch.tensor(ids, dtype=dtype)
+        n, start = n + len(ids), end
+    return out if n == len(out) else out[:n].clone()  # the clone lets the unused tail go
 
 
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss below 1.90 in
-    # about 1.5 minutes on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
+    # under a minute on a 2-core CPU with native bf16, 75 s in fp32 (TrainConfig() itself is nanoGPT's 2,000-step recipe)
     "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
     # nanoGPT's shakespeare-char GPU recipe: wants a GPU
     "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,

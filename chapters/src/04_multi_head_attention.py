@@ -492,9 +492,15 @@ class MultiHeadAttention(nn.Module):
         return allowed
 
     def _attend_fast(self, q, k, v, mask):
+        self.last_weights = None
+        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
+            # PyTorch's CPU flash kernel is 3-4x slower in bf16 than in fp32 (forward + backward,
+            # B 12, nh 4, T 64, hs 32; benchmarks/results/training.md), so bf16 training (chapter 06)
+            # attends in fp32, outside autocast, and hands bf16 back to the next layer
+            with torch.autocast("cpu", enabled=False):
+                return self._attend_fast(q.float(), k.float(), v.float(), mask).to(q.dtype)
         T, T_total = q.shape[2], k.shape[2]
         p = self.dropout if self.training else 0.0
-        self.last_weights = None
         if mask is None and (not self.causal or T == 1 or T == T_total):
             # is_causal's triangle is aligned top-left: right with no cache (T == T_total);
             # a single new query may see every key, so it needs no mask at all

@@ -46,6 +46,7 @@ A block maps [B, T, C] to [B, T, C], so blocks stack; a GPT is a stack of them (
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.multihead import KVCache, MultiHeadAttention
@@ -167,13 +168,16 @@ class LayerNorm(nn.Module):
     learned gain ``weight`` (γ, starts at 1) and shifted by the learned ``bias`` (β, starts at 0):
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``. The variance divides by C, and ``eps`` sits
     inside the square root, as in ``nn.LayerNorm`` and GPT-2. ``bias=False`` drops β (``bias`` is None).
+    ``fast=False`` computes the formula step by step (the teaching path); ``fast=True`` (default)
+    hands it to PyTorch's fused ``F.layer_norm``: one pass over the data, same parameters, same result.
 
     Input [..., C] (usually [B, T, C]) -> output of the same shape.
     """
 
-    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True):
+    def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, fast: bool = True):
         super().__init__()
         self.d_model = _positive_int(d_model, "d_model")
+        self.fast = fast
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
             raise ValueError(f"eps must be a positive number (GPT-2 uses 1e-5), got {eps!r}")
         self.eps = float(eps)
@@ -185,6 +189,8 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_channels(x, self.d_model, "LayerNorm")
+        if self.fast:
+            return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., C)
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
         centred = x - mean  # (..., C)
         var = centred.pow(2).mean(dim=-1, keepdim=True)  # (..., 1), divides by C
@@ -192,7 +198,7 @@ class LayerNorm(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def extra_repr(self) -> str:
-        return f"{self.d_model}, eps={self.eps}, bias={self.bias is not None}"
+        return f"{self.d_model}, eps={self.eps}, bias={self.bias is not None}, fast={self.fast}"
 
 # %% [markdown]
 # Our module against PyTorch's `nn.LayerNorm`, with random gains and biases so that γ and β are
@@ -201,7 +207,7 @@ class LayerNorm(nn.Module):
 # %%
 def paired_layer_norms(C: int, seed: int = 0):
     """Our LayerNorm and nn.LayerNorm with the same random γ and β."""
-    ours, ref = LayerNorm(C), nn.LayerNorm(C)
+    ours, ref = LayerNorm(C, fast=False), nn.LayerNorm(C)  # the step-by-step formula
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p_ours, p_ref in ((ours.weight, ref.weight), (ours.bias, ref.bias)):
@@ -217,6 +223,28 @@ for name, a, b in (("seed batch", ours(x_seed), ref(x_seed)), ("[8, 32, 64]", ou
     diff = (a - b).abs().max().item()
     print(f"{name:12s} largest difference from nn.LayerNorm: {diff:.1e}")
     assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+
+# %% [markdown]
+# That was the teaching path, `fast=False`: four separate operations (mean, centre, variance,
+# scale), each a pass over the data with its own intermediate tensor, and as many again in the
+# backward pass. The default, `fast=True`, hands the same formula and the same parameters to
+# PyTorch's fused `F.layer_norm`, which makes one pass. Chapter 06 trains with it; the two agree in
+# the output and in every gradient:
+
+# %%
+teach, fused = LayerNorm(64, fast=False), LayerNorm(64)
+fused.load_state_dict(ours64.state_dict())
+teach.load_state_dict(ours64.state_dict())
+x_a = x_wild.clone().requires_grad_(True)
+x_b = x_wild.clone().requires_grad_(True)
+upstream = torch.randn(x_wild.shape, generator=torch.Generator().manual_seed(3))
+for module, xi in ((teach, x_a), (fused, x_b)):
+    (module(xi) * upstream).sum().backward()
+pairs = {"output": (teach(x_wild), fused(x_wild)), "dL/dx": (x_a.grad, x_b.grad),
+         "dL/dγ": (teach.weight.grad, fused.weight.grad), "dL/dβ": (teach.bias.grad, fused.bias.grad)}
+for name, (a, b) in pairs.items():
+    print(f"{name:7s} teaching vs fused, largest relative difference: {((a - b).abs().max() / b.abs().max()).item():.0e}")
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 # %% [markdown]
 # ### Seed 002 puts ε in the wrong place
@@ -492,9 +520,9 @@ class TransformerBlock(nn.Module):
         self.d_model = _positive_int(d_model, "d_model")
         self.norm = _choice(norm, NORMS, "norm")
         _choice(activation, ACTIVATIONS, "activation")  # fail before building anything
-        self.ln1 = LayerNorm(d_model, eps=eps, bias=bias)
+        self.ln1 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
         self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast)
-        self.ln2 = LayerNorm(d_model, eps=eps, bias=bias)
+        self.ln2 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
         self.mlp = FeedForward(d_model, activation=activation, dropout=dropout, bias=bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,

@@ -732,7 +732,10 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
 # %% [markdown]
 # Then the loop itself: crop the window when it outgrows `block_size`, run the model on the whole window
 # (no cache), on the whole window into a fresh cache (prefill or rebuild), or on the newest token only
-# (cached decode); sample; mark finished rows; append; yield.
+# (cached decode); sample; mark finished rows; append; yield. Every call passes `last_only=True`
+# (chapter 06's `GPT.forward`), so the LM head runs at the last position only: a prompt of T tokens
+# would otherwise compute T - 1 rows of logits, [V] numbers each, that nobody reads. For GPT-2 the
+# head is a third of a position's multiply-adds.
 
 # %%
 #| export
@@ -751,15 +754,16 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
                 if seq.size(1) - start > block:  # the context outgrew block_size: crop it
                     start = seq.size(1) - crop_to
                 window = seq[:, start:]  # [B, T_w], T_w <= block_size
+                # last_only: sampling needs the last position's logits [B, 1, V] only
                 if not use_cache:
-                    logits, _ = model(window)  # recompute every position
+                    logits, _ = model(window, last_only=True)  # recompute every position
                 elif cache is None or cache_start != start:
                     # positions are counted from the window's start, so cropping shifted every
                     # position: the cached keys and values are stale. Rebuild from the window.
                     cache, cache_start = model.new_cache(), start
-                    logits, _ = model(window, cache=cache)
+                    logits, _ = model(window, cache=cache, last_only=True)
                 else:
-                    logits, _ = model(window[:, cache[0].length :], cache=cache)  # only the new token
+                    logits, _ = model(window[:, cache[0].length :], cache=cache, last_only=True)  # only the new token
                 nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
                 if eos_id is not None:
                     nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
