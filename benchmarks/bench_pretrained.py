@@ -31,6 +31,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from transformer_course import generate  # noqa: E402
+from transformer_course.generation import tune_for_decoding  # noqa: E402
 from transformer_course.model import PRESETS  # noqa: E402
 from transformer_course.pretrained import load_hf_gpt2, make_hf_stand_in  # noqa: E402
 
@@ -71,6 +72,7 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, ba
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
         ours = load_hf_gpt2(tmp)
+    tune_for_decoding(ours, batch_size=batch)  # weight layouts for this batch size (chapter 07)
     prompt = torch.randint(0, vocab, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(prompt)
 

@@ -464,3 +464,74 @@ def test_cli_generate_missing_checkpoint(tmp_path, capsys):
 
     assert main(["generate", "--checkpoint", str(tmp_path / "nope.pt"), "--prompt", "a"]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- weight layouts for decoding
+def _layouts(model):
+    """Linear weight name -> True when held in memory as [out, in] (nn.Linear's own layout)."""
+    return {name: m.weight.is_contiguous() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def _rig_timing(m, winner_contiguous: bool) -> list:
+    """Make F.linear look slow (1 s) for one weight layout and fast (1 ms) for the other."""
+    state, seen = {"t": 0.0}, []
+    real_linear = torch.nn.functional.linear
+
+    def linear(x, w, b=None):
+        seen.append(tuple(w.shape))
+        state["t"] += 0.001 if w.is_contiguous() == winner_contiguous else 1.0
+        return real_linear(x, w, b)
+
+    m.setattr("time.perf_counter", lambda: state["t"])
+    m.setattr(torch.nn.functional, "linear", linear)
+    return seen
+
+
+def test_tune_for_decoding_keeps_values_and_tokens(monkeypatch):
+    from transformer_course.generation import tune_for_decoding
+
+    model = _model(20, vocab_size=64, d_model=32, n_head=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    want = generate(model, _prompt(vocab=64), 15, temperature=0)
+    with monkeypatch.context() as m:
+        seen = _rig_timing(m, winner_contiguous=False)  # [in, out] wins everywhere
+        choice = tune_for_decoding(model, batch_size=2, repeats=3)
+    assert set(choice) == {(96, 32), (32, 32), (128, 32), (32, 128), (64, 32)} == set(seen)
+    assert set(choice.values()) == {"[in, out]"} and set(_layouts(model).values()) == {False}
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    assert model.lm_head.weight is model.embed.token.weight  # still tied
+    assert torch.equal(generate(model, _prompt(vocab=64), 15, temperature=0), want)
+
+
+def test_tune_for_decoding_follows_the_timing_both_ways(monkeypatch):
+    from transformer_course.generation import tune_for_decoding
+
+    model = _model(21)
+    for winner_contiguous, layout in ((False, "[in, out]"), (True, "[out, in]"), (False, "[in, out]")):
+        with monkeypatch.context() as m:
+            _rig_timing(m, winner_contiguous)
+            choice = tune_for_decoding(model, repeats=2)
+        assert set(choice.values()) == {layout}
+        assert set(_layouts(model).values()) == {winner_contiguous}  # every weight moved, the tied embedding too
+
+
+def test_tune_for_decoding_on_the_real_clock_keeps_results():
+    from transformer_course.generation import tune_for_decoding
+
+    model = _model(22, vocab_size=300, d_model=48, n_head=4)
+    want = generate(model, _prompt(vocab=300), 10, temperature=0)
+    choice = tune_for_decoding(model, batch_size=2)
+    assert set(choice.values()) <= {"[in, out]", "[out, in]"}
+    torch.testing.assert_close(model(_prompt(vocab=300))[0], _model(22, vocab_size=300, d_model=48, n_head=4)(_prompt(vocab=300))[0],
+                               rtol=1e-5, atol=1e-5)
+    assert torch.equal(generate(model, _prompt(vocab=300), 10, temperature=0), want)
+
+
+def test_tune_for_decoding_bad_input():
+    from transformer_course.generation import tune_for_decoding
+
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        tune_for_decoding(_model(), batch_size=0)
+    with pytest.raises(ValueError, match="has no nn.Linear layers"):
+        tune_for_decoding(torch.nn.LayerNorm(4))
