@@ -138,13 +138,42 @@ def test_kv_cache_appends_along_time_and_counts_bytes():
     assert cache.length == 0 and cache.nbytes == 0
     k1, v1 = torch.randn(2, 3, 4, 5), torch.randn(2, 3, 4, 5)
     k2, v2 = torch.randn(2, 3, 1, 5), torch.randn(2, 3, 1, 5)
-    assert cache.update(k1, v1)[0] is k1
+    assert torch.equal(cache.update(k1, v1)[0], k1)
     k_all, v_all = cache.update(k2, v2)
     assert torch.equal(k_all, torch.cat([k1, k2], 2)) and torch.equal(v_all, torch.cat([v1, v2], 2))
     assert cache.length == 5
     assert cache.nbytes == 2 * (2 * 3 * 5 * 5) * 4
     cache.reset()
     assert cache.length == 0 and cache.nbytes == 0 and cache.k is None
+
+
+def test_kv_cache_appends_in_place_and_doubles_its_room():
+    cache = KVCache()
+    steps = [torch.randn(1, 2, 3, 4)] + [torch.randn(1, 2, 1, 4) for _ in range(9)]
+    buffers, rooms = [], []
+    for step in steps:
+        k_all, v_all = cache.update(step, -step)
+        buffers.append(cache._k.data_ptr())
+        rooms.append(cache._k.shape[2])
+    want = torch.cat(steps, dim=2)
+    assert torch.equal(k_all, want) and torch.equal(v_all, -want) and cache.length == 12
+    assert rooms == [3, 6, 6, 6, 12, 12, 12, 12, 12, 12]  # exact at first, then doubled when full
+    assert len(set(buffers)) == 3  # three allocations for twelve positions: appends write in place
+    assert cache.nbytes == 2 * 12 * 2 * 4 * 4 and cache.reserved_bytes == cache.nbytes
+
+
+def test_kv_cache_with_capacity_allocates_once_and_can_still_grow():
+    cache = KVCache(capacity=8)
+    cache.update(torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4))
+    first = cache._k.data_ptr()
+    cache.update(torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))
+    assert cache._k.data_ptr() == first and cache.length == 8
+    assert cache.reserved_bytes == 2 * 2 * 2 * 8 * 4 * 4 and cache.nbytes == cache.reserved_bytes
+    cache.update(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))  # past the capacity: the room doubles
+    assert cache.length == 9 and cache._k.shape[2] == 16
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="capacity must be a positive int"):
+            KVCache(capacity=bad)
 
 
 def test_kv_cache_bad_input():

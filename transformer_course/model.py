@@ -115,7 +115,7 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
         if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
             nn.init.normal_(param, mean=0.0, std=std / math.sqrt(2 * n_layer))
 
-# %% ../chapters/06_gpt_and_training.ipynb #4946a736
+# %% ../chapters/06_gpt_and_training.ipynb #3f094c6a
 class GPT(nn.Module):
     """Decoder-only transformer: token ids idx [B, T] -> logits [B, T, V] (and the loss, given targets)."""
 
@@ -172,8 +172,9 @@ class GPT(nn.Module):
         return logits, loss
 
     def new_cache(self) -> list[KVCache]:
-        """An empty key/value cache, one `KVCache` per block (chapter 07 generates with it)."""
-        return [KVCache() for _ in self.blocks]
+        """An empty key/value cache, one `KVCache` per block (chapter 07 generates with it), each with
+        room for block_size positions, the longest context the model accepts."""
+        return [KVCache(capacity=self.cfg.block_size) for _ in self.blocks]
 
     def num_parameters(self) -> int:
         """Number of trainable parameters; a tied matrix counts once."""

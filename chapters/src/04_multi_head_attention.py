@@ -332,55 +332,89 @@ print("is_causal=True        = full sequence's last 2 rows:", torch.allclose(top
 
 # %% [markdown]
 # The cache itself is a small object per layer: `update(k, v)` appends the new positions along the
-# time axis (dim 2 of [B, nh, T, hs]) and returns everything so far.
+# time axis (dim 2 of [B, nh, T, hs]) and returns everything so far. It keeps them in buffers with room
+# to spare, so appending one position writes one position. The obvious alternative, `torch.cat` of the
+# past and the new, copies the whole past into a freshly allocated tensor at every step: work that grows
+# with the past, and new memory for the system to hand out each time (in chapter 08's benchmark that
+# copy took more than a third of the CPU time of a decoding step at batch 4). When the room runs out the buffers double, so a
+# cache of L positions is copied fewer than log2(L) times in all; a model that knows its longest context
+# (chapter 06's `GPT.new_cache`) asks for that much room at once.
 
 # %%
 #| export
 class KVCache:
     """One layer's key/value cache: keys and values [B, nh, L, hs] of positions 0 .. L-1.
 
-    ``update(k, v)`` appends the new positions' keys and values along time (dim 2) and returns all of
-    them, so new queries attend to the whole past without recomputing it. Memory grows by
-    2 * B * nh * hs * element_size bytes per position (keys and values).
+    ``update(k, v)`` writes the new positions' keys and values after the cached ones (time is dim 2) and
+    returns all of them, so new queries attend to the whole past without recomputing it. They live in
+    buffers [B, nh, room, hs]: room for ``capacity`` positions (None: just what the first update needs),
+    doubled whenever it runs out, so an append copies only the new positions. ``k`` and ``v`` are views
+    [B, nh, L, hs] of the filled part. Memory: 2 * B * nh * hs * element_size bytes per position held
+    (``nbytes``); ``reserved_bytes`` counts the room too.
     """
 
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # (B, nh, L, hs)
-        self.v: torch.Tensor | None = None  # (B, nh, L, hs)
+    def __init__(self, capacity: int | None = None) -> None:
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"capacity must be a positive int (positions to make room for) or None, got {capacity!r}")
+        self.capacity = capacity
+        self._k: torch.Tensor | None = None  # (B, nh, room, hs)
+        self._v: torch.Tensor | None = None  # (B, nh, room, hs)
+        self._length = 0
+
+    @property
+    def k(self) -> torch.Tensor | None:
+        """Cached keys [B, nh, L, hs] (a view of the buffer), None when empty."""
+        return None if self._k is None else self._k[:, :, : self._length]
+
+    @property
+    def v(self) -> torch.Tensor | None:
+        """Cached values [B, nh, L, hs] (a view of the buffer), None when empty."""
+        return None if self._v is None else self._v[:, :, : self._length]
 
     @property
     def length(self) -> int:
         """L, the number of cached positions (0 when empty)."""
-        return 0 if self.k is None else self.k.shape[2]
+        return self._length
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cached keys and values."""
-        if self.k is None:
-            return 0
-        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+        """Bytes held by the cached keys and values (the filled part)."""
+        return 0 if self._k is None else 2 * self.k.numel() * self._k.element_size()
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Bytes of the two buffers, room for future positions included."""
+        return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
 
     def reset(self) -> None:
         """Forget every cached position (before starting a new sequence)."""
-        self.k = self.v = None
+        self._k = self._v = None
+        self._length = 0
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v [B, nh, T_new, hs]; return all keys and values so far, [B, nh, L + T_new, hs]."""
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
             shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
             raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
-        if self.k is None:  # own copies: k, v are often views that would keep all of qkv's output alive
-            self.k, self.v = k.contiguous(), v.contiguous()
-            return self.k, self.v
-        old = self.k
-        if (old.shape[0], old.shape[1], old.shape[3]) != (k.shape[0], k.shape[1], k.shape[3]) or (old.dtype, old.device) != (k.dtype, k.device):
+        B, nh, T_new, hs = k.shape
+        old = self._k
+        if old is not None and ((old.shape[0], old.shape[1], old.shape[3]) != (B, nh, hs) or (old.dtype, old.device) != (k.dtype, k.device)):
             raise ValueError(
-                f"KVCache holds [B, nh, L, hs] = {tuple(old.shape)} ({old.dtype}, {old.device}) but got "
+                f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old.dtype}, {old.device}) but got "
                 f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "
                 "stay the same; call reset() (or use a new cache) for a new batch"
             )
-        self.k = torch.cat([old, k], dim=2)  # (B, nh, L + T_new, hs)
-        self.v = torch.cat([self.v, v], dim=2)
+        L, need = self._length, self._length + T_new
+        if old is None or need > old.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
+            room = max(need, self.capacity or 0, 2 * old.shape[2] if old is not None else 0)
+            old_v = self._v
+            self._k, self._v = (torch.empty(B, nh, room, hs, dtype=k.dtype, device=k.device) for _ in range(2))
+            if old is not None:  # the one copy of the past, each time the room doubles
+                self._k[:, :, :L] = old[:, :, :L]
+                self._v[:, :, :L] = old_v[:, :, :L]
+        self._k[:, :, L:need] = k  # (B, nh, T_new, hs) written in place
+        self._v[:, :, L:need] = v
+        self._length = need
         return self.k, self.v
 
     def __repr__(self) -> str:

@@ -276,8 +276,9 @@ class GPT(nn.Module):
         return logits, loss
 
     def new_cache(self) -> list[KVCache]:
-        """An empty key/value cache, one `KVCache` per block (chapter 07 generates with it)."""
-        return [KVCache() for _ in self.blocks]
+        """An empty key/value cache, one `KVCache` per block (chapter 07 generates with it), each with
+        room for block_size positions, the longest context the model accepts."""
+        return [KVCache(capacity=self.cfg.block_size) for _ in self.blocks]
 
     def num_parameters(self) -> int:
         """Number of trainable parameters; a tied matrix counts once."""
