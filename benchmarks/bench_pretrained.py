@@ -18,6 +18,7 @@ warm-up each, and each figure is the best of several runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import tempfile
@@ -131,10 +132,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     sizes = QUICK if args.quick else SIZES
-    rows, met, missed = [], [], []
+    rows, met, missed, records = [], [], [], []
     for name, (n_layer, n_head, d_model, vocab, new) in sizes.items():
         for batch in args.batch:
             r = bench_size(n_layer, n_head, d_model, vocab, new, batch, args.repeats)
+            records.append({"model": name, "batch": batch, "new_tokens": new, **r})
             rows.append(f"| {name} | {r['params'] / 1e6:.2f}M | {batch} | {new} | {r['ours_cpu']:,.0f} | "
                         f"{r['hf_cpu']:,.0f} | **{r['ours_cpu'] / r['hf_cpu']:.2f}x** | {r['ours_wall']:,.0f} | "
                         f"{r['hf_wall']:,.0f} | {r['ours_wall'] / r['hf_wall']:.2f}x | {r['floor_cpu']:,.0f} | "
@@ -182,7 +184,11 @@ def main() -> None:
         f"ours: `GPT.forward(..., last_only=True)`, chapters 06/07). For GPT-2 the head is {head / 1e6:.1f}M of\n"
         f"the {per_position / 1e6:.1f}M weight multiply-adds per position.\n"
     )
-    print(f"wrote {RESULTS}")
+    meta = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "prompt": PROMPT_LEN, "repeats": args.repeats,
+            "written": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "goal": GOAL}
+    RESULTS.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": records}, indent=1))
+    print(f"wrote {RESULTS} and its .json")
 
 
 if __name__ == "__main__":

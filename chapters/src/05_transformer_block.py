@@ -243,7 +243,8 @@ for module, xi in ((teach, x_a), (fused, x_b)):
 pairs = {"output": (teach(x_wild), fused(x_wild)), "dL/dx": (x_a.grad, x_b.grad),
          "dL/dγ": (teach.weight.grad, fused.weight.grad), "dL/dβ": (teach.bias.grad, fused.bias.grad)}
 for name, (a, b) in pairs.items():
-    print(f"{name:7s} teaching vs fused, largest relative difference: {((a - b).abs().max() / b.abs().max()).item():.0e}")
+    relative = ((a - b).abs().max() / b.abs().max()).item()  # a few 1e-7: rounding, in a different order
+    print(f"{name:7s} teaching and fused agree to within a millionth of the largest entry: {relative < 1e-6}")
     assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 # %% [markdown]
