@@ -972,7 +972,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
 # On a copy of this chapter's model (the layouts chosen depend on the machine, so that output is not
 # checked), then the proof that nothing but the speed changed. A model this small spends its step in
 # per-operation overhead, which hides the gain; from a few million parameters on it shows (chapter 08's
-# benchmark: about 1.9 times Hugging Face's speed for one sequence, up to 30M parameters).
+# benchmark: 1.8 to 1.9 times Hugging Face's speed for one sequence, up to 30M parameters).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
