@@ -1418,8 +1418,10 @@ print(f"\nbf16 vs fp32 training, same recipe: val losses at the {len(runs['best'
 #   way round, so attention stays in fp32 (chapter 04's `_attend_fast`). The cost in quality is
 #   the gap between the two `tiny` runs above, printed on the last line: at every evaluation the
 #   validation loss of bf16 training is within a few hundredths of fp32 training's.
-# - **No `torch.compile` here.** Compiling takes tens of seconds and more memory, for no faster step
-#   at this size on this CPU. On a GPU, and for long runs, try `TrainConfig(compile=True)`.
+# - **No `torch.compile` here.** Compiling costs time before the first step (tens of seconds the first
+#   time; less once PyTorch has cached the compiled code, hence the varying "first steps" figure) and
+#   more memory (the last step row), for a step no faster at this size on this CPU. On a GPU, and for
+#   long runs, try `TrainConfig(compile=True)`.
 #
 # Memory: peak RSS is mostly PyTorch itself (about 220 MB after `import torch`, and another 130 MB of
 # kernels and buffers once the first step runs). Our corpus is 4.4 times nanoGPT's; it costs little
