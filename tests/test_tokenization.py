@@ -160,8 +160,16 @@ def test_round_trip_of_unicode_and_special_tokens(trained):
     assert trained.encode("") == [] and trained.decode([]) == ""
 
 
+# Characters assigned in this Python's Unicode tables (14.0 for 3.11). The split pattern's \p{L} and \p{N}
+# are looked up in each engine's own tables: the `regex` package ships newer ones than tiktoken's Rust
+# regex, so for a code point assigned only in a recent Unicode version (hypothesis found U+3D000, a letter
+# to `regex` 2026.11, unassigned to tiktoken) the two split differently. That is a difference between
+# Unicode versions, not between the algorithms, so such code points are left out here.
+ASSIGNED = st.characters(exclude_categories=("Cn", "Cs"))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.text(max_size=60))
+@given(st.text(ASSIGNED, max_size=60))
 def test_any_text_round_trips_and_matches_tiktoken(trained, text):
     ids = trained.encode_ordinary(text)
     assert trained.decode(ids) == text
@@ -300,8 +308,9 @@ def test_gpt2_style_stand_in_round_trips_through_tiktoken(shakespeare):
     assert back.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all") == ours.encode(text, allowed_special="all")
 
 
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.text(max_size=40) | st.text(alphabet=" \n\t\r'sdmtlvreéß0123456789!?.,👋世界ÀÉ", max_size=40))
+@given(st.text(ASSIGNED, max_size=40) | st.text(alphabet=" \n\t\r'sdmtlvreéß0123456789!?.,👋世界ÀÉ", max_size=40))
 def test_from_tiktoken_matches_tiktoken_on_any_text(cl100k_teacher, text):
     enc = get_encoding("cl100k_base")
     assert cl100k_teacher.encode_ordinary(text) == enc.encode_ordinary(text)
