@@ -18,7 +18,7 @@ import torch
 
 # %% auto #0
 __all__ = ['check_sampling_args', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'next_token_probs', 'sample_next',
-           'encode_prompt', 'stream', 'generate', 'tune_for_decoding', 'run_generate_command']
+           'encode_prompt', 'stream', 'generate', 'run_generate_command']
 
 # %% ../chapters/07_generation.ipynb #7dcd0849
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
@@ -252,55 +252,6 @@ def generate(
     if not steps:
         return idx.clone()
     return torch.cat([idx, torch.stack(steps, dim=1)], dim=1)
-
-# %% ../chapters/07_generation.ipynb #455d1197
-@torch.no_grad()
-def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15) -> dict:
-    """Store every ``nn.Linear`` weight in the layout this machine multiplies fastest during cached decoding.
-
-    For each distinct weight shape [out, in], times ``F.linear`` on a [batch_size, 1, in] input with the
-    weight held in memory as [out, in] (nn.Linear's layout) and as [in, out] (seen through a transposed
-    view, so still an [out, in] tensor), best of ``repeats``, and moves every weight of that shape to the
-    faster layout in place. Values, shapes, ``state_dict`` and
-    results are unchanged. Returns {(out, in): "[out, in]" | "[in, out]"}, the memory layout kept. Call it once after loading a
-    model for generation; training does not need it.
-    """
-    import time
-
-    import torch.nn.functional as F
-
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int (the number of sequences you will generate), got {batch_size!r}")
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear layers to tune")
-
-    def best_time(x, w) -> float:
-        F.linear(x, w)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            F.linear(x, w)
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    def as_in_out(w):  # the same [out, in] values, held in memory as [in, out]
-        return w.t().contiguous().t()
-
-    choice = {}
-    for layer in layers:
-        shape = tuple(layer.weight.shape)
-        if shape not in choice:
-            w = layer.weight.detach()
-            x = torch.randn(batch_size, 1, shape[1], dtype=w.dtype, device=w.device)
-            faster = best_time(x, as_in_out(w)) < best_time(x, w.contiguous())
-            choice[shape] = "[in, out]" if faster else "[out, in]"
-        w = layer.weight.data
-        if choice[shape] == "[in, out]" and w.is_contiguous():
-            layer.weight.data = as_in_out(w)
-        elif choice[shape] == "[out, in]" and not w.is_contiguous():
-            layer.weight.data = w.contiguous()
-    return choice
 
 # %% ../chapters/07_generation.ipynb #f60cebb6
 def run_generate_command(args) -> int:

@@ -1,0 +1,198 @@
+"""Tests for transformer_course.decoding (chapter 07): weights laid out, packed or rounded for decoding.
+
+References: nn.Linear / F.linear on the untouched weights (plain layouts must agree exactly, packed ones
+to float rounding), a hand-rounded bf16 product, and the tokens of the untuned model. Timing is rigged
+with a fake clock so each layout can be made to win.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+
+from transformer_course import decoding
+from transformer_course.decoding import LAYOUTS, DecodeLinear, packing_available, tune_for_decoding
+from transformer_course.generation import generate
+from transformer_course.model import GPT, GPTConfig
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="this PyTorch build cannot pack weights with oneDNN")
+
+
+def _model(seed: int = 0, **overrides) -> GPT:
+    kw = dict(vocab_size=64, block_size=20, n_layer=2, n_head=4, d_model=32)
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**kw)).eval()
+
+
+def _prompt(batch: int = 2, length: int = 5, vocab: int = 64) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(0))
+
+
+def _kind(w: torch.Tensor) -> str:
+    """The layout a weight handed to a product is in."""
+    if w.is_mkldnn:
+        return "packed"
+    return "[out, in]" if w.is_contiguous() else "[in, out]"
+
+
+def _rig_clock(m, winner: str) -> list:
+    """Every product takes 1 s on a fake clock, except those with a weight in ``winner``'s layout (1 ms)."""
+    state, seen = {"t": 0.0}, []
+
+    def timed(product):
+        def run(x, w, b=None):
+            seen.append((_kind(w), tuple(w.shape)))
+            state["t"] += 0.001 if _kind(w) == winner else 1.0
+            return product(x, w, b)
+        return run
+
+    m.setattr("time.perf_counter", lambda: state["t"])
+    m.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
+    m.setattr(decoding, "packed_linear", timed(decoding.packed_linear))
+    return seen
+
+
+def _linears(model) -> dict:
+    return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+@pytest.mark.parametrize("winner", [pytest.param(name, marks=needs_packing) if name == "packed" else name
+                                    for name in LAYOUTS])
+def test_each_layout_wins_when_it_is_fastest_and_changes_no_result(monkeypatch, winner):
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    want_logits, want_tokens = model(_prompt())[0], generate(model, _prompt(), 12, temperature=0)
+    with monkeypatch.context() as m:
+        seen = _rig_clock(m, winner)
+        choice = tune_for_decoding(model, batch_size=2, repeats=3)
+    shapes = {(96, 32), (32, 32), (128, 32), (32, 128), (64, 32)}
+    assert set(choice) == shapes and set(choice.values()) == {winner}
+    offered = set(LAYOUTS) if packing_available() else {"[out, in]", "[in, out]"}
+    assert {kind for kind, _ in seen} == offered and {shape for _, shape in seen} == shapes  # all timed
+    for name, layer in _linears(model).items():
+        assert (type(layer) is DecodeLinear) == (winner == "packed"), name
+        if winner != "packed":
+            assert _kind(layer.weight) == winner, name
+    assert model.lm_head.weight is model.embed.token.weight  # still tied
+    assert model.state_dict().keys() == before.keys()
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    with torch.no_grad():
+        got = model(_prompt())[0]
+    if winner == "packed":
+        torch.testing.assert_close(got, want_logits, rtol=0, atol=1e-5)
+    else:
+        assert torch.equal(got, want_logits)
+    assert torch.equal(generate(model, _prompt(), 12, temperature=0), want_tokens)
+
+
+@needs_packing
+def test_retuning_returns_packed_layers_to_plain_linear(monkeypatch):
+    model = _model(1)
+    for winner in ("packed", "[in, out]", "packed", "[out, in]"):
+        with monkeypatch.context() as m:
+            _rig_clock(m, winner)
+            tune_for_decoding(model, repeats=2)
+        for layer in _linears(model).values():
+            assert (type(layer) is DecodeLinear) == (winner == "packed")
+            assert ("decode_layout" in layer.__dict__) == (winner == "packed")
+            if winner != "packed":
+                assert _kind(layer.weight) == winner
+
+
+@needs_packing
+def test_packed_layer_trains_like_linear_and_never_goes_stale():
+    torch.manual_seed(0)
+    plain = torch.nn.Linear(24, 40)
+    packed = copy.deepcopy(plain)
+    tune_for_decoding(packed, layouts=["packed"])
+    assert type(packed) is DecodeLinear and "decode=packed" in repr(packed)
+    x = torch.randn(3, 5, 24)
+    # with autograd: nn.Linear's own path, same values and gradients
+    plain(x).square().sum().backward()
+    packed(x).square().sum().backward()
+    assert torch.equal(packed.weight.grad, plain.weight.grad) and torch.equal(packed.bias.grad, plain.bias.grad)
+    # without: the packed copy, rebuilt after every kind of change to the weight
+    for change in ("optimizer step", "load_state_dict", "new tensor"):
+        with torch.no_grad():
+            if change == "optimizer step":
+                torch.optim.SGD(packed.parameters(), lr=0.5).step()
+            elif change == "load_state_dict":
+                packed.load_state_dict({"weight": torch.randn(40, 24), "bias": torch.randn(40)})
+            else:
+                packed.weight.data = torch.randn(40, 24)
+            got = packed(x)
+        torch.testing.assert_close(got, torch.nn.functional.linear(x, packed.weight, packed.bias), rtol=0, atol=1e-5)
+        assert packed.__dict__["_decode_cache"][1].is_mkldnn
+
+
+@needs_packing
+def test_packed_model_copies_pickles_and_moves():
+    model = _model(2)
+    tune_for_decoding(model, layouts=["packed"])
+    want = model(_prompt())[0].detach()
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert all("_decode_cache" not in m.__dict__ for m in clone.modules())
+        assert type(clone.lm_head) is DecodeLinear
+        with torch.no_grad():
+            torch.testing.assert_close(clone(_prompt())[0], want, rtol=0, atol=1e-5)
+    head = model.lm_head.to("meta")  # a device oneDNN does not serve: plain F.linear, no error
+    with torch.no_grad():
+        assert head(torch.randn(2, 1, 32, device="meta")).shape == (2, 1, 64)
+
+
+def test_bf16_weights_round_the_products_only():
+    model = _model(3)
+    fp32 = copy.deepcopy(model)
+    tune_for_decoding(model, weights_dtype=torch.bfloat16)
+    layers = _linears(model)
+    assert all(type(m) is DecodeLinear and m.decode_dtype == torch.bfloat16 for m in layers.values())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # training and state_dict stay fp32
+    for name, value in fp32.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    # each layer computes the product of bf16-rounded inputs and weights, returned in fp32
+    layer, x = layers["blocks.0.mlp.fc"], torch.randn(2, 1, 32)
+    with torch.no_grad():
+        got = layer(x)
+    want = torch.nn.functional.linear(x.bfloat16().float(), layer.weight.bfloat16().float(),
+                                      layer.bias.bfloat16().float())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
+    assert not torch.equal(got, torch.nn.functional.linear(x, layer.weight, layer.bias))  # really rounded
+    with torch.no_grad():
+        torch.testing.assert_close(model(_prompt())[0], fp32(_prompt())[0], rtol=0, atol=0.05)
+    # gradients still flow through the fp32 weights
+    loss = model(_prompt(), _prompt())[1]
+    loss.backward()
+    assert layer.weight.grad is not None and layer.weight.grad.dtype == torch.float32
+
+
+def test_real_clock_keeps_results():
+    model = _model(4, vocab_size=300, d_model=48)
+    want_logits = model(_prompt(vocab=300))[0].detach()
+    want = generate(model, _prompt(vocab=300), 10, temperature=0)
+    choice = tune_for_decoding(model, batch_size=2)
+    assert set(choice.values()) <= set(LAYOUTS)
+    with torch.no_grad():
+        torch.testing.assert_close(model(_prompt(vocab=300))[0], want_logits, rtol=0, atol=1e-5)
+    assert torch.equal(generate(model, _prompt(vocab=300), 10, temperature=0), want)
+
+
+def test_bad_input_says_what_to_do(monkeypatch):
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        tune_for_decoding(_model(), batch_size=0)
+    with pytest.raises(ValueError, match="has no nn.Linear layers"):
+        tune_for_decoding(torch.nn.LayerNorm(4))
+    for bad in (torch.int8, "bf16"):
+        with pytest.raises(ValueError, match="weights_dtype must be a floating torch.dtype"):
+            tune_for_decoding(_model(), weights_dtype=bad)
+    for bad in (["diagonal"], []):
+        with pytest.raises(ValueError, match="layouts must be a non-empty list"):
+            tune_for_decoding(_model(), layouts=bad)
+    monkeypatch.setattr(decoding, "packing_available", lambda dtype=torch.float32: False)
+    with pytest.raises(ValueError, match="packing_available"):
+        tune_for_decoding(_model(), layouts=["packed"])
