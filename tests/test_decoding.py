@@ -14,11 +14,18 @@ import pytest
 import torch
 
 from transformer_course import decoding
-from transformer_course.decoding import LAYOUTS, DecodeLinear, packing_available, tune_for_decoding
+from transformer_course.decoding import (
+    LAYOUTS,
+    DecodeLinear,
+    compiling_available,
+    packing_available,
+    tune_for_decoding,
+)
 from transformer_course.generation import generate
 from transformer_course.model import GPT, GPTConfig
 
 needs_packing = pytest.mark.skipif(not packing_available(), reason="this PyTorch build cannot pack weights with oneDNN")
+needs_compiling = pytest.mark.skipif(not compiling_available(), reason="torch.compile does not work here")
 
 
 def _model(seed: int = 0, **overrides) -> GPT:
@@ -33,34 +40,44 @@ def _prompt(batch: int = 2, length: int = 5, vocab: int = 64) -> torch.Tensor:
 
 
 def _kind(w: torch.Tensor) -> str:
-    """The layout a weight handed to a product is in."""
+    """The layout of a weight handed to F.linear or packed_linear."""
     if w.is_mkldnn:
         return "packed"
     return "[out, in]" if w.is_contiguous() else "[in, out]"
 
 
 def _rig_clock(m, winner: str) -> list:
-    """Every product takes 1 s on a fake clock, except those with a weight in ``winner``'s layout (1 ms)."""
+    """Every product takes 1 s on a fake clock, except those of ``winner``'s layout (1 ms)."""
     state, seen = {"t": 0.0}, []
 
-    def timed(product):
+    def timed(product, kind=None):
         def run(x, w, b=None):
-            seen.append((_kind(w), tuple(w.shape)))
-            state["t"] += 0.001 if _kind(w) == winner else 1.0
+            seen.append((kind or _kind(w), tuple(w.shape)))
+            state["t"] += 0.001 if (kind or _kind(w)) == winner else 1.0
             return product(x, w, b)
         return run
 
+    compiled = timed(decoding.compiled_product, "compiled")
     m.setattr("time.perf_counter", lambda: state["t"])
     m.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
     m.setattr(decoding, "packed_linear", timed(decoding.packed_linear))
+    m.setattr(decoding, "compiled_product", compiled)
     return seen
+
+
+def _offered() -> set:
+    extra = {"packed"} if packing_available() else set()
+    return {"[out, in]", "[in, out]"} | extra | ({"compiled"} if compiling_available() else set())
+
+
+needs = {"packed": needs_packing, "compiled": needs_compiling}
 
 
 def _linears(model) -> dict:
     return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
 
-@pytest.mark.parametrize("winner", [pytest.param(name, marks=needs_packing) if name == "packed" else name
+@pytest.mark.parametrize("winner", [pytest.param(name, marks=needs[name]) if name in needs else name
                                     for name in LAYOUTS])
 def test_each_layout_wins_when_it_is_fastest_and_changes_no_result(monkeypatch, winner):
     model = _model()
@@ -71,11 +88,10 @@ def test_each_layout_wins_when_it_is_fastest_and_changes_no_result(monkeypatch, 
         choice = tune_for_decoding(model, batch_size=2, repeats=3)
     shapes = {(96, 32), (32, 32), (128, 32), (32, 128), (64, 32)}
     assert set(choice) == shapes and set(choice.values()) == {winner}
-    offered = set(LAYOUTS) if packing_available() else {"[out, in]", "[in, out]"}
-    assert {kind for kind, _ in seen} == offered and {shape for _, shape in seen} == shapes  # all timed
+    assert {kind for kind, _ in seen} == _offered() and {shape for _, shape in seen} == shapes  # all timed
     for name, layer in _linears(model).items():
-        assert (type(layer) is DecodeLinear) == (winner == "packed"), name
-        if winner != "packed":
+        assert (type(layer) is DecodeLinear) == (winner in needs), name
+        if winner not in needs:
             assert _kind(layer.weight) == winner, name
     assert model.lm_head.weight is model.embed.token.weight  # still tied
     assert model.state_dict().keys() == before.keys()
@@ -83,7 +99,7 @@ def test_each_layout_wins_when_it_is_fastest_and_changes_no_result(monkeypatch, 
         assert torch.equal(value, before[name]), name
     with torch.no_grad():
         got = model(_prompt())[0]
-    if winner == "packed":
+    if winner in needs:
         torch.testing.assert_close(got, want_logits, rtol=0, atol=1e-5)
     else:
         assert torch.equal(got, want_logits)
@@ -104,19 +120,20 @@ def test_retuning_returns_packed_layers_to_plain_linear(monkeypatch):
                 assert _kind(layer.weight) == winner
 
 
-@needs_packing
-def test_packed_layer_trains_like_linear_and_never_goes_stale():
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=mark) for name, mark in needs.items()])
+def test_decode_layer_trains_like_linear_and_never_goes_stale(layout):
     torch.manual_seed(0)
     plain = torch.nn.Linear(24, 40)
     packed = copy.deepcopy(plain)
-    tune_for_decoding(packed, layouts=["packed"])
-    assert type(packed) is DecodeLinear and "decode=packed" in repr(packed)
+    tune_for_decoding(packed, batch_size=3, layouts=[layout])
+    assert type(packed) is DecodeLinear and f"decode={layout}" in repr(packed)
     x = torch.randn(3, 5, 24)
     # with autograd: nn.Linear's own path, same values and gradients
     plain(x).square().sum().backward()
     packed(x).square().sum().backward()
     assert torch.equal(packed.weight.grad, plain.weight.grad) and torch.equal(packed.bias.grad, plain.bias.grad)
-    # without: the packed copy, rebuilt after every kind of change to the weight
+    # without: the decoding copy, rebuilt after every kind of change to the weight
+    x = torch.randn(3, 1, 24)  # a decode step: three sequences, one position
     for change in ("optimizer step", "load_state_dict", "new tensor"):
         with torch.no_grad():
             if change == "optimizer step":
@@ -127,13 +144,13 @@ def test_packed_layer_trains_like_linear_and_never_goes_stale():
                 packed.weight.data = torch.randn(40, 24)
             got = packed(x)
         torch.testing.assert_close(got, torch.nn.functional.linear(x, packed.weight, packed.bias), rtol=0, atol=1e-5)
-        assert packed.__dict__["_decode_cache"][1].is_mkldnn
+        assert packed.__dict__["_decode_cache"][1].is_mkldnn == (layout == "packed")
 
 
-@needs_packing
-def test_packed_model_copies_pickles_and_moves():
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=mark) for name, mark in needs.items()])
+def test_decode_model_copies_pickles_and_moves(layout):
     model = _model(2)
-    tune_for_decoding(model, layouts=["packed"])
+    tune_for_decoding(model, layouts=[layout])
     want = model(_prompt())[0].detach()
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert all("_decode_cache" not in m.__dict__ for m in clone.modules())
@@ -196,3 +213,32 @@ def test_bad_input_says_what_to_do(monkeypatch):
     monkeypatch.setattr(decoding, "packing_available", lambda dtype=torch.float32: False)
     with pytest.raises(ValueError, match="packing_available"):
         tune_for_decoding(_model(), layouts=["packed"])
+
+
+@needs_compiling
+def test_compiled_serves_decode_steps_and_leaves_prompts_to_f_linear(monkeypatch):
+    torch.manual_seed(5)
+    layer = torch.nn.Linear(32, 48)
+    reference = copy.deepcopy(layer)
+    tune_for_decoding(layer, batch_size=2, layouts=["compiled"])
+    calls = []
+    real = decoding.compiled_product
+    monkeypatch.setattr(decoding, "compiled_product", lambda *a: calls.append(a[0].shape) or real(*a))
+    with torch.no_grad():
+        for shape in [(2, 1, 32), (1, 1, 32), (2, 7, 32), (9, 32)]:  # decode steps, then prompts
+            x = torch.randn(shape)
+            torch.testing.assert_close(layer(x), reference(x), rtol=0, atol=1e-5)
+    assert calls == [(2, 1, 32), (1, 1, 32)]
+
+
+@needs_compiling
+def test_compiled_bf16_weights_sum_in_fp32():
+    torch.manual_seed(6)
+    layer = torch.nn.Linear(64, 96)
+    tune_for_decoding(layer, weights_dtype=torch.bfloat16, layouts=["compiled"])
+    x = torch.randn(1, 1, 64)
+    with torch.no_grad():
+        got = layer(x)
+    # bf16-rounded weights, everything else fp32: equal up to the order of the additions
+    want = torch.nn.functional.linear(x, layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

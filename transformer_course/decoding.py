@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-__all__ = ['LAYOUTS', 'packing_available', 'pack_weight', 'packed_linear', 'DecodeLinear', 'tune_for_decoding']
+__all__ = ['LAYOUTS', 'packing_available', 'pack_weight', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'tune_for_decoding']
 
-# %% ../chapters/07_generation.ipynb #ad288f50
-# Weights prepared for cached decoding (chapter 07): each nn.Linear's weight in the memory layout (and,
-# if asked, the precision) that this machine multiplies fastest for a [B, 1, C_in] input.
+# %% ../chapters/07_generation.ipynb #6cd1da46
+# Weights prepared for cached decoding (chapter 07): each nn.Linear's weight in the memory layout, the
+# kernel and (if asked) the precision that this machine multiplies fastest for a [B, 1, C_in] input.
 # Shapes: B batch, C_in / C_out a layer's input / output width.
+import functools
+import statistics
 import time
+import types
 
 import torch
 import torch.nn.functional as F
 
-LAYOUTS = ("[out, in]", "[in, out]", "packed")
+LAYOUTS = ("[out, in]", "[in, out]", "packed", "compiled")
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -39,13 +42,53 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-class DecodeLinear(torch.nn.Linear):
-    """An ``nn.Linear`` that, when no gradient is needed, multiplies by a copy of its weight prepared for
-    decoding: packed by oneDNN, or stored in another precision, or both (``tune_for_decoding`` sets this up).
+def multiply_and_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, C_in], weight [C_out, C_in] -> [M, C_out] in fp32: each output is one row of the weight
+    times x, summed. Written out like this, torch.compile turns it into a single loop that reads every
+    weight once (upcasting a bf16 weight as it goes): for M = 1 that beats the library's general kernel."""
+    y = (weight.float() * x.float().unsqueeze(-2)).sum(-1)
+    return y if bias is None else y + bias.float()
 
-    Parameters, ``state_dict``, ``repr`` and training are ``nn.Linear``'s. The copy is made on first use
-    and made again whenever the weight or bias changes (a new tensor, an in-place update, another device or
-    dtype); it is never saved, copied or pickled. x [..., C_in] -> [..., C_out], in x's dtype.
+
+@functools.cache
+def compiled_linear(out_features: int, in_features: int, rows: int, dtype: torch.dtype, bias: bool):
+    """``multiply_and_sum`` compiled by torch.compile for one shape of input, weight and bias.
+
+    Fixed shapes let the compiler specialise the loop (measured on GPT-2's shapes: about a fifth less
+    time per generated token than one kernel for all shapes). torch.compile keeps at most 8 shapes per function, so every
+    shape gets its own copy of the function (its own code object), compiled once.
+    """
+    code = multiply_and_sum.__code__.replace(co_name=f"multiply_and_sum_{out_features}x{in_features}")
+    copy = types.FunctionType(code, multiply_and_sum.__globals__, code.co_name)
+    return torch.compile(copy, dynamic=False)
+
+
+def compiled_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., C_in] -> [..., C_out] in fp32 through ``compiled_linear`` (for a few rows: decode steps)."""
+    rows = x.numel() // x.shape[-1]
+    product = compiled_linear(weight.shape[0], weight.shape[1], rows, weight.dtype, bias is not None)
+    return product(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+
+
+@functools.cache
+def compiling_available() -> bool:
+    """True when torch.compile works here (it needs a C++ compiler for CPU code); tried once per process."""
+    try:
+        x, w = torch.ones(1, 8), torch.ones(4, 8)
+        return bool(torch.equal(compiled_product(x, w, None), torch.full((1, 4), 8.0)))
+    except Exception:  # noqa: BLE001 (a missing compiler surfaces as many different exception types)
+        return False
+
+
+class DecodeLinear(torch.nn.Linear):
+    """An ``nn.Linear`` that, when no gradient is needed, multiplies with a kernel and a copy of its weight
+    prepared for decoding: packed by oneDNN, compiled multiply-and-sum, another precision
+    (``tune_for_decoding`` sets this up).
+
+    Parameters, ``state_dict`` and training are ``nn.Linear``'s. The copy is made on first use and made
+    again whenever the weight or bias changes (a new tensor, an in-place update, another device or dtype);
+    it is never saved, copied or pickled. "compiled" serves inputs of at most ``decode_batch`` rows (the
+    decode steps); longer ones (a prompt) take ``F.linear``. x [..., C_in] -> [..., C_out], in x's dtype.
     """
 
     decode_layout: str = "[out, in]"
@@ -53,12 +96,18 @@ class DecodeLinear(torch.nn.Linear):
     decode_batch: int = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        needs_grad = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)
-        packed = self.decode_layout == "packed"
-        if needs_grad or (packed and (x.device.type != "cpu" or self.weight.device.type != "cpu")):
-            return F.linear(x, self.weight, self.bias)  # autograd, or a device oneDNN packing does not serve
+        layout = self.decode_layout
+        plain = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)  # autograd
+        plain |= layout == "packed" and (x.device.type != "cpu" or self.weight.device.type != "cpu")
+        if layout == "compiled":
+            rows = x.numel() // x.shape[-1]
+            plain |= rows > self.decode_batch
+        if plain:
+            return F.linear(x, self.weight, self.bias)
         weight, bias = self._decode_copy()
-        y = (packed_linear if packed else F.linear)(x.to(weight.dtype), weight, bias)
+        if layout == "compiled":
+            return compiled_product(x, weight, bias).to(x.dtype)
+        y = (packed_linear if layout == "packed" else F.linear)(x.to(weight.dtype), weight, bias)
         return y.to(x.dtype)
 
     def _decode_copy(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -73,6 +122,8 @@ class DecodeLinear(torch.nn.Linear):
                 weight = pack_weight(weight, self.decode_batch)
             elif self.decode_layout == "[in, out]":
                 weight = weight.t().contiguous().t()
+            else:
+                weight = weight.contiguous()
             bias = None if self.bias is None else self.bias.detach().to(dtype)
             cached = self.__dict__["_decode_cache"] = (key, weight, bias)
         return cached[1], cached[2]
@@ -86,24 +137,26 @@ class DecodeLinear(torch.nn.Linear):
         dtype = "" if self.decode_dtype is None else f" {str(self.decode_dtype).removeprefix('torch.')}"
         return f"{super().extra_repr()}, decode={self.decode_layout}{dtype}"
 
-# %% ../chapters/07_generation.ipynb #7e859a97
+# %% ../chapters/07_generation.ipynb #a1dc7810
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS) -> dict:
     """Prepare every ``nn.Linear`` of ``model`` for fast cached decoding, in place; returns the layouts chosen.
 
-    For each distinct weight shape [out, in], times the product with a [batch_size, 1, in] input for each
-    layout of ``LAYOUTS`` this machine offers ("[out, in]" as nn.Linear stores it, "[in, out]" behind a
-    transposed view, "packed" by oneDNN on a CPU), best of ``repeats``, and gives every layer of that shape
-    the fastest. The plain layouts only change strides (values, ``state_dict`` and results stay exactly
-    the same); a packed layer becomes a ``DecodeLinear`` that keeps a packed copy for gradient-free calls
-    (same values up to the order of additions; costs one more copy of its weight).
+    Candidates, those of ``layouts`` this machine offers: "[out, in]" (nn.Linear's storage), "[in, out]"
+    (behind a transposed view), "packed" (oneDNN's blocked layout, CPU) and "compiled"
+    (``multiply_and_sum`` through torch.compile). Timing imitates a decode step: one pass multiplies a
+    [batch_size, 1, in] input by every weight of the model in order, so each weight comes from wherever
+    the others left it (main memory, for a big model). Shape by shape, in the model's order, each
+    candidate takes its turn for all the layers of that shape, and only their products are timed; the
+    candidate with the smallest median over ``repeats`` passes stays. The plain layouts only change strides (values, ``state_dict`` and results stay
+    exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
+    order of additions; a packed copy costs one more copy of the weight).
 
-    ``weights_dtype=torch.bfloat16`` makes every decoding copy bf16 (half the bytes to read per token,
-    products in bf16, results cast back): faster on CPUs with native bf16, but no longer the fp32 model's
-    exact numbers, so check the quality (chapter 07 compares validation loss and tokens). Training still
-    uses the fp32 weights. ``layouts`` limits the candidates (e.g. ["packed"] to force packing). Call it
-    again to change the choice. Returns {(out, in): layout}.
+    ``weights_dtype=torch.bfloat16`` makes every decoding copy bf16 (half the bytes to read per token):
+    faster, but no longer the fp32 model's exact numbers, so check the quality (chapter 07 compares the
+    validation loss). Training still uses the fp32 weights. ``layouts`` limits the candidates (e.g.
+    ["packed"] to force packing). Call it again to change the choice. Returns {(out, in): layout}.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int (the number of sequences you will generate), got {batch_size!r}")
@@ -116,45 +169,69 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     layers = [m for m in model.modules() if type(m) in (torch.nn.Linear, DecodeLinear)]
     if not layers:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to tune")
+    first = layers[0].weight
+    dtype = weights_dtype or first.dtype
+    products = {"[out, in]": F.linear, "[in, out]": F.linear, "packed": packed_linear,
+                "compiled": compiled_product}
+    offered = [name for name in layouts if name in ("[out, in]", "[in, out]")
+               or (name == "packed" and first.device.type == "cpu" and packing_available(dtype))
+               or (name == "compiled" and compiling_available())]
+    if not offered:
+        raise ValueError(f"none of the layouts {list(layouts)} can be used for {dtype} weights on "
+                         f"{first.device}: oneDNN packing needs a CPU and a PyTorch build with mkldnn "
+                         "(see packing_available), compiling needs torch.compile to work (see "
+                         "compiling_available); add \"[out, in]\" or \"[in, out]\"")
 
-    def best_time(product, x, weight) -> float:
-        product(x, weight, None)  # warm-up
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            product(x, weight, None)
-            times.append(time.perf_counter() - start)
-        return min(times)
+    def prepare(layer, name: str) -> tuple:
+        """(product, weight, bias, input) of one layer in one layout, ready to time."""
+        w = layer.weight.detach().to(dtype)
+        if name == "packed":
+            w = pack_weight(w, batch_size)
+        else:
+            w = w.t().contiguous().t() if name == "[in, out]" else w.contiguous()
+        bias = None if layer.bias is None else layer.bias.detach().to(dtype)
+        return products[name], w, bias, inputs[w.shape[1]]
 
+    def one_pass(timed: set) -> float:
+        """Multiply by every weight in order, as a decode step does; return the time the ``timed`` layers took."""
+        total = 0.0
+        for layer, (product, w, bias, x) in current.items():
+            if layer in timed:
+                start = time.perf_counter()
+                product(x, w, bias)
+                total += time.perf_counter() - start
+            else:
+                product(x, w, bias)
+        return total
+
+    inputs = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=dtype, device=first.device)
+              for m in layers}
+    start_with = "[out, in]" if "[out, in]" in offered else offered[0]
+    current = {layer: prepare(layer, start_with) for layer in layers}
     choice = {}
+    for shape in dict.fromkeys(tuple(m.weight.shape) for m in layers):
+        same_shape = {m: None for m in layers if tuple(m.weight.shape) == shape}  # ordered set
+        candidates = {name: {m: prepare(m, name) for m in same_shape} for name in offered}
+        times = {name: [] for name in offered}
+        for turn in range(repeats + 1):  # turn 0 warms up (and, for "compiled", compiles)
+            for name in offered:
+                current.update(candidates[name])
+                elapsed = one_pass(same_shape)
+                if turn:
+                    times[name].append(elapsed)
+        choice[shape] = min(offered, key=lambda name: statistics.median(times[name]))
+        current.update(candidates[choice[shape]])
+        del candidates
     for layer in layers:
-        w = layer.weight.detach()
-        dtype = weights_dtype or w.dtype
-        shape = tuple(w.shape)
-        if shape not in choice:
-            w_d = w.to(dtype).contiguous()
-            candidates = {}
-            if "[out, in]" in layouts:
-                candidates["[out, in]"] = (F.linear, w_d)
-            if "[in, out]" in layouts:
-                candidates["[in, out]"] = (F.linear, w_d.t().contiguous().t())
-            if "packed" in layouts and w.device.type == "cpu" and packing_available(dtype):
-                candidates["packed"] = (packed_linear, pack_weight(w_d, batch_size))
-            if not candidates:
-                raise ValueError(f"none of the layouts {list(layouts)} can be used for {dtype} weights on "
-                                 f"{w.device}: oneDNN packing needs a CPU and a PyTorch build with mkldnn "
-                                 "(see packing_available); add \"[out, in]\" or \"[in, out]\"")
-            x = torch.randn(batch_size, 1, shape[1], dtype=dtype, device=w.device)
-            times = {name: best_time(product, x, weight) for name, (product, weight) in candidates.items()}
-            choice[shape] = min(times, key=times.get)
-        _set_layout(layer, choice[shape], weights_dtype if dtype != w.dtype else None, batch_size)
+        _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
+                    batch_size)
     return choice
 
 
 def _set_layout(layer: torch.nn.Linear, layout: str, dtype: torch.dtype | None, batch_size: int) -> None:
     """Give one layer its decoding layout: restride the weight in place, or make it a DecodeLinear."""
     layer.__dict__.pop("_decode_cache", None)
-    if layout == "packed" or dtype is not None:
+    if layout in ("packed", "compiled") or dtype is not None:
         layer.__class__ = DecodeLinear
         layer.decode_layout, layer.decode_dtype, layer.decode_batch = layout, dtype, batch_size
         return

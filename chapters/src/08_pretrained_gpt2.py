@@ -846,7 +846,7 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # below times both on the stand-in, on one thread and by CPU time (the work done, which other programs
 # on a busy machine do not inflate); its figures vary from machine to machine, so they are not part of
 # the stored outputs that the course checks. Ours also gets chapter 07's `tune_for_decoding`, which
-# gives each weight the memory layout this CPU multiplies fastest (the same tokens as before).
+# gives each weight the memory layout and kernel this CPU multiplies fastest (the same tokens as before).
 #
 # `benchmarks/bench_pretrained.py` repeats the race for models up to GPT-2's size, for one sequence and
 # for four, and writes `benchmarks/results/pretrained.md` and `.json`; the stored figures from the
