@@ -908,29 +908,32 @@ print(f"within one window: {uncached:.0f} tokens/s without the cache, {cached:.0
 #
 # With the cache, a decode step multiplies a `[B, 1, C]` input by every weight matrix: for B = 1 a
 # matrix-vector product, which does little arithmetic per number it reads. Its speed is how fast the
-# matrix streams from memory, and that depends on how the matrix is laid out. Three layouts are worth
-# trying:
+# matrix streams from memory, and that depends on how the matrix is laid out and on the kernel that
+# reads it. Four ways are worth trying:
 #
 # - `[out, in]`, as `nn.Linear` stores its weight;
 # - `[in, out]`: the same numbers stored transposed and exposed as the transposed view, so the layer still
 #   sees an `[out, in]` tensor; the CPU library then streams them differently;
 # - **packed**: the CPU library behind PyTorch (oneDNN) can rearrange a matrix into the small blocks its
 #   multiplication kernel reads, tuned for a given batch size. Normally it does that on every call, which
-#   for a decode step means reading the weight twice; packing once, ahead of time, removes that.
+#   for a decode step means reading the weight twice; packing once, ahead of time, removes that;
+# - **compiled**: the product written out as "multiply each row of the weight by x, and sum", which
+#   `torch.compile` turns into one loop that reads every weight exactly once. The library's kernel is
+#   built for big matrix products; for one row of input this plain loop can stream memory faster.
 #
 # Which is fastest depends on the shape, the batch and the machine. On the course's CPU, for one sequence,
 # `[in, out]` was 1.3 to 3.6 times faster than `[out, in]` for the layers that widen (`qkv`, `mlp.fc` and
-# above all the LM head, `[V, C]`), slower for `mlp.proj`, and packing gained nothing; for four sequences
-# packing made every layer 2 to 3 times faster. So `tune_for_decoding` measures instead of guessing: for
+# above all the LM head, `[V, C]`), slower for `mlp.proj`; the compiled loop beat both on the largest
+# matrices, and packing gained nothing. For four sequences packing made every layer 2 to 3 times faster. So `tune_for_decoding` measures instead of guessing: for
 # every weight shape in the model it times each layout on an input of the batch size you will generate
 # with, and keeps the fastest.
 #
 # The two plain layouts change only the strides: values, shapes, `state_dict` and results stay exactly
 # the same (a tied LM head is the token embedding's matrix, so both change together; an embedding lookup
-# reads a row either way). A packed layer keeps its ordinary weight too, for training and `state_dict`,
-# and multiplies by the packed copy only when no gradient is needed; that copy costs memory (one more
-# copy of those weights) and gives the same numbers up to the order of the additions, like any other
-# matrix-multiplication kernel. If the weight changes (an optimizer step, `load_state_dict`, `.to()`),
+# reads a row either way). A packed or compiled layer keeps its ordinary weight, for training and
+# `state_dict`, and uses its own path only when no gradient is needed; a packed copy costs memory (one
+# more copy of those weights), and both give the same numbers up to the order of the additions, like any
+# other matrix-multiplication kernel. If the weight changes (an optimizer step, `load_state_dict`, `.to()`),
 # the copy is rebuilt on the next call, so it can never go stale.
 #
 # These cells go to their own module, `transformer_course/decoding.py`.

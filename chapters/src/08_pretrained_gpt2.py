@@ -854,9 +854,10 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # every fp32 weight once per token, with no arithmetic at all. A decode step multiplies by every weight
 # matrix, so every fp32 implementation reads each weight at least once per token, and none can beat
 # Hugging Face by more than that bound. Where the bound is low (the large models, one sequence), both
-# sides spend nearly all their time streaming weights from memory, and only fewer bytes per weight can
-# go faster: chapter 07's `weights_dtype=torch.bfloat16`, whose speed is in the table too, with the share
-# of greedy choices that stay the same as Hugging Face's fp32 ones.
+# sides spend most of their time streaming weights from memory, and the matrix-vector kernels available
+# from Python stream more slowly than a plain read. Fewer bytes per weight move the bound itself: chapter
+# 07's `weights_dtype=torch.bfloat16`, whose speed is in the table too, with the share of greedy choices
+# that stay the same as Hugging Face's fp32 ones.
 
 # %%
 import time
