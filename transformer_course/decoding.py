@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['LAYOUTS', 'packing_available', 'pack_weight', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'tune_for_decoding']
+__all__ = ['LAYOUTS', 'packing_available', 'pack_weight', 'weight_in_layout', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'tune_for_decoding']
 
-# %% ../chapters/07_generation.ipynb #6cd1da46
+# %% ../chapters/07_generation.ipynb #3fda365d
 # Weights prepared for cached decoding (chapter 07): each nn.Linear's weight in the memory layout, the
 # kernel and (if asked) the precision that this machine multiplies fastest for a [B, 1, C_in] input.
 # Shapes: B batch, C_in / C_out a layer's input / output width.
@@ -35,6 +35,15 @@ def packing_available(dtype: torch.dtype = torch.float32) -> bool:
 def pack_weight(weight: torch.Tensor, batch_size: int) -> torch.Tensor:
     """[C_out, C_in] -> an opaque oneDNN tensor holding the same values in its kernel's blocked layout."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_size)
+
+
+def weight_in_layout(weight: torch.Tensor, layout: str, dtype: torch.dtype, batch_size: int) -> torch.Tensor:
+    """[C_out, C_in] -> the same values in ``dtype``, stored as ``layout`` says ("packed": an opaque oneDNN
+    tensor packed for ``batch_size`` rows; the others: an ordinary [C_out, C_in] tensor)."""
+    w = weight.detach().to(dtype)
+    if layout == "packed":
+        return pack_weight(w, batch_size)
+    return w.t().contiguous().t() if layout == "[in, out]" else w.contiguous()
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -117,13 +126,7 @@ class DecodeLinear(torch.nn.Linear):
         cached = self.__dict__.get("_decode_cache")
         if cached is None or cached[0] != key:
             dtype = self.decode_dtype or self.weight.dtype
-            weight = self.weight.detach().to(dtype)
-            if self.decode_layout == "packed":
-                weight = pack_weight(weight, self.decode_batch)
-            elif self.decode_layout == "[in, out]":
-                weight = weight.t().contiguous().t()
-            else:
-                weight = weight.contiguous()
+            weight = weight_in_layout(self.weight, self.decode_layout, dtype, self.decode_batch)
             bias = None if self.bias is None else self.bias.detach().to(dtype)
             cached = self.__dict__["_decode_cache"] = (key, weight, bias)
         return cached[1], cached[2]
@@ -137,7 +140,7 @@ class DecodeLinear(torch.nn.Linear):
         dtype = "" if self.decode_dtype is None else f" {str(self.decode_dtype).removeprefix('torch.')}"
         return f"{super().extra_repr()}, decode={self.decode_layout}{dtype}"
 
-# %% ../chapters/07_generation.ipynb #a1dc7810
+# %% ../chapters/07_generation.ipynb #e63926c8
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS) -> dict:
@@ -184,11 +187,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
 
     def prepare(layer, name: str) -> tuple:
         """(product, weight, bias, input) of one layer in one layout, ready to time."""
-        w = layer.weight.detach().to(dtype)
-        if name == "packed":
-            w = pack_weight(w, batch_size)
-        else:
-            w = w.t().contiguous().t() if name == "[in, out]" else w.contiguous()
+        w = weight_in_layout(layer.weight, name, dtype, batch_size)
         bias = None if layer.bias is None else layer.bias.detach().to(dtype)
         return products[name], w, bias, inputs[w.shape[1]]
 

@@ -972,6 +972,15 @@ def pack_weight(weight: torch.Tensor, batch_size: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_size)
 
 
+def weight_in_layout(weight: torch.Tensor, layout: str, dtype: torch.dtype, batch_size: int) -> torch.Tensor:
+    """[C_out, C_in] -> the same values in ``dtype``, stored as ``layout`` says ("packed": an opaque oneDNN
+    tensor packed for ``batch_size`` rows; the others: an ordinary [C_out, C_in] tensor)."""
+    w = weight.detach().to(dtype)
+    if layout == "packed":
+        return pack_weight(w, batch_size)
+    return w.t().contiguous().t() if layout == "[in, out]" else w.contiguous()
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [..., C_in] @ packed.T + bias -> [..., C_out], with a weight from ``pack_weight`` (same dtype as x)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
@@ -1052,13 +1061,7 @@ class DecodeLinear(torch.nn.Linear):
         cached = self.__dict__.get("_decode_cache")
         if cached is None or cached[0] != key:
             dtype = self.decode_dtype or self.weight.dtype
-            weight = self.weight.detach().to(dtype)
-            if self.decode_layout == "packed":
-                weight = pack_weight(weight, self.decode_batch)
-            elif self.decode_layout == "[in, out]":
-                weight = weight.t().contiguous().t()
-            else:
-                weight = weight.contiguous()
+            weight = weight_in_layout(self.weight, self.decode_layout, dtype, self.decode_batch)
             bias = None if self.bias is None else self.bias.detach().to(dtype)
             cached = self.__dict__["_decode_cache"] = (key, weight, bias)
         return cached[1], cached[2]
@@ -1131,11 +1134,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
 
     def prepare(layer, name: str) -> tuple:
         """(product, weight, bias, input) of one layer in one layout, ready to time."""
-        w = layer.weight.detach().to(dtype)
-        if name == "packed":
-            w = pack_weight(w, batch_size)
-        else:
-            w = w.t().contiguous().t() if name == "[in, out]" else w.contiguous()
+        w = weight_in_layout(layer.weight, name, dtype, batch_size)
         bias = None if layer.bias is None else layer.bias.detach().to(dtype)
         return products[name], w, bias, inputs[w.shape[1]]
 
