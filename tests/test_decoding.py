@@ -59,6 +59,7 @@ def _rig_clock(m, winner: str) -> list:
 
     compiled = timed(decoding.compiled_product, "compiled")
     m.setattr("time.perf_counter", lambda: state["t"])
+    m.setattr("time.thread_time", lambda: state["t"])  # the tuner's clock on one thread
     m.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
     m.setattr(decoding, "packed_linear", timed(decoding.packed_linear))
     m.setattr(decoding, "compiled_product", compiled)
@@ -242,3 +243,32 @@ def test_compiled_bf16_weights_sum_in_fp32():
     # bf16-rounded weights, everything else fp32: equal up to the order of the additions
     want = torch.nn.functional.linear(x, layer.weight.bfloat16().float(), layer.bias.bfloat16().float())
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@needs_compiling
+def test_whole_steps_overrule_a_layout_that_slows_the_rest_of_the_step(monkeypatch):
+    """Rigged: an "[in, out]" product is quick itself but makes the next product 1 s slower (as a kernel
+    that leaves the caches cold would). Timing products alone picks it; the race over whole decode
+    steps must pick "compiled" (10 ms everywhere) instead."""
+    model = _model(7)
+    want = generate(model, _prompt(), 12, temperature=0)
+    state = {"t": 0.0, "penalty": 0.0}
+
+    def timed(product, kind=None):
+        def run(x, w, b=None):
+            state["t"] += state["penalty"] + {"[in, out]": 0.001, "compiled": 0.01}.get(kind or _kind(w), 1.0)
+            state["penalty"] = 1.0 if (kind or _kind(w)) == "[in, out]" else 0.0
+            return product(x, w, b)
+        return run
+
+    monkeypatch.setattr("time.perf_counter", lambda: state["t"])
+    monkeypatch.setattr("time.thread_time", lambda: state["t"])
+    monkeypatch.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
+    monkeypatch.setattr(decoding, "packed_linear", timed(decoding.packed_linear))
+    monkeypatch.setattr(decoding, "compiled_product", timed(decoding.compiled_product, "compiled"))
+    choice = tune_for_decoding(model, repeats=3)
+    monkeypatch.undo()
+    assert set(choice.values()) == {"compiled"}
+    assert all(type(m) is DecodeLinear and m.decode_layout == "compiled" for m in _linears(model).values())
+    assert all("forward" not in m.__dict__ for m in _linears(model).values())  # the timing hooks are gone
+    assert torch.equal(generate(model, _prompt(), 12, temperature=0), want)

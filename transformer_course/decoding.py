@@ -140,7 +140,7 @@ class DecodeLinear(torch.nn.Linear):
         dtype = "" if self.decode_dtype is None else f" {str(self.decode_dtype).removeprefix('torch.')}"
         return f"{super().extra_repr()}, decode={self.decode_layout}{dtype}"
 
-# %% ../chapters/07_generation.ipynb #e63926c8
+# %% ../chapters/07_generation.ipynb #93cefc37
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS) -> dict:
@@ -148,11 +148,14 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
 
     Candidates, those of ``layouts`` this machine offers: "[out, in]" (nn.Linear's storage), "[in, out]"
     (behind a transposed view), "packed" (oneDNN's blocked layout, CPU) and "compiled"
-    (``multiply_and_sum`` through torch.compile). Timing imitates a decode step: one pass multiplies a
-    [batch_size, 1, in] input by every weight of the model in order, so each weight comes from wherever
-    the others left it (main memory, for a big model). Shape by shape, in the model's order, each
-    candidate takes its turn for all the layers of that shape, and only their products are timed; the
-    candidate with the smallest median over ``repeats`` passes stays. The plain layouts only change strides (values, ``state_dict`` and results stay
+    (``multiply_and_sum`` through torch.compile). Timing happens inside decode steps: for a model with
+    ``new_cache`` (the course's GPT), real steps with one new token per sequence; for any other module,
+    a pass that multiplies a [batch_size, 1, in] input by every weight in order. Either way each weight
+    comes from wherever the others left it (main memory, for a big model). Shape by shape, in the
+    model's order, each candidate takes its turn for all the layers of that shape, and only their
+    products are timed; the candidate with the smallest median over ``repeats`` steps stays. Then that
+    mix races each layout used for every shape, over whole steps, and the fastest of those stays. While
+    tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
     exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
     order of additions; a packed copy costs one more copy of the weight).
 
@@ -186,41 +189,83 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
                          "compiling_available); add \"[out, in]\" or \"[in, out]\"")
 
     def prepare(layer, name: str) -> tuple:
-        """(product, weight, bias, input) of one layer in one layout, ready to time."""
-        w = weight_in_layout(layer.weight, name, dtype, batch_size)
+        """(product, weight, bias) of one layer in one layout, ready to time."""
         bias = None if layer.bias is None else layer.bias.detach().to(dtype)
-        return products[name], w, bias, inputs[w.shape[1]]
+        return products[name], weight_in_layout(layer.weight, name, dtype, batch_size), bias
 
-    def one_pass(timed: set) -> float:
-        """Multiply by every weight in order, as a decode step does; return the time the ``timed`` layers took."""
-        total = 0.0
-        for layer, (product, w, bias, x) in current.items():
-            if layer in timed:
-                start = time.perf_counter()
-                product(x, w, bias)
-                total += time.perf_counter() - start
-            else:
-                product(x, w, bias)
-        return total
+    def multiply(layer, x: torch.Tensor) -> torch.Tensor:
+        """The layer's product in its current candidate layout; timed when the layer is in ``timed``."""
+        product, w, bias = current[layer]
+        start = clock()
+        y = product(x.to(w.dtype), w, bias).to(x.dtype)
+        if layer in timed:
+            spent[0] += clock() - start
+        return y
 
-    inputs = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=dtype, device=first.device)
+    # One pass imitates a decode step. A model that can decode (chapter 06's GPT: ``new_cache``) runs real
+    # steps, one new token per sequence, with its layers' forward rerouted to ``multiply``; for any other
+    # module, a pass multiplies a [batch_size, 1, in] input by every weight, in the model's order.
+    decoder = hasattr(model, "new_cache") and hasattr(getattr(model, "cfg", None), "block_size")
+    inputs = {m.in_features: torch.randn(batch_size, 1, m.in_features, dtype=first.dtype, device=first.device)
               for m in layers}
+    token = torch.zeros(batch_size, 1, dtype=torch.long, device=first.device)
+    step = {"cache": None, "filled": 0}
+
+    def one_pass() -> None:
+        if not decoder:
+            for layer in layers:
+                multiply(layer, inputs[layer.in_features])
+            return
+        if step["cache"] is None or step["filled"] >= model.cfg.block_size - 1:
+            step["cache"], step["filled"] = model.new_cache(), 0
+        model(token, cache=step["cache"], last_only=True)
+        step["filled"] += 1
+
+    # On one thread, this thread's CPU time: time spent descheduled by other programs does not count.
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     start_with = "[out, in]" if "[out, in]" in offered else offered[0]
     current = {layer: prepare(layer, start_with) for layer in layers}
-    choice = {}
-    for shape in dict.fromkeys(tuple(m.weight.shape) for m in layers):
-        same_shape = {m: None for m in layers if tuple(m.weight.shape) == shape}  # ordered set
-        candidates = {name: {m: prepare(m, name) for m in same_shape} for name in offered}
-        times = {name: [] for name in offered}
-        for turn in range(repeats + 1):  # turn 0 warms up (and, for "compiled", compiles)
-            for name in offered:
-                current.update(candidates[name])
-                elapsed = one_pass(same_shape)
+    timed, spent, choice = set(), [0.0], {}
+    if decoder:
+        for layer in layers:
+            layer.forward = functools.partial(multiply, layer)
+    try:
+        for shape in dict.fromkeys(tuple(m.weight.shape) for m in layers):
+            timed = {m for m in layers if tuple(m.weight.shape) == shape}
+            candidates = {name: {m: prepare(m, name) for m in timed} for name in offered}
+            times = {name: [] for name in offered}
+            for turn in range(repeats + 1):  # turn 0 warms up (and, for "compiled", compiles)
+                for name in offered:
+                    current.update(candidates[name])
+                    spent[0] = 0.0
+                    one_pass()
+                    if turn:
+                        times[name].append(spent[0])
+            choice[shape] = min(offered, key=lambda name: statistics.median(times[name]))
+            current.update(candidates[choice[shape]])
+            del candidates
+        # A product's own time misses its effect on the rest of the step, and a shape's share of a step is
+        # small next to the noise, so the whole mix now races each layout used everywhere, timed over whole
+        # steps (measured on GPT-2's shapes: the mix alone lost to all-"compiled" by a tenth).
+        configs = {"mix": dict(current)}
+        for name in offered:
+            if set(choice.values()) != {name}:
+                configs[name] = {m: prepare(m, name) for m in layers}
+        whole = {name: [] for name in configs}
+        for turn in range(repeats + 1) if len(configs) > 1 else ():
+            for name, prepared in configs.items():
+                current.update(prepared)
+                start = clock()
+                one_pass()
                 if turn:
-                    times[name].append(elapsed)
-        choice[shape] = min(offered, key=lambda name: statistics.median(times[name]))
-        current.update(candidates[choice[shape]])
-        del candidates
+                    whole[name].append(clock() - start)
+        if len(configs) > 1 and (best := min(configs, key=lambda name: statistics.median(whole[name]))) != "mix":
+            choice = dict.fromkeys(choice, best)
+        del configs
+    finally:
+        if decoder:
+            for layer in layers:
+                del layer.forward
     for layer in layers:
         _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
                     batch_size)
