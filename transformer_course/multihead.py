@@ -90,7 +90,7 @@ def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
     seen = torch.ones(T, past, dtype=torch.bool, device=device)  # cached keys: all in the past
     return torch.cat([seen, causal_mask(T, device=device)], dim=1)  # (T, past + T)
 
-# %% ../chapters/04_multi_head_attention.ipynb #e9b5cdfd
+# %% ../chapters/04_multi_head_attention.ipynb #538004aa
 class KVCache:
     """One layer's key/value cache: keys and values [B, nh, L, hs] of positions 0 .. L-1.
 
@@ -140,30 +140,48 @@ class KVCache:
         self._k = self._v = None
         self._length = 0
 
-    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append k, v [B, nh, T_new, hs]; return all keys and values so far, [B, nh, L + T_new, hs]."""
-        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
-            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
-            raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
-        B, nh, T_new, hs = k.shape
+    def reserve(self, shape, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Make room for T_new more positions; return the key and value buffers [B, nh, room, hs].
+
+        ``shape`` is the new keys' [B, nh, T_new, hs]; room >= L + T_new. For code that writes positions
+        L .. L + T_new - 1 into the buffers itself (chapter 07's compiled decode step) and then calls
+        ``advance(T_new)``; ``update`` does all three.
+        """
+        B, nh, T_new, hs = shape
         old = self._k
-        if old is not None and ((old.shape[0], old.shape[1], old.shape[3]) != (B, nh, hs) or (old.dtype, old.device) != (k.dtype, k.device)):
+        if old is not None and ((old.shape[0], old.shape[1], old.shape[3]) != (B, nh, hs) or (old.dtype, old.device) != (dtype, torch.device(device))):
             raise ValueError(
                 f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old.dtype}, {old.device}) but got "
-                f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "
+                f"{tuple(shape)} ({dtype}, {device}): batch, heads, head size, dtype and device must "
                 "stay the same; call reset() (or use a new cache) for a new batch"
             )
         L, need = self._length, self._length + T_new
         if old is None or need > old.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
             room = max(need, self.capacity or 0, 2 * old.shape[2] if old is not None else 0)
             old_v = self._v
-            self._k, self._v = (torch.empty(B, nh, room, hs, dtype=k.dtype, device=k.device) for _ in range(2))
+            self._k, self._v = (torch.empty(B, nh, room, hs, dtype=dtype, device=device) for _ in range(2))
             if old is not None:  # the one copy of the past, each time the room doubles
                 self._k[:, :, :L] = old[:, :, :L]
                 self._v[:, :, :L] = old_v[:, :, :L]
-        self._k[:, :, L:need] = k  # (B, nh, T_new, hs) written in place
-        self._v[:, :, L:need] = v
-        self._length = need
+        return self._k, self._v
+
+    def advance(self, T_new: int) -> None:
+        """Count the T_new positions written after the cached ones (into ``reserve``'s buffers) as cached."""
+        room = 0 if self._k is None else self._k.shape[2] - self._length
+        if isinstance(T_new, bool) or not isinstance(T_new, int) or not 0 <= T_new <= room:
+            raise ValueError(f"advance needs 0 <= T_new <= {room} (the room reserve made), got {T_new!r}")
+        self._length += T_new
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append k, v [B, nh, T_new, hs]; return all keys and values so far, [B, nh, L + T_new, hs]."""
+        if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
+            shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
+            raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
+        k_buf, v_buf = self.reserve(k.shape, k.dtype, k.device)
+        L, T_new = self._length, k.shape[2]
+        k_buf[:, :, L : L + T_new] = k  # (B, nh, T_new, hs) written in place
+        v_buf[:, :, L : L + T_new] = v
+        self.advance(T_new)
         return self.k, self.v
 
     def __repr__(self) -> str:

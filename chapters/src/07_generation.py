@@ -944,12 +944,17 @@ print(f"within one window: {uncached:.0f} tokens/s without the cache, {cached:.0
 # kernel and (if asked) the precision that this machine multiplies fastest for a [B, 1, C_in] input.
 # Shapes: B batch, C_in / C_out a layer's input / output width.
 import functools
+import math
+import mmap
 import statistics
 import time
 import types
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from transformer_course.block import TransformerBlock
 
 LAYOUTS = ("[out, in]", "[in, out]", "packed", "compiled")
 
@@ -972,13 +977,59 @@ def pack_weight(weight: torch.Tensor, batch_size: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), batch_size)
 
 
-def weight_in_layout(weight: torch.Tensor, layout: str, dtype: torch.dtype, batch_size: int) -> torch.Tensor:
+HUGE_PAGE = 2 << 20  # bytes in one x86-64 / arm64 huge page
+
+
+@functools.cache
+def huge_pages_available() -> bool:
+    """True when the operating system backs memory with 2 MB pages on request (Linux's transparent huge
+    pages in mode "always" or "madvise"); False elsewhere (macOS, Windows, THP "never")."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode and hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_ANONYMOUS")
+
+
+def empty_in_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous CPU tensor of ``shape`` in memory that starts on a 2 MB boundary and
+    that the kernel is asked to back with 2 MB pages; a plain ``torch.empty`` below one page or where
+    ``huge_pages_available()`` is False. Its storage holds exactly its own bytes (nothing extra is saved
+    with it); the memory is returned to the system when the last tensor using it is gone."""
+    numel = math.prod(shape)
+    nbytes = numel * dtype.itemsize
+    if nbytes < HUGE_PAGE or not huge_pages_available():
+        return torch.empty(shape, dtype=dtype)
+    area = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # untouched: no RAM yet
+    start = -torch.frombuffer(area, dtype=torch.uint8, count=1).data_ptr() % HUGE_PAGE
+    area.madvise(mmap.MADV_HUGEPAGE, start, nbytes)  # before the first write, which allocates the pages
+    return torch.frombuffer(area, dtype=dtype, count=numel, offset=start).view(shape)
+
+
+def copy_in_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """A copy of a CPU tensor in ``empty_in_huge_pages`` memory, with the same strides when they are
+    contiguous or (for a matrix) transposed-contiguous. Other tensors: a plain copy."""
+    if t.device.type != "cpu" or not (t.is_contiguous() or (t.ndim == 2 and t.t().is_contiguous())):
+        return t.clone()
+    if t.is_contiguous():
+        return empty_in_huge_pages(tuple(t.shape), t.dtype).copy_(t)
+    return empty_in_huge_pages(tuple(t.t().shape), t.dtype).t().copy_(t)
+
+
+def weight_in_layout(weight: torch.Tensor, layout: str, dtype: torch.dtype, batch_size: int,
+                     huge_pages: bool = True) -> torch.Tensor:
     """[C_out, C_in] -> the same values in ``dtype``, stored as ``layout`` says ("packed": an opaque oneDNN
-    tensor packed for ``batch_size`` rows; the others: an ordinary [C_out, C_in] tensor)."""
-    w = weight.detach().to(dtype)
+    tensor packed for ``batch_size`` rows; the others: an ordinary [C_out, C_in] tensor, ``weight`` itself
+    when it already is one). A new copy goes to 2 MB pages when ``huge_pages`` (``copy_in_huge_pages``)."""
+    w = weight.detach()
     if layout == "packed":
-        return pack_weight(w, batch_size)
-    return w.t().contiguous().t() if layout == "[in, out]" else w.contiguous()
+        return pack_weight(w.to(dtype), batch_size)
+    transposed = layout == "[in, out]"
+    if w.dtype == dtype and (w.t().is_contiguous() if transposed else w.is_contiguous()):
+        return w
+    w = w.to(dtype)
+    w = w.t().contiguous().t() if transposed else w.contiguous()
+    return copy_in_huge_pages(w) if huge_pages else w
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -1038,6 +1089,7 @@ class DecodeLinear(torch.nn.Linear):
     decode_layout: str = "[out, in]"
     decode_dtype: torch.dtype | None = None  # None: the weight's own dtype
     decode_batch: int = 1
+    decode_huge_pages: bool = True  # where a copy is made, put it in 2 MB pages
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         layout = self.decode_layout
@@ -1056,12 +1108,13 @@ class DecodeLinear(torch.nn.Linear):
 
     def _decode_copy(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         params = [p for p in (self.weight, self.bias) if p is not None]
-        key = (self.decode_layout, self.decode_dtype, self.decode_batch,
+        key = (self.decode_layout, self.decode_dtype, self.decode_batch, self.decode_huge_pages,
                *((p.data_ptr(), p._version, p.dtype, p.device) for p in params))
         cached = self.__dict__.get("_decode_cache")
         if cached is None or cached[0] != key:
             dtype = self.decode_dtype or self.weight.dtype
-            weight = weight_in_layout(self.weight, self.decode_layout, dtype, self.decode_batch)
+            weight = weight_in_layout(self.weight, self.decode_layout, dtype, self.decode_batch,
+                                      self.decode_huge_pages)
             bias = None if self.bias is None else self.bias.detach().to(dtype)
             cached = self.__dict__["_decode_cache"] = (key, weight, bias)
         return cached[1], cached[2]
@@ -1074,6 +1127,106 @@ class DecodeLinear(torch.nn.Linear):
     def extra_repr(self) -> str:
         dtype = "" if self.decode_dtype is None else f" {str(self.decode_dtype).removeprefix('torch.')}"
         return f"{super().extra_repr()}, decode={self.decode_layout}{dtype}"
+
+# %% [markdown]
+# With every product of a block compiled, what remains of a decode step is the glue between them: two
+# LayerNorms, the split into heads, the cache write, attention, two residual additions, the activation,
+# and, for each of those and for each product, a Python call and its checks. For GPT-2 that is about a
+# tenth of the step. So a block whose four layers all use the compiled product gets one more step: the
+# whole block, for one new position per sequence, written as one function that `torch.compile` turns
+# into one call. It writes the new key and value straight into the `KVCache`'s buffers (`reserve`, then
+# `advance`, from chapter 04) and attends over positions 0 .. L. The cache length L changes every step, so
+# after its second step the compiler treats L as a variable rather than compiling again for each length.
+# Prompts, training, masks and post-norm blocks take the block's ordinary `forward`.
+
+# %%
+#| export decoding
+def block_decode_step(x, k_buf, v_buf, L: int, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b,
+                      fc_w, fc_b, out_w, out_b, eps1: float, eps2: float, n_head: int, activation: str):
+    """A pre-norm transformer block (chapter 05) for one new position per sequence, written for torch.compile.
+
+    x [B, C]: the new position of each sequence. k_buf, v_buf [B, nh, room, hs]: a ``KVCache``'s buffers
+    holding positions 0 .. L-1; this step writes position L's key and value into them, in place, and
+    attends over positions 0 .. L. Weights [C_out, C_in] as ``nn.Linear`` stores them, any float dtype
+    (the products sum in fp32). Returns the block's output [B, C] in fp32.
+    """
+    B, C = x.shape
+    h = F.layer_norm(x, (C,), ln1_w, ln1_b, eps1)
+    q, k, v = multiply_and_sum(h, qkv_w, qkv_b).view(B, 3, n_head, 1, C // n_head).unbind(1)  # 3 x (B, nh, 1, hs)
+    k_buf[:, :, L : L + 1] = k
+    v_buf[:, :, L : L + 1] = v
+    y = F.scaled_dot_product_attention(q, k_buf[:, :, : L + 1], v_buf[:, :, : L + 1])  # (B, nh, 1, hs)
+    x = x + multiply_and_sum(y.reshape(B, C), proj_w, proj_b)
+    h = multiply_and_sum(F.layer_norm(x, (C,), ln2_w, ln2_b, eps2), fc_w, fc_b)  # (B, d_ff)
+    h = F.relu(h) if activation == "relu" else F.gelu(h, approximate="tanh" if activation == "gelu_tanh" else "none")
+    return x + multiply_and_sum(h, out_w, out_b)
+
+
+@functools.cache
+def compiled_block_step(d_model: int, n_head: int, d_ff: int, rows: int, dtype: torch.dtype, bias: bool,
+                        activation: str):
+    """``block_decode_step`` through torch.compile, one copy of the function per block shape (as in
+    ``compiled_linear``). Shapes stay fixed except the cache length, which becomes a variable after the
+    second length the step sees."""
+    name = f"block_decode_step_{d_model}_{n_head}_{d_ff}_{rows}_{str(dtype).removeprefix('torch.')}_{bias}_{activation}"
+    code = block_decode_step.__code__.replace(co_name=name)
+    return torch.compile(types.FunctionType(code, block_decode_step.__globals__, name))
+
+
+class DecodeBlock(TransformerBlock):
+    """A ``TransformerBlock`` whose cached decode steps run as one compiled call (``block_decode_step``).
+
+    Used for: one new position per sequence, at most ``decode_batch`` sequences, fp32 input, a
+    ``KVCache``, no mask, eval mode, no gradient, pre-norm, fused attention (``fast``), and all four
+    Linear layers ``DecodeLinear``s with the "compiled" layout (their decoding copies are what it
+    multiplies by, bf16 ones included). Anything else runs ``TransformerBlock.forward``. Parameters and
+    ``state_dict`` are the block's; ``tune_for_decoding`` sets this up. x [B, 1, C] -> [B, 1, C].
+    """
+
+    decode_batch: int = 1
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        if not self._fused(x, mask, cache):
+            return super().forward(x, mask=mask, cache=cache)
+        attn, mlp = self.attn, self.mlp
+        B, _, C = x.shape
+        k_buf, v_buf = cache.reserve((B, attn.n_head, 1, attn.head_size), x.dtype, x.device)
+        w = [t for layer in (attn.qkv, attn.proj, mlp.fc, mlp.proj) for t in layer._decode_copy()]
+        step = compiled_block_step(C, attn.n_head, mlp.d_ff, B, w[0].dtype, w[1] is not None, mlp.activation)
+        y = step(x.view(B, C), k_buf, v_buf, cache.length, self.ln1.weight, self.ln1.bias, *w[:4],
+                 self.ln2.weight, self.ln2.bias, *w[4:], self.ln1.eps, self.ln2.eps, attn.n_head, mlp.activation)
+        cache.advance(1)
+        return y.view(B, 1, C)
+
+    def _fused(self, x, mask, cache) -> bool:
+        """True when this call is a decode step that ``block_decode_step`` computes exactly like ``forward``."""
+        if cache is None or mask is not None or self.training or self.norm != "pre" or not self.attn.fast:
+            return False
+        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[1] != 1 or x.shape[2] != self.d_model:
+            return False
+        if x.dtype != torch.float32 or x.shape[0] > self.decode_batch:
+            return False
+        if torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters())):
+            return False
+        return all(_compiled(layer) for layer in _block_linears(self))
+
+
+def _block_linears(block: TransformerBlock) -> tuple:
+    return block.attn.qkv, block.attn.proj, block.mlp.fc, block.mlp.proj
+
+
+def _compiled(layer) -> bool:
+    return type(layer) is DecodeLinear and layer.decode_layout == "compiled"
+
+
+def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
+    """A DecodeBlock for ``batch_size`` sequences; None: back to a plain TransformerBlock."""
+    if batch_size is None:
+        block.__class__ = TransformerBlock
+        block.__dict__.pop("decode_batch", None)
+    else:
+        block.__class__ = DecodeBlock
+        block.decode_batch = batch_size
 
 # %% [markdown]
 # `tune_for_decoding` itself. Its timings have to imitate decoding to be worth anything. A big model's
@@ -1092,7 +1245,7 @@ class DecodeLinear(torch.nn.Linear):
 #| export decoding
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
-                      weights_dtype: torch.dtype | None = None, layouts=LAYOUTS) -> dict:
+                      weights_dtype: torch.dtype | None = None, layouts=LAYOUTS, huge_pages: bool = True) -> dict:
     """Prepare every ``nn.Linear`` of ``model`` for fast cached decoding, in place; returns the layouts chosen.
 
     Candidates, those of ``layouts`` this machine offers: "[out, in]" (nn.Linear's storage), "[in, out]"
@@ -1112,6 +1265,11 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     faster, but no longer the fp32 model's exact numbers, so check the quality (chapter 07 compares the
     validation loss). Training still uses the fp32 weights. ``layouts`` limits the candidates (e.g.
     ["packed"] to force packing). Call it again to change the choice. Returns {(out, in): layout}.
+
+    ``huge_pages`` (where ``huge_pages_available()``): first move the weights, and later every decoding
+    copy made, into memory backed by 2 MB pages instead of 4 KB ones, so that streaming them needs 512
+    times fewer address translations. Values and ``state_dict`` stay the same; a ``deepcopy`` or ``.to()``
+    of the model gets ordinary memory again. False leaves the memory as it is.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int (the number of sequences you will generate), got {batch_size!r}")
@@ -1137,10 +1295,16 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
                          "(see packing_available), compiling needs torch.compile to work (see "
                          "compiling_available); add \"[out, in]\" or \"[in, out]\"")
 
+    if huge_pages and huge_pages_available():
+        _move_to_huge_pages(layers)
+    blocks = [m for m in model.modules() if type(m) in (TransformerBlock, DecodeBlock)]
+    for block in blocks:  # while timing, every block runs its layers one by one
+        _set_block(block, None)
+
     def prepare(layer, name: str) -> tuple:
         """(product, weight, bias) of one layer in one layout, ready to time."""
         bias = None if layer.bias is None else layer.bias.detach().to(dtype)
-        return products[name], weight_in_layout(layer.weight, name, dtype, batch_size), bias
+        return products[name], weight_in_layout(layer.weight, name, dtype, batch_size, huge_pages), bias
 
     def multiply(layer, x: torch.Tensor) -> torch.Tensor:
         """The layer's product in its current candidate layout; timed when the layer is in ``timed``."""
@@ -1217,26 +1381,35 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
                 del layer.forward
     for layer in layers:
         _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
-                    batch_size)
+                    batch_size, huge_pages)
+    for block in blocks:  # all four products compiled: the whole block's decode step in one compiled call
+        if all(_compiled(layer) for layer in _block_linears(block)):
+            _set_block(block, batch_size)
     return choice
 
 
-def _set_layout(layer: torch.nn.Linear, layout: str, dtype: torch.dtype | None, batch_size: int) -> None:
+def _set_layout(layer: torch.nn.Linear, layout: str, dtype: torch.dtype | None, batch_size: int,
+                huge_pages: bool) -> None:
     """Give one layer its decoding layout: restride the weight in place, or make it a DecodeLinear."""
     layer.__dict__.pop("_decode_cache", None)
     if layout in ("packed", "compiled") or dtype is not None:
         layer.__class__ = DecodeLinear
         layer.decode_layout, layer.decode_dtype, layer.decode_batch = layout, dtype, batch_size
+        layer.decode_huge_pages = huge_pages
         return
     if type(layer) is DecodeLinear:  # back to a plain nn.Linear
         layer.__class__ = torch.nn.Linear
-        for name in ("decode_layout", "decode_dtype", "decode_batch"):
+        for name in ("decode_layout", "decode_dtype", "decode_batch", "decode_huge_pages"):
             layer.__dict__.pop(name, None)
     w = layer.weight.data
-    if layout == "[in, out]" and w.is_contiguous():
-        layer.weight.data = w.t().contiguous().t()
-    elif layout == "[out, in]" and not w.is_contiguous():
-        layer.weight.data = w.contiguous()
+    layer.weight.data = weight_in_layout(w, layout, w.dtype, batch_size, huge_pages)  # w itself if already so
+
+
+def _move_to_huge_pages(layers: list[torch.nn.Linear]) -> None:
+    """Copy every weight of ``layers`` into 2 MB pages (``copy_in_huge_pages``); a tied weight once."""
+    for weight in {id(layer.weight): layer.weight for layer in layers}.values():
+        if weight.device.type == "cpu" and weight.numel() * weight.element_size() >= HUGE_PAGE:
+            weight.data = copy_in_huge_pages(weight.data)
 
 # %% [markdown]
 # On a copy of this chapter's model (the layouts chosen depend on the machine, so that output is not
