@@ -8,16 +8,23 @@ with a fake clock so each layout can be made to win.
 from __future__ import annotations
 
 import copy
+import io
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
 
 from transformer_course import decoding
+from transformer_course.block import TransformerBlock
 from transformer_course.decoding import (
+    HUGE_PAGE,
     LAYOUTS,
+    DecodeBlock,
     DecodeLinear,
     compiling_available,
+    copy_in_huge_pages,
+    huge_pages_available,
     packing_available,
     tune_for_decoding,
 )
@@ -272,3 +279,156 @@ def test_whole_steps_overrule_a_layout_that_slows_the_rest_of_the_step(monkeypat
     assert all(type(m) is DecodeLinear and m.decode_layout == "compiled" for m in _linears(model).values())
     assert all("forward" not in m.__dict__ for m in _linears(model).values())  # the timing hooks are gone
     assert torch.equal(generate(model, _prompt(), 12, temperature=0), want)
+
+
+# ---------------------------------------------------------------- 2 MB pages
+
+def _mapping_flags(address: int) -> list[str]:
+    """The VmFlags of the memory mapping holding ``address`` (Linux /proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0] if line.split() else ""
+        if "-" in head and not head.endswith(":"):
+            low, high = (int(part, 16) for part in head.split("-"))
+            inside = low <= address < high
+        elif inside and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_huge_page_copies_keep_values_strides_and_size():
+    w = torch.randn(1024, 768)  # 3 MB: more than one huge page
+    for t in (w, w.t(), torch.randn(10, 10)):
+        h = copy_in_huge_pages(t)
+        assert torch.equal(h, t) and h.stride() == t.stride() and h.dtype == t.dtype
+        assert h.untyped_storage().nbytes() == t.numel() * t.element_size()  # nothing extra gets saved
+        buffer = io.BytesIO()
+        torch.save(h, buffer)
+        assert torch.equal(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True), t)
+        assert torch.equal(pickle.loads(pickle.dumps(h)), t) and torch.equal(copy.deepcopy(h), t)
+    if huge_pages_available():
+        h = copy_in_huge_pages(w)
+        assert h.data_ptr() % HUGE_PAGE == 0
+        assert "hg" in _mapping_flags(h.data_ptr())  # madvise(MADV_HUGEPAGE) reached the kernel
+        h[5, 7] = 1.5  # ordinary, writable memory
+        assert h[5, 7] == 1.5
+
+
+def test_tuning_moves_the_weights_into_huge_pages_and_changes_nothing(monkeypatch):
+    model = _model(8, vocab_size=4096, d_model=128)  # the tied [4096, 128] matrix is one huge page
+    want_logits, want = model(_prompt())[0].detach(), generate(model, _prompt(), 8, temperature=0)
+    before = model.lm_head.weight.data_ptr()
+    with monkeypatch.context() as m:
+        _rig_clock(m, "[out, in]")
+        tune_for_decoding(model, repeats=2, huge_pages=False)
+    assert model.lm_head.weight.data_ptr() == before  # False: the memory stays where it was
+    with monkeypatch.context() as m:
+        _rig_clock(m, "[out, in]")
+        tune_for_decoding(model, repeats=2)
+    head = model.lm_head.weight
+    assert head is model.embed.token.weight and isinstance(head, torch.nn.Parameter) and head.requires_grad
+    if huge_pages_available():
+        assert head.data_ptr() % HUGE_PAGE == 0 and "hg" in _mapping_flags(head.data_ptr())
+    with torch.no_grad():
+        assert torch.equal(model(_prompt())[0], want_logits)
+    assert torch.equal(generate(model, _prompt(), 8, temperature=0), want)
+    model(_prompt(), _prompt())[1].backward()  # training still works on the moved weights
+    assert head.grad is not None and head.grad.shape == head.shape
+
+
+# ---------------------------------------------------------------- one compiled call per block
+
+
+def _count_block_steps(monkeypatch) -> list:
+    calls, real = [], decoding.compiled_block_step
+
+    def counting(*key):
+        step = real(*key)
+        return lambda *args: calls.append(args[0].shape) or step(*args)
+
+    monkeypatch.setattr(decoding, "compiled_block_step", counting)
+    return calls
+
+
+@needs_compiling
+@pytest.mark.parametrize("activation, bias", [("gelu", True), ("relu", False), ("gelu_tanh", True)])
+def test_fused_block_step_is_the_blocks_own_step(monkeypatch, activation, bias):
+    model = _model(9, activation=activation, bias=bias)
+    fused = copy.deepcopy(model)
+    tune_for_decoding(fused, batch_size=2, layouts=["compiled"])
+    assert all(type(b) is DecodeBlock for b in fused.blocks) and all(type(b) is TransformerBlock for b in model.blocks)
+    calls = _count_block_steps(monkeypatch)
+    with torch.no_grad():
+        caches = model.new_cache(), fused.new_cache()
+        for x in (_prompt(), *(_prompt(length=1) + i for i in range(3))):  # prompt, then three decode steps
+            got, want = fused(x, cache=caches[1])[0], model(x, cache=caches[0])[0]
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert calls == [(2, 32)] * 3 * 2  # three steps, two blocks; the prompt took the blocks' forward
+    for plain, mine in zip(*caches, strict=True):  # the fused step wrote the same keys and values
+        assert plain.length == mine.length == 8
+        torch.testing.assert_close(mine.k, plain.k, rtol=0, atol=1e-5)
+        torch.testing.assert_close(mine.v, plain.v, rtol=0, atol=1e-5)
+    assert torch.equal(generate(fused, _prompt(), 12, temperature=0), generate(model, _prompt(), 12, temperature=0))
+
+
+@needs_compiling
+def test_fused_block_leaves_everything_else_to_the_blocks_forward(monkeypatch):
+    model = _model(10)
+    tune_for_decoding(model, batch_size=2, layouts=["compiled"])
+    block, reference = model.blocks[0], TransformerBlock(32, 4)
+    reference.load_state_dict(block.state_dict())
+    calls = _count_block_steps(monkeypatch)
+    x = torch.randn(2, 1, 32)
+
+    def same(**kw):
+        cache, ref_cache = model.new_cache()[0], model.new_cache()[0]
+        for c in (cache, ref_cache):
+            c.update(torch.ones(2, 4, 3, 8), torch.ones(2, 4, 3, 8))
+        torch.testing.assert_close(block(x, cache=cache, **kw), reference(x, cache=ref_cache, **kw), rtol=0, atol=1e-5)
+
+    same(mask=torch.ones(1, 1, 1, 4, dtype=torch.bool))  # an extra mask
+    with torch.no_grad():
+        block.train()
+        same()  # training mode (dropout)
+        block.eval()
+        big = torch.randn(3, 1, 32)  # more sequences than it was tuned for
+        torch.testing.assert_close(block(big, cache=model.new_cache()[0]), reference(big, cache=model.new_cache()[0]),
+                                   rtol=0, atol=1e-5)
+        torch.testing.assert_close(block(x), reference(x), rtol=0, atol=1e-5)  # no cache
+    assert calls == []
+    same()  # autograd on: the parameters need gradients
+    assert calls == []
+    with torch.no_grad():
+        same()
+    assert calls == [(2, 32)]
+
+
+@needs_compiling
+def test_retuning_unfuses_and_fused_models_copy_and_pickle(monkeypatch):
+    model = _model(11)
+    want = generate(model, _prompt(), 10, temperature=0)
+    tune_for_decoding(model, batch_size=2, layouts=["compiled"])
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert all(type(b) is DecodeBlock for b in clone.blocks)
+        assert torch.equal(generate(clone, _prompt(), 10, temperature=0), want)
+    with monkeypatch.context() as m:
+        _rig_clock(m, "[in, out]")
+        tune_for_decoding(model, batch_size=2, repeats=2)
+    assert all(type(b) is TransformerBlock and "decode_batch" not in b.__dict__ for b in model.blocks)
+    assert torch.equal(generate(model, _prompt(), 10, temperature=0), want)
+
+
+@needs_compiling
+def test_fused_block_multiplies_by_bf16_copies():
+    model = _model(12)
+    unfused = copy.deepcopy(model)
+    tune_for_decoding(model, batch_size=2, layouts=["compiled"], weights_dtype=torch.bfloat16)
+    tune_for_decoding(unfused, batch_size=2, layouts=["compiled"], weights_dtype=torch.bfloat16)
+    for block in unfused.blocks:
+        decoding._set_block(block, None)  # the same bf16 products, one layer at a time
+    assert all(type(b) is DecodeBlock for b in model.blocks)
+    with torch.no_grad():
+        caches = model.new_cache(), unfused.new_cache()
+        for x in (_prompt(), _prompt(length=1)):
+            got, want = model(x, cache=caches[0])[0], unfused(x, cache=caches[1])[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

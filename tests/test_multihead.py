@@ -189,6 +189,26 @@ def test_kv_cache_bad_input():
         cache.update(torch.randn(1, 2, 1, 4).double(), torch.randn(1, 2, 1, 4).double())
 
 
+def test_kv_cache_reserve_and_advance_are_update_in_two_steps():
+    by_update, by_hand = KVCache(capacity=4), KVCache(capacity=4)
+    for step in [torch.randn(1, 2, 3, 4)] + [torch.randn(1, 2, 1, 4) for _ in range(3)]:
+        by_update.update(step, -step)
+        k_buf, v_buf = by_hand.reserve(step.shape, step.dtype, step.device)
+        L, T_new = by_hand.length, step.shape[2]
+        assert k_buf.shape[2] >= L + T_new and by_hand.length == L  # room made, nothing counted yet
+        k_buf[:, :, L : L + T_new], v_buf[:, :, L : L + T_new] = step, -step
+        by_hand.advance(T_new)
+    assert by_hand.length == by_update.length == 6 and by_hand._k.shape[2] == 8  # grew past capacity 4
+    assert torch.equal(by_hand.k, by_update.k) and torch.equal(by_hand.v, by_update.v)
+    for bad in (3, -1, 1.0, True):  # room left: 2
+        with pytest.raises(ValueError, match="advance needs 0 <= T_new <= 2"):
+            by_hand.advance(bad)
+    with pytest.raises(ValueError, match=r"reset\(\)"):
+        by_hand.reserve((2, 2, 1, 4), torch.float32, "cpu")  # another batch size
+    with pytest.raises(ValueError, match="advance needs 0 <= T_new <= 0"):
+        KVCache().advance(1)  # nothing reserved
+
+
 # ---------------------------------------------------------------- MultiHeadAttention: references
 
 

@@ -81,6 +81,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                              'transformer_course/decoding.py'),
                                              'transformer_course.decoding._compiled': ( 'generation.html#_compiled',
                                                                                         'transformer_course/decoding.py'),
+                                             'transformer_course.decoding._compute_once': ( 'generation.html#_compute_once',
+                                                                                            'transformer_course/decoding.py'),
                                              'transformer_course.decoding._move_to_huge_pages': ( 'generation.html#_move_to_huge_pages',
                                                                                                   'transformer_course/decoding.py'),
                                              'transformer_course.decoding._set_block': ( 'generation.html#_set_block',

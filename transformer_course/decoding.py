@@ -193,7 +193,7 @@ class DecodeLinear(torch.nn.Linear):
         dtype = "" if self.decode_dtype is None else f" {str(self.decode_dtype).removeprefix('torch.')}"
         return f"{super().extra_repr()}, decode={self.decode_layout}{dtype}"
 
-# %% ../chapters/07_generation.ipynb #babb9455
+# %% ../chapters/07_generation.ipynb #0c54383c
 def block_decode_step(x, k_buf, v_buf, L: int, ln1_w, ln1_b, qkv_w, qkv_b, proj_w, proj_b, ln2_w, ln2_b,
                       fc_w, fc_b, out_w, out_b, eps1: float, eps2: float, n_head: int, activation: str):
     """A pre-norm transformer block (chapter 05) for one new position per sequence, written for torch.compile.
@@ -223,7 +223,17 @@ def compiled_block_step(d_model: int, n_head: int, d_ff: int, rows: int, dtype: 
     second length the step sees."""
     name = f"block_decode_step_{d_model}_{n_head}_{d_ff}_{rows}_{str(dtype).removeprefix('torch.')}_{bias}_{activation}"
     code = block_decode_step.__code__.replace(co_name=name)
-    return torch.compile(types.FunctionType(code, block_decode_step.__globals__, name))
+    return torch.compile(types.FunctionType(code, block_decode_step.__globals__, name), options=_compute_once())
+
+
+def _compute_once() -> dict:
+    """Inductor's option that makes it store the result of any elementwise work longer than one operation
+    instead of recomputing it where it is read. Left to itself, it recomputes a LayerNorm's output inside
+    the loop of the product that reads it, once per weight (measured on GPT-2's blocks: a tenth of the step)."""
+    from torch._inductor import config
+
+    names = [name for name in ("realize_cpu_opcount_threshold", "realize_opcount_threshold") if hasattr(config, name)]
+    return {names[0]: 2} if names else {}
 
 
 class DecodeBlock(TransformerBlock):
@@ -281,7 +291,7 @@ def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
         block.__class__ = DecodeBlock
         block.decode_batch = batch_size
 
-# %% ../chapters/07_generation.ipynb #6ca952ed
+# %% ../chapters/07_generation.ipynb #e3a800ff
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS, huge_pages: bool = True) -> dict:
@@ -298,7 +308,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     mix races each layout used for every shape, over whole steps, and the fastest of those stays. While
     tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
     exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
-    order of additions; a packed copy costs one more copy of the weight).
+    order of additions; a packed copy costs one more copy of the weight). A ``TransformerBlock`` whose four
+    layers all end up "compiled" becomes a ``DecodeBlock``: each of its decode steps is one compiled call.
 
     ``weights_dtype=torch.bfloat16`` makes every decoding copy bf16 (half the bytes to read per token):
     faster, but no longer the fp32 model's exact numbers, so check the quality (chapter 07 compares the

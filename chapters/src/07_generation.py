@@ -936,6 +936,16 @@ print(f"within one window: {uncached:.0f} tokens/s without the cache, {cached:.0
 # other matrix-multiplication kernel. If the weight changes (an optimizer step, `load_state_dict`, `.to()`),
 # the copy is rebuilt on the next call, so it can never go stale.
 #
+# Where the weights sit matters as well as their order. The CPU finds every byte through a table that
+# maps the program's addresses to physical memory in pages of 4 KB, and keeps recent translations in a
+# small cache (the TLB). Streaming 500 MB of weights, as a GPT-2-size decode step does, crosses a new page
+# every 4 KB: over 120,000 translations per token, most of them missing that cache. Linux can back memory
+# with 2 MB pages instead ("transparent huge pages"), 512 times fewer. `tune_for_decoding` asks for them:
+# it copies the weights into memory that starts on a 2 MB boundary and is marked for huge pages before
+# anything is written to it (`empty_in_huge_pages`), so values, `state_dict` and training are untouched.
+# Where the system has no such pages (macOS, Windows) the weights stay where they are. Chapter 08's
+# benchmark measures what the page size is worth.
+#
 # These cells go to their own module, `transformer_course/decoding.py`.
 
 # %%
@@ -1137,6 +1147,9 @@ class DecodeLinear(torch.nn.Linear):
 # into one call. It writes the new key and value straight into the `KVCache`'s buffers (`reserve`, then
 # `advance`, from chapter 04) and attends over positions 0 .. L. The cache length L changes every step, so
 # after its second step the compiler treats L as a variable rather than compiling again for each length.
+# One setting matters: left to itself, the compiler would recompute each LayerNorm's output inside the
+# loop of the product that reads it, once for every row of the weight; `_compute_once` asks it to
+# compute such results once and store them (on GPT-2's blocks that was worth a tenth of the step).
 # Prompts, training, masks and post-norm blocks take the block's ordinary `forward`.
 
 # %%
@@ -1170,7 +1183,17 @@ def compiled_block_step(d_model: int, n_head: int, d_ff: int, rows: int, dtype: 
     second length the step sees."""
     name = f"block_decode_step_{d_model}_{n_head}_{d_ff}_{rows}_{str(dtype).removeprefix('torch.')}_{bias}_{activation}"
     code = block_decode_step.__code__.replace(co_name=name)
-    return torch.compile(types.FunctionType(code, block_decode_step.__globals__, name))
+    return torch.compile(types.FunctionType(code, block_decode_step.__globals__, name), options=_compute_once())
+
+
+def _compute_once() -> dict:
+    """Inductor's option that makes it store the result of any elementwise work longer than one operation
+    instead of recomputing it where it is read. Left to itself, it recomputes a LayerNorm's output inside
+    the loop of the product that reads it, once per weight (measured on GPT-2's blocks: a tenth of the step)."""
+    from torch._inductor import config
+
+    names = [name for name in ("realize_cpu_opcount_threshold", "realize_opcount_threshold") if hasattr(config, name)]
+    return {names[0]: 2} if names else {}
 
 
 class DecodeBlock(TransformerBlock):
@@ -1259,7 +1282,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     mix races each layout used for every shape, over whole steps, and the fastest of those stays. While
     tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
     exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
-    order of additions; a packed copy costs one more copy of the weight).
+    order of additions; a packed copy costs one more copy of the weight). A ``TransformerBlock`` whose four
+    layers all end up "compiled" becomes a ``DecodeBlock``: each of its decode steps is one compiled call.
 
     ``weights_dtype=torch.bfloat16`` makes every decoding copy bf16 (half the bytes to read per token):
     faster, but no longer the fp32 model's exact numbers, so check the quality (chapter 07 compares the
@@ -1416,6 +1440,12 @@ def _move_to_huge_pages(layers: list[torch.nn.Linear]) -> None:
 # checked), then the proof that nothing but the speed changed. A model this small spends its step in
 # per-operation overhead, which hides the gain; from a few million parameters on it shows (chapter 08's
 # benchmark races Hugging Face's `generate` at sizes up to GPT-2's).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+from transformer_course.decoding import huge_pages_available  # noqa: E402
+
+print("2 MB pages on request on this machine:", huge_pages_available())
 
 # %%
 # NBVAL_IGNORE_OUTPUT
