@@ -65,6 +65,18 @@ def _rig_clock(m, winner: str) -> list:
         return run
 
     compiled = timed(decoding.compiled_product, "compiled")
+    real_block_step = decoding.compiled_block_step
+
+    def block_step(*key):  # a fused block: its four compiled products
+        step = real_block_step(*key)
+
+        def run(*args):
+            seen.extend([("compiled", None)] * 4)
+            state["t"] += 4 * (0.001 if winner == "compiled" else 1.0)
+            return step(*args)
+        return run
+
+    m.setattr(decoding, "compiled_block_step", block_step)
     m.setattr("time.perf_counter", lambda: state["t"])
     m.setattr("time.thread_time", lambda: state["t"])  # the tuner's clock on one thread
     m.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
@@ -96,7 +108,7 @@ def test_each_layout_wins_when_it_is_fastest_and_changes_no_result(monkeypatch, 
         choice = tune_for_decoding(model, batch_size=2, repeats=3)
     shapes = {(96, 32), (32, 32), (128, 32), (32, 128), (64, 32)}
     assert set(choice) == shapes and set(choice.values()) == {winner}
-    assert {kind for kind, _ in seen} == _offered() and {shape for _, shape in seen} == shapes  # all timed
+    assert {kind for kind, _ in seen} == _offered() and {shape for _, shape in seen} - {None} == shapes  # all timed
     for name, layer in _linears(model).items():
         assert (type(layer) is DecodeLinear) == (winner in needs), name
         if winner not in needs:
@@ -432,3 +444,41 @@ def test_fused_block_multiplies_by_bf16_copies():
         for x in (_prompt(), _prompt(length=1)):
             got, want = model(x, cache=caches[0])[0], unfused(x, cache=caches[1])[0]
         torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+
+
+@needs_compiling
+def test_whole_steps_choose_fused_blocks_when_they_win(monkeypatch):
+    """Rigged: a product costs 10 ms in "[out, in]", 50 ms compiled, 1 s otherwise; a fused block step
+    costs 1 ms. Per shape "[out, in]" wins (a step: 9 x 10 ms), but whole steps with fused blocks are
+    quicker (2 x 1 ms + the LM head's 50 ms), so every layer must end up compiled and every block fused."""
+    model = _model(13)
+    want = generate(model, _prompt(), 12, temperature=0)
+    state = {"t": 0.0}
+    real_block_step = decoding.compiled_block_step
+
+    def timed(product, kind=None):
+        def run(x, w, b=None):
+            state["t"] += {"[out, in]": 0.01, "compiled": 0.05}.get(kind or _kind(w), 1.0)
+            return product(x, w, b)
+        return run
+
+    def block_step(*key):
+        step = real_block_step(*key)
+        return lambda *args: state.__setitem__("t", state["t"] + 0.001) or step(*args)
+
+    with monkeypatch.context() as m:
+        m.setattr("time.perf_counter", lambda: state["t"])
+        m.setattr("time.thread_time", lambda: state["t"])
+        m.setattr(torch.nn.functional, "linear", timed(torch.nn.functional.linear))
+        m.setattr(decoding, "packed_linear", timed(decoding.packed_linear))
+        m.setattr(decoding, "compiled_product", timed(decoding.compiled_product, "compiled"))
+        m.setattr(decoding, "compiled_block_step", block_step)
+        choice = tune_for_decoding(model, batch_size=2, repeats=3)
+        assert set(choice.values()) == {"compiled"}
+        assert all(type(b) is DecodeBlock for b in model.blocks)
+        assert all("forward" not in layer.__dict__ for layer in _linears(model).values())  # no rerouting left
+        with monkeypatch.context() as m2:  # without "compiled" on offer there is nothing to fuse
+            m2.setattr(decoding, "compiling_available", lambda: False)
+            choice = tune_for_decoding(model, batch_size=2, repeats=3)
+        assert set(choice.values()) == {"[out, in]"} and all(type(b) is TransformerBlock for b in model.blocks)
+    assert torch.equal(generate(model, _prompt(), 12, temperature=0), want)

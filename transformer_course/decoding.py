@@ -291,7 +291,7 @@ def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
         block.__class__ = DecodeBlock
         block.decode_batch = batch_size
 
-# %% ../chapters/07_generation.ipynb #e3a800ff
+# %% ../chapters/07_generation.ipynb #249a3baa
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS, huge_pages: bool = True) -> dict:
@@ -305,7 +305,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     comes from wherever the others left it (main memory, for a big model). Shape by shape, in the
     model's order, each candidate takes its turn for all the layers of that shape, and only their
     products are timed; the candidate with the smallest median over ``repeats`` steps stays. Then that
-    mix races each layout used for every shape, over whole steps, and the fastest of those stays. While
+    mix races each layout used for every shape, over whole steps (for a GPT also "compiled" with every
+    block fused into one compiled call, see ``DecodeBlock``), and the fastest of those stays. While
     tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
     exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
     order of additions; a packed copy costs one more copy of the weight). A ``TransformerBlock`` whose four
@@ -384,6 +385,19 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         model(token, cache=step["cache"], last_only=True)
         step["filled"] += 1
 
+    def fuse(on: bool) -> None:
+        """Make every layer a compiled DecodeLinear and every block a DecodeBlock (on), or undo that."""
+        for layer in layers:
+            if on:
+                del layer.forward
+                layer.__class__ = DecodeLinear  # its copy (_decode_cache) is kept from one pass to the next
+                layer.decode_layout, layer.decode_batch, layer.decode_huge_pages = "compiled", batch_size, huge_pages
+                layer.decode_dtype = weights_dtype if dtype != first.dtype else None
+            else:
+                layer.forward = functools.partial(multiply, layer)
+        for block in blocks:
+            _set_block(block, batch_size if on else None)
+
     # On one thread, this thread's CPU time: time spent descheduled by other programs does not count.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     start_with = "[out, in]" if "[out, in]" in offered else offered[0]
@@ -414,21 +428,29 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for name in offered:
             if set(choice.values()) != {name}:
                 configs[name] = {m: prepare(m, name) for m in layers}
+        if decoder and blocks and "compiled" in offered:
+            configs["compiled, blocks fused"] = None  # the layers and blocks themselves, set up for its passes
         whole = {name: [] for name in configs}
         for turn in range(repeats + 1) if len(configs) > 1 else ():
             for name, prepared in configs.items():
-                current.update(prepared)
+                if prepared is None:
+                    fuse(True)
+                else:
+                    current.update(prepared)
                 start = clock()
                 one_pass()
                 if turn:
                     whole[name].append(clock() - start)
+                if prepared is None:
+                    fuse(False)
         if len(configs) > 1 and (best := min(configs, key=lambda name: statistics.median(whole[name]))) != "mix":
-            choice = dict.fromkeys(choice, best)
+            choice = dict.fromkeys(choice, best.removesuffix(", blocks fused"))
         del configs
     finally:
-        if decoder:
-            for layer in layers:
-                del layer.forward
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+        for block in blocks:
+            _set_block(block, None)
     for layer in layers:
         _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
                     batch_size, huge_pages)

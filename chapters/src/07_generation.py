@@ -1259,7 +1259,8 @@ def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
 # only multiplied by every weight in turn). So the timing runs real decode steps of the model, one new
 # token per sequence; the candidates for one shape take turns, and only their own products are timed.
 # A product's own time does not show what it does to the rest of the step, though, so the resulting mix
-# then races each layout used everywhere, over whole steps. Each keeps its median over the turns, so a burst of noise from another program
+# then races each layout used everywhere, over whole steps, and also the compiled layout with every block
+# fused into one call (which only exists as a whole, so it can only be timed as a whole). Each keeps its median over the turns, so a burst of noise from another program
 # hits all of them alike and a lucky fast pass decides nothing. On one thread the clock is the thread's
 # CPU time, so moments when another program has the core do not count. And the input has the batch size
 # you will generate with. It accepts one more setting, `weights_dtype`, which the next cells explain.
@@ -1279,7 +1280,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     comes from wherever the others left it (main memory, for a big model). Shape by shape, in the
     model's order, each candidate takes its turn for all the layers of that shape, and only their
     products are timed; the candidate with the smallest median over ``repeats`` steps stays. Then that
-    mix races each layout used for every shape, over whole steps, and the fastest of those stays. While
+    mix races each layout used for every shape, over whole steps (for a GPT also "compiled" with every
+    block fused into one compiled call, see ``DecodeBlock``), and the fastest of those stays. While
     tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
     exactly the same); "packed" and "compiled" layers become ``DecodeLinear``s (same values up to the
     order of additions; a packed copy costs one more copy of the weight). A ``TransformerBlock`` whose four
@@ -1358,6 +1360,19 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         model(token, cache=step["cache"], last_only=True)
         step["filled"] += 1
 
+    def fuse(on: bool) -> None:
+        """Make every layer a compiled DecodeLinear and every block a DecodeBlock (on), or undo that."""
+        for layer in layers:
+            if on:
+                del layer.forward
+                layer.__class__ = DecodeLinear  # its copy (_decode_cache) is kept from one pass to the next
+                layer.decode_layout, layer.decode_batch, layer.decode_huge_pages = "compiled", batch_size, huge_pages
+                layer.decode_dtype = weights_dtype if dtype != first.dtype else None
+            else:
+                layer.forward = functools.partial(multiply, layer)
+        for block in blocks:
+            _set_block(block, batch_size if on else None)
+
     # On one thread, this thread's CPU time: time spent descheduled by other programs does not count.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     start_with = "[out, in]" if "[out, in]" in offered else offered[0]
@@ -1388,21 +1403,29 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for name in offered:
             if set(choice.values()) != {name}:
                 configs[name] = {m: prepare(m, name) for m in layers}
+        if decoder and blocks and "compiled" in offered:
+            configs["compiled, blocks fused"] = None  # the layers and blocks themselves, set up for its passes
         whole = {name: [] for name in configs}
         for turn in range(repeats + 1) if len(configs) > 1 else ():
             for name, prepared in configs.items():
-                current.update(prepared)
+                if prepared is None:
+                    fuse(True)
+                else:
+                    current.update(prepared)
                 start = clock()
                 one_pass()
                 if turn:
                     whole[name].append(clock() - start)
+                if prepared is None:
+                    fuse(False)
         if len(configs) > 1 and (best := min(configs, key=lambda name: statistics.median(whole[name]))) != "mix":
-            choice = dict.fromkeys(choice, best)
+            choice = dict.fromkeys(choice, best.removesuffix(", blocks fused"))
         del configs
     finally:
-        if decoder:
-            for layer in layers:
-                del layer.forward
+        for layer in layers:
+            layer.__dict__.pop("forward", None)
+        for block in blocks:
+            _set_block(block, None)
     for layer in layers:
         _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
                     batch_size, huge_pages)
