@@ -80,9 +80,10 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, ba
         hf.save_pretrained(tmp)
         ours = load_hf_gpt2(tmp)
     ours_bf16 = copy.deepcopy(ours) if cpu_has_fast_bf16() else None
-    ours_small_pages = copy.deepcopy(ours)
     layouts = tune_for_decoding(ours, batch_size=batch)  # fastest layout per weight shape (chapter 07)
-    tune_for_decoding(ours_small_pages, batch_size=batch, huge_pages=False)  # the same, in ordinary 4 KB pages
+    ours_small_pages = copy.deepcopy(ours)  # the same choices; a deep copy's weights sit in ordinary 4 KB pages
+    for layer in ours_small_pages.modules():
+        layer.decode_huge_pages = False  # and so will any decoding copy made later
     if ours_bf16 is not None:
         tune_for_decoding(ours_bf16, batch_size=batch, weights_dtype=torch.bfloat16)
     prompt = torch.randint(0, vocab, (batch, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
@@ -231,7 +232,7 @@ def main() -> None:
         "the timing: on a busy machine near-equal layouts swap between runs. A block whose four products\n"
         "are all compiled runs its whole decode step as one compiled call (\"blocks fused\"), and the\n"
         "weights sit in 2 MB pages (Linux transparent huge pages) instead of 4 KB ones; **4 KB pages** is\n"
-        "the same model tuned with `huge_pages=False`, to show what the page size is worth. Its tokens\n"
+        "a deep copy of the tuned model (same choices, ordinary pages), to show what the page size is worth. Its tokens\n"
         "are checked equal to HF's before timing (both fp32 runners). **ours bf16 weights** adds `weights_dtype=torch.bfloat16`: decoding multiplies by bf16\n"
         "copies of the weights (half the bytes), so its choice can differ from HF's fp32 one where two tokens\n"
         "are nearly tied. \"Greedy choices equal\" feeds HF's tokens to the bf16 model and counts the\n"

@@ -222,6 +222,9 @@ def test_real_clock_keeps_results():
 def test_bad_input_says_what_to_do(monkeypatch):
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         tune_for_decoding(_model(), batch_size=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="repeats must be a positive int"):
+            tune_for_decoding(_model(), repeats=bad)
     with pytest.raises(ValueError, match="has no nn.Linear layers"):
         tune_for_decoding(torch.nn.LayerNorm(4))
     for bad in (torch.int8, "bf16"):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['LAYOUTS', 'HUGE_PAGE', 'packing_available', 'pack_weight', 'huge_pages_available', 'empty_in_huge_pages', 'copy_in_huge_pages', 'weight_in_layout', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'block_decode_step', 'compiled_block_step', 'DecodeBlock', 'tune_for_decoding']
+__all__ = ['LAYOUTS', 'TUNING_SECONDS', 'HUGE_PAGE', 'packing_available', 'pack_weight', 'huge_pages_available', 'empty_in_huge_pages', 'copy_in_huge_pages', 'weight_in_layout', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'block_decode_step', 'compiled_block_step', 'DecodeBlock', 'tune_for_decoding']
 
-# %% ../chapters/07_generation.ipynb #f5d9ee7a
+# %% ../chapters/07_generation.ipynb #eef52897
 # Weights prepared for cached decoding (chapter 07): each nn.Linear's weight in the memory layout, the
 # kernel and (if asked) the precision that this machine multiplies fastest for a [B, 1, C_in] input.
 # Shapes: B batch, C_in / C_out a layer's input / output width.
@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from .block import TransformerBlock
 
 LAYOUTS = ("[out, in]", "[in, out]", "packed", "compiled")
+TUNING_SECONDS = 0.25  # tune_for_decoding times each candidate over at least this much CPU time of passes
 
 
 def packing_available(dtype: torch.dtype = torch.float32) -> bool:
@@ -291,7 +292,7 @@ def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
         block.__class__ = DecodeBlock
         block.decode_batch = batch_size
 
-# %% ../chapters/07_generation.ipynb #249a3baa
+# %% ../chapters/07_generation.ipynb #834381d2
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS, huge_pages: bool = True) -> dict:
@@ -304,7 +305,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     a pass that multiplies a [batch_size, 1, in] input by every weight in order. Either way each weight
     comes from wherever the others left it (main memory, for a big model). Shape by shape, in the
     model's order, each candidate takes its turn for all the layers of that shape, and only their
-    products are timed; the candidate with the smallest median over ``repeats`` steps stays. Then that
+    products are timed; the candidate with the smallest median over at least ``repeats`` steps stays (more
+    steps for a small model, until each candidate has TUNING_SECONDS of them). Then that
     mix races each layout used for every shape, over whole steps (for a GPT also "compiled" with every
     block fused into one compiled call, see ``DecodeBlock``), and the fastest of those stays. While
     tuning, every candidate copy exists at once (for a big model, up to two more copies of the weights). The plain layouts only change strides (values, ``state_dict`` and results stay
@@ -324,6 +326,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int (the number of sequences you will generate), got {batch_size!r}")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be a positive int (timed decode steps per candidate), got {repeats!r}")
     if weights_dtype is not None and (not isinstance(weights_dtype, torch.dtype) or not weights_dtype.is_floating_point):
         raise ValueError(f"weights_dtype must be a floating torch.dtype such as torch.bfloat16, or None to keep "
                          f"the model's own, got {weights_dtype!r}")
@@ -398,6 +402,44 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for block in blocks:
             _set_block(block, batch_size if on else None)
 
+    def products_only(candidates: dict, name: str) -> float:
+        """One pass with the timed layers in candidate ``name``; returns the time of their products."""
+        current.update(candidates[name])
+        spent[0] = 0.0
+        one_pass()
+        return spent[0]
+
+    def whole_step(configs: dict, name: str) -> float:
+        """One pass with every layer as config ``name`` says (None: compiled, blocks fused); its time."""
+        if configs[name] is None:
+            fuse(True)
+        else:
+            current.update(configs[name])
+        start = clock()
+        one_pass()
+        took = clock() - start
+        if configs[name] is None:
+            fuse(False)
+        return took
+
+    def take_turns(names: list[str], run) -> str:
+        """The name whose passes ``run(name)`` (returns the time that counts) take least, by the median.
+
+        Names take turns; turn 0 warms up (and compiles). At least ``repeats`` turns follow, and more while
+        any name has spent under TUNING_SECONDS in its passes (a small model's passes are short and a
+        few of them are all noise), up to 20 times ``repeats``.
+        """
+        times, passes, turn = {name: [] for name in names}, dict.fromkeys(names, 0.0), 0
+        while turn <= repeats or (min(passes.values()) < TUNING_SECONDS and turn <= 20 * repeats):
+            for name in names:
+                start = clock()
+                took = run(name)
+                if turn:
+                    times[name].append(took)
+                    passes[name] += clock() - start
+            turn += 1
+        return min(names, key=lambda name: statistics.median(times[name]))
+
     # On one thread, this thread's CPU time: time spent descheduled by other programs does not count.
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
     start_with = "[out, in]" if "[out, in]" in offered else offered[0]
@@ -410,17 +452,9 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for shape in dict.fromkeys(tuple(m.weight.shape) for m in layers):
             timed = {m for m in layers if tuple(m.weight.shape) == shape}
             candidates = {name: {m: prepare(m, name) for m in timed} for name in offered}
-            times = {name: [] for name in offered}
-            for turn in range(repeats + 1):  # turn 0 warms up (and, for "compiled", compiles)
-                for name in offered:
-                    current.update(candidates[name])
-                    spent[0] = 0.0
-                    one_pass()
-                    if turn:
-                        times[name].append(spent[0])
-            choice[shape] = min(offered, key=lambda name: statistics.median(times[name]))
+            choice[shape] = take_turns(offered, functools.partial(products_only, candidates))
             current.update(candidates[choice[shape]])
-            del candidates
+            candidates.clear()
         # A product's own time misses its effect on the rest of the step, and a shape's share of a step is
         # small next to the noise, so the whole mix now races each layout used everywhere, timed over whole
         # steps (measured on GPT-2's shapes: the mix alone lost to all-"compiled" by a tenth).
@@ -430,22 +464,9 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
                 configs[name] = {m: prepare(m, name) for m in layers}
         if decoder and blocks and "compiled" in offered:
             configs["compiled, blocks fused"] = None  # the layers and blocks themselves, set up for its passes
-        whole = {name: [] for name in configs}
-        for turn in range(repeats + 1) if len(configs) > 1 else ():
-            for name, prepared in configs.items():
-                if prepared is None:
-                    fuse(True)
-                else:
-                    current.update(prepared)
-                start = clock()
-                one_pass()
-                if turn:
-                    whole[name].append(clock() - start)
-                if prepared is None:
-                    fuse(False)
-        if len(configs) > 1 and (best := min(configs, key=lambda name: statistics.median(whole[name]))) != "mix":
+        if len(configs) > 1 and (best := take_turns(list(configs), functools.partial(whole_step, configs))) != "mix":
             choice = dict.fromkeys(choice, best.removesuffix(", blocks fused"))
-        del configs
+        configs.clear()
     finally:
         for layer in layers:
             layer.__dict__.pop("forward", None)

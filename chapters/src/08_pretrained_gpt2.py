@@ -857,8 +857,8 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # sides spend most of their time streaming weights from memory, and the matrix-vector kernels available
 # from Python stream more slowly than a plain read. Fewer bytes per weight move the bound itself: chapter
 # 07's `weights_dtype=torch.bfloat16`, whose speed is in the table too, with the share of greedy choices
-# that stay the same as Hugging Face's fp32 ones. The **4 KB pages** column is ours tuned with
-# `huge_pages=False`: the same layouts and compiled block steps in ordinary pages, which shows how much of
+# that stay the same as Hugging Face's fp32 ones. The **4 KB pages** column is a deep copy of our tuned
+# model: the same layouts and compiled block steps, its weights in ordinary pages, which shows how much of
 # the lead the 2 MB pages of chapter 07 give (Hugging Face's weights sit in ordinary pages).
 
 # %%
