@@ -292,7 +292,7 @@ def _set_block(block: TransformerBlock, batch_size: int | None) -> None:
         block.__class__ = DecodeBlock
         block.decode_batch = batch_size
 
-# %% ../chapters/07_generation.ipynb #834381d2
+# %% ../chapters/07_generation.ipynb #9551eab6
 @torch.no_grad()
 def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int = 15,
                       weights_dtype: torch.dtype | None = None, layouts=LAYOUTS, huge_pages: bool = True) -> dict:
@@ -429,6 +429,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         any name has spent under TUNING_SECONDS in its passes (a small model's passes are short and a
         few of them are all noise), up to 20 times ``repeats``.
         """
+        if len(names) == 1:
+            return names[0]
         times, passes, turn = {name: [] for name in names}, dict.fromkeys(names, 0.0), 0
         while turn <= repeats or (min(passes.values()) < TUNING_SECONDS and turn <= 20 * repeats):
             for name in names:

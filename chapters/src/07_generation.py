@@ -1404,6 +1404,8 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         any name has spent under TUNING_SECONDS in its passes (a small model's passes are short and a
         few of them are all noise), up to 20 times ``repeats``.
         """
+        if len(names) == 1:
+            return names[0]
         times, passes, turn = {name: [] for name in names}, dict.fromkeys(names, 0.0), 0
         while turn <= repeats or (min(passes.values()) < TUNING_SECONDS and turn <= 20 * repeats):
             for name in names:
