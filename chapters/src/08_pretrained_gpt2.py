@@ -859,7 +859,9 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # 07's `weights_dtype=torch.bfloat16`, whose speed is in the table too, with the share of greedy choices
 # that stay the same as Hugging Face's fp32 ones. The **4 KB pages** column is a deep copy of our tuned
 # model: the same layouts and compiled block steps, its weights in ordinary pages, which shows how much of
-# the lead the 2 MB pages of chapter 07 give (Hugging Face's weights sit in ordinary pages).
+# the lead the 2 MB pages of chapter 07 give (Hugging Face's weights sit in ordinary pages). Where the
+# layouts chosen are "packed", oneDNN keeps its packed copies in memory of its own in both models, so
+# those rows time the same computation twice, and their difference is the machine's noise.
 
 # %%
 import time
