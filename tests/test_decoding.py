@@ -93,6 +93,13 @@ def _offered() -> set:
 needs = {"packed": needs_packing, "compiled": needs_compiling}
 
 
+@pytest.fixture(autouse=True)
+def _fixed_turns(monkeypatch):
+    """Tuning takes exactly ``repeats`` turns here (no time budget), so the tests stay quick;
+    test_short_passes_get_more_turns checks the budget."""
+    monkeypatch.setattr(decoding, "TUNING_SECONDS", 0.0)
+
+
 def _linears(model) -> dict:
     return {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
 
@@ -182,10 +189,13 @@ def test_decode_model_copies_pickles_and_moves(layout):
         assert head(torch.randn(2, 1, 32, device="meta")).shape == (2, 1, 64)
 
 
-def test_bf16_weights_round_the_products_only():
+@pytest.mark.parametrize("layout", [pytest.param(name, marks=needs[name]) if name in needs else name
+                                    for name in LAYOUTS])
+def test_bf16_weights_round_the_products_only(layout):
+    """In every layout, for decode steps (2 rows here) and prompts (the model's 5 positions) alike."""
     model = _model(3)
     fp32 = copy.deepcopy(model)
-    tune_for_decoding(model, weights_dtype=torch.bfloat16)
+    tune_for_decoding(model, batch_size=2, weights_dtype=torch.bfloat16, layouts=[layout])
     layers = _linears(model)
     assert all(type(m) is DecodeLinear and m.decode_dtype == torch.bfloat16 for m in layers.values())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # training and state_dict stay fp32
@@ -201,7 +211,9 @@ def test_bf16_weights_round_the_products_only():
     torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2)
     assert not torch.equal(got, torch.nn.functional.linear(x, layer.weight, layer.bias))  # really rounded
     with torch.no_grad():
-        torch.testing.assert_close(model(_prompt())[0], fp32(_prompt())[0], rtol=0, atol=0.05)
+        got, want = model(_prompt())[0], fp32(_prompt())[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0.05)
+    assert not torch.equal(got, want)  # the prompt's products were rounded too
     # gradients still flow through the fp32 weights
     loss = model(_prompt(), _prompt())[1]
     loss.backward()
@@ -485,3 +497,33 @@ def test_whole_steps_choose_fused_blocks_when_they_win(monkeypatch):
             choice = tune_for_decoding(model, batch_size=2, repeats=3)
         assert set(choice.values()) == {"[out, in]"} and all(type(b) is TransformerBlock for b in model.blocks)
     assert torch.equal(generate(model, _prompt(), 12, temperature=0), want)
+
+
+
+def test_short_passes_get_more_turns(monkeypatch):
+    """On a rigged clock every product costs 1 ms, so a pass of this model (9 products) takes 9 ms. With
+    only the two plain layouts on offer, tuning makes 12 passes per turn (5 shapes x 2 layouts, then the
+    race of the mix against "[in, out]"). Without a budget that is 1 + repeats turns; with 0.1 s per
+    candidate, 13 turns (12 timed passes of 9 ms each reach 0.1 s); never over 1 + 20 x repeats."""
+    def passes(budget: float, repeats: int) -> int:
+        state, heads = {"t": 0.0}, []
+        real = torch.nn.functional.linear
+
+        def linear(x, w, b=None):
+            state["t"] += 0.001
+            heads.extend([1] if w.shape == (64, 32) else [])  # the LM head: once per pass
+            return real(x, w, b)
+
+        with monkeypatch.context() as m:
+            m.setattr(decoding, "TUNING_SECONDS", budget)
+            m.setattr(decoding, "compiling_available", lambda: False)
+            m.setattr(decoding, "packing_available", lambda dtype=torch.float32: False)
+            m.setattr("time.perf_counter", lambda: state["t"])
+            m.setattr("time.thread_time", lambda: state["t"])
+            m.setattr(torch.nn.functional, "linear", linear)
+            tune_for_decoding(_model(14), repeats=repeats)
+        return len(heads)
+
+    assert passes(0.0, repeats=3) == 12 * (1 + 3)
+    assert passes(0.1, repeats=3) == 12 * 13
+    assert passes(10.0, repeats=1) == 12 * (1 + 20 * 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ['LAYOUTS', 'TUNING_SECONDS', 'HUGE_PAGE', 'packing_available', 'pack_weight', 'huge_pages_available', 'empty_in_huge_pages', 'copy_in_huge_pages', 'weight_in_layout', 'packed_linear', 'multiply_and_sum', 'compiled_linear', 'compiled_product', 'compiling_available', 'DecodeLinear', 'block_decode_step', 'compiled_block_step', 'DecodeBlock', 'tune_for_decoding']
 
-# %% ../chapters/07_generation.ipynb #eef52897
+# %% ../chapters/07_generation.ipynb #ecad7bef
 # Weights prepared for cached decoding (chapter 07): each nn.Linear's weight in the memory layout, the
 # kernel and (if asked) the precision that this machine multiplies fastest for a [B, 1, C_in] input.
 # Shapes: B batch, C_in / C_out a layer's input / output width.
@@ -149,7 +149,8 @@ class DecodeLinear(torch.nn.Linear):
     Parameters, ``state_dict`` and training are ``nn.Linear``'s. The copy is made on first use and made
     again whenever the weight or bias changes (a new tensor, an in-place update, another device or dtype);
     it is never saved, copied or pickled. "compiled" serves inputs of at most ``decode_batch`` rows (the
-    decode steps); longer ones (a prompt) take ``F.linear``. x [..., C_in] -> [..., C_out], in x's dtype.
+    decode steps); longer ones (a prompt) take ``F.linear``, with the same copy (bf16 stays bf16).
+    x [..., C_in] -> [..., C_out], in x's dtype.
     """
 
     decode_layout: str = "[out, in]"
@@ -161,13 +162,10 @@ class DecodeLinear(torch.nn.Linear):
         layout = self.decode_layout
         plain = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)  # autograd
         plain |= layout == "packed" and (x.device.type != "cpu" or self.weight.device.type != "cpu")
-        if layout == "compiled":
-            rows = x.numel() // x.shape[-1]
-            plain |= rows > self.decode_batch
         if plain:
             return F.linear(x, self.weight, self.bias)
         weight, bias = self._decode_copy()
-        if layout == "compiled":
+        if layout == "compiled" and x.numel() // x.shape[-1] <= self.decode_batch:
             return compiled_product(x, weight, bias).to(x.dtype)
         y = (packed_linear if layout == "packed" else F.linear)(x.to(weight.dtype), weight, bias)
         return y.to(x.dtype)

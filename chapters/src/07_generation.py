@@ -1094,7 +1094,8 @@ class DecodeLinear(torch.nn.Linear):
     Parameters, ``state_dict`` and training are ``nn.Linear``'s. The copy is made on first use and made
     again whenever the weight or bias changes (a new tensor, an in-place update, another device or dtype);
     it is never saved, copied or pickled. "compiled" serves inputs of at most ``decode_batch`` rows (the
-    decode steps); longer ones (a prompt) take ``F.linear``. x [..., C_in] -> [..., C_out], in x's dtype.
+    decode steps); longer ones (a prompt) take ``F.linear``, with the same copy (bf16 stays bf16).
+    x [..., C_in] -> [..., C_out], in x's dtype.
     """
 
     decode_layout: str = "[out, in]"
@@ -1106,13 +1107,10 @@ class DecodeLinear(torch.nn.Linear):
         layout = self.decode_layout
         plain = torch.is_grad_enabled() and (self.weight.requires_grad or x.requires_grad)  # autograd
         plain |= layout == "packed" and (x.device.type != "cpu" or self.weight.device.type != "cpu")
-        if layout == "compiled":
-            rows = x.numel() // x.shape[-1]
-            plain |= rows > self.decode_batch
         if plain:
             return F.linear(x, self.weight, self.bias)
         weight, bias = self._decode_copy()
-        if layout == "compiled":
+        if layout == "compiled" and x.numel() // x.shape[-1] <= self.decode_batch:
             return compiled_product(x, weight, bias).to(x.dtype)
         y = (packed_linear if layout == "packed" else F.linear)(x.to(weight.dtype), weight, bias)
         return y.to(x.dtype)
