@@ -1312,6 +1312,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to tune")
     first = layers[0].weight
     dtype = weights_dtype or first.dtype
+    decode_dtype = weights_dtype if dtype != first.dtype else None  # what DecodeLinear.decode_dtype says
     products = {"[out, in]": F.linear, "[in, out]": F.linear, "packed": packed_linear,
                 "compiled": compiled_product}
     offered = [name for name in layouts if name in ("[out, in]", "[in, out]")
@@ -1367,9 +1368,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for layer in layers:
             if on:
                 del layer.forward
-                layer.__class__ = DecodeLinear  # its copy (_decode_cache) is kept from one pass to the next
-                layer.decode_layout, layer.decode_batch, layer.decode_huge_pages = "compiled", batch_size, huge_pages
-                layer.decode_dtype = weights_dtype if dtype != first.dtype else None
+                _set_layout(layer, "compiled", decode_dtype, batch_size, huge_pages)  # keeps its copy between passes
             else:
                 layer.forward = functools.partial(multiply, layer)
         for block in blocks:
@@ -1448,8 +1447,7 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
         for block in blocks:
             _set_block(block, None)
     for layer in layers:
-        _set_layout(layer, choice[tuple(layer.weight.shape)], weights_dtype if dtype != first.dtype else None,
-                    batch_size, huge_pages)
+        _set_layout(layer, choice[tuple(layer.weight.shape)], decode_dtype, batch_size, huge_pages)
     for block in blocks:  # all four products compiled: the whole block's decode step in one compiled call
         if all(_compiled(layer) for layer in _block_linears(block)):
             _set_block(block, batch_size)
@@ -1458,13 +1456,17 @@ def tune_for_decoding(model: torch.nn.Module, batch_size: int = 1, repeats: int 
 
 def _set_layout(layer: torch.nn.Linear, layout: str, dtype: torch.dtype | None, batch_size: int,
                 huge_pages: bool) -> None:
-    """Give one layer its decoding layout: restride the weight in place, or make it a DecodeLinear."""
-    layer.__dict__.pop("_decode_cache", None)
+    """Give one layer its decoding layout: restride the weight in place, or make it a DecodeLinear (which
+    keeps its decoding copy when the settings stay the same)."""
+    settings = (layout, dtype, batch_size, huge_pages)
     if layout in ("packed", "compiled") or dtype is not None:
+        if type(layer) is not DecodeLinear or settings != (layer.decode_layout, layer.decode_dtype,
+                                                           layer.decode_batch, layer.decode_huge_pages):
+            layer.__dict__.pop("_decode_cache", None)
         layer.__class__ = DecodeLinear
-        layer.decode_layout, layer.decode_dtype, layer.decode_batch = layout, dtype, batch_size
-        layer.decode_huge_pages = huge_pages
+        layer.decode_layout, layer.decode_dtype, layer.decode_batch, layer.decode_huge_pages = settings
         return
+    layer.__dict__.pop("_decode_cache", None)
     if type(layer) is DecodeLinear:  # back to a plain nn.Linear
         layer.__class__ = torch.nn.Linear
         for name in ("decode_layout", "decode_dtype", "decode_batch", "decode_huge_pages"):
