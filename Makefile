@@ -1,6 +1,8 @@
 # transformer-course: one command to open the course, one to test everything.
 #   make lab     create .venv if needed, install, open JupyterLab on chapters/
 #   make test    same set-up, then export drift check, ruff, pytest and strict nbval over every chapter
+#   make test-other-cpu   strict nbval again as if on another kind of CPU (other instruction set,
+#                         2 threads, the bf16 probe flipped): stored outputs must hold on any CPU
 # The notebooks' stored outputs are the offline ones (chapter 08 says the real GPT-2 is unreachable),
 # so nbval runs with the Hugging Face hub switched off even where a network exists.
 # Variables: PYTHON (interpreter used to create .venv), TORCH_SPEC (what to pip install for PyTorch
@@ -16,11 +18,12 @@ CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install lab test test-fast export course check lint student test-browser bench clean
+.PHONY: help install lab test test-other-cpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
 	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
+	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
 	@echo "make student       write the student edition to student/"
 	@echo "make export        write the notebooks' exported cells into transformer_course/"
@@ -52,14 +55,19 @@ lint: $(STAMP)
 # Two workers, one PyTorch thread each: on two cores that beats one worker with two threads, and a
 # kernel's numbers do not depend on the machine's core count (the stored outputs come from one thread).
 # Notebooks go to workers whole (--dist loadfile): a chapter's cells share one kernel, in order.
+# The device is pinned to the CPU: stored outputs are the CPU's, with or without a GPU in the machine.
 JOBS ?= 2
-TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMER_COURSE_DEVICE=cpu
 
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS)
 	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+
+# The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
+test-other-cpu: $(STAMP)
+	$(BIN)/python tools/other_cpu.py $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"

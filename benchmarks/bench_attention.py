@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import time
 import warnings
 from pathlib import Path
 
+import machine
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -105,9 +104,10 @@ def table(rows: list[dict], meta: dict) -> str:
     lines = [
         "# Multi-head attention on the CPU: loop vs batched vs fused",
         "",
-        f"Written by `benchmarks/bench_attention.py` on {meta['machine']}, "
-        f"torch {meta['torch']}. d_model {D_MODEL}, {N_HEAD} heads of {D_MODEL // N_HEAD}, batch {BATCH}, "
-        "float32, causal, forward under `torch.no_grad`. Time: median CPU time of repeated calls, PyTorch on "
+        machine.markdown_line(meta["machine_info"]),
+        "",
+        f"Written by `benchmarks/bench_attention.py`. d_model {D_MODEL}, {N_HEAD} heads of "
+        f"{D_MODEL // N_HEAD}, batch {BATCH}, float32, causal, forward under `torch.no_grad`. Time: median CPU time of repeated calls, PyTorch on "
         "one thread (the work done; wall time on this shared CPU swings with other programs). Memory: peak bytes "
         "allocated during the call (PyTorch profiler), beyond inputs and parameters. **This machine's figures, "
         "on a shared CPU: compare ratios within this table, not absolute numbers across machines.**",
@@ -142,13 +142,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    info = machine.describe()  # after setting the threads: the count the timings use
     meta = {
-        "machine": f"{platform.processor() or platform.machine()} ({platform.system()}, {os.cpu_count()} CPUs)",
-        "threads": torch.get_num_threads(),
+        "machine": f"{info['cpu']} ({info['system']}, {info['cpu_count']} CPUs)",
+        "threads": info["threads"],
         "torch": torch.__version__,
         "d_model": D_MODEL,
         "n_head": N_HEAD,
         "batch": BATCH,
+        "machine_info": info,
     }
     rows = measure(args.lengths)
     args.out.mkdir(parents=True, exist_ok=True)

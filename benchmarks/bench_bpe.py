@@ -11,10 +11,10 @@ trainers must learn the same merges (checked here too); the tests check it on mo
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import time
 from pathlib import Path
+
+import machine
 
 from transformer_course.data import load_shakespeare
 from transformer_course.tokenization import BPETokenizer, get_encoding
@@ -76,9 +76,8 @@ def main() -> None:
     lines = [
         "# BPE benchmark (chapter 01)",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, {platform.python_implementation()} "
-        f"{platform.python_version()}, {time.strftime('%Y-%m-%d')}; load average {os.getloadavg()[0]:.1f} at the end "
-        "of the run (the CPU is shared, so compare ratios within this table, not times across runs).",
+        f"{machine.markdown_line()} The load average is at the end of the run "
+        "(the CPU is shared, so compare ratios within this table, not times across runs).",
         "Written by `benchmarks/bench_bpe.py`.",
         "",
         f"## Training: vocabulary {vocab:,} ({train['merges']} merges) on the first {size:,} characters of Shakespeare",

@@ -19,10 +19,10 @@ Timings are noisy on a shared machine: compare the ratios within one run.
 from __future__ import annotations
 
 import argparse
-import platform
 import time
 from pathlib import Path
 
+import machine
 import torch
 
 from transformer_course.generation import generate
@@ -53,7 +53,7 @@ def cache_bytes(model, length: int) -> int:
 
 def run(n_new: int, repeats: int) -> str:
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
+    info = machine.describe()  # main() has set the threads the timings use
     rows = []
     for name, kw in SIZES.items():
         cfg = GPTConfig(**kw)
@@ -83,8 +83,7 @@ def run(n_new: int, repeats: int) -> str:
     lines = [
         "# Generation: cached vs uncached (chapter 07)",
         "",
-        f"Machine: {platform.processor() or platform.machine()}, {threads} torch thread{'s' if threads != 1 else ''}, "
-        f"torch {torch.__version__}. Produced by `python benchmarks/bench_generation.py` "
+        f"{machine.markdown_line(info)} Produced by `python benchmarks/bench_generation.py` "
         f"(greedy, batch 1, one-token prompt, best of {repeats} interleaved runs). Every cached run was "
         "checked to give exactly the uncached run's tokens.",
         "",

@@ -24,15 +24,14 @@ import argparse
 import copy
 import json
 import os
-import platform
 import tempfile
 import time
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
+import machine  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
@@ -154,16 +153,6 @@ def _read_floor(model, new: int):
     return run
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two small sizes, 32 tokens, no results file")
@@ -211,13 +200,12 @@ def main() -> None:
         met, missed = verdicts[kind]
         return f"met for {'; '.join(met) or 'none'}; not met for {'; '.join(missed) or 'none'}"
 
+    info = machine.describe()  # threads as set above, for every timed run
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         "# Greedy generation: our GPT (KV cache) vs Hugging Face `generate`, same GPT-2 weights\n\n"
-        f"Written by `python benchmarks/bench_pretrained.py` on {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.\n"
-        f"Machine: {_cpu_name()}, {torch.get_num_threads()} torch thread(s), load average "
-        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores, native bf16: {cpu_has_fast_bf16()}, "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, Python {platform.python_version()}.\n"
+        f"Written by `python benchmarks/bench_pretrained.py` on {info['date']}.\n"
+        f"{machine.markdown_line(info)} Hugging Face transformers {transformers.__version__}.\n"
         f"Prompt {PROMPT_LEN} tokens per sequence, greedy decoding, best of {args.repeats} runs after a "
         "warm-up, the sides alternating. Random weights in GPT-2's layout (no download). Speeds are tokens\n"
         "per CPU second: the machine is shared, and CPU time measures the work each side does (wall-clock\n"
@@ -252,10 +240,9 @@ def main() -> None:
         f"ours: `GPT.forward(..., last_only=True)`, chapters 06/07). For GPT-2 the head is {head / 1e6:.1f}M of\n"
         f"the {per_position / 1e6:.1f}M weight multiply-adds per position.\n"
     )
-    meta = {"cpu": _cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    meta = {"cpu": info["cpu"], "threads": info["threads"], "torch": info["torch"],
             "transformers": transformers.__version__, "prompt": PROMPT_LEN, "repeats": args.repeats,
-            "written": f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC", "goal": GOAL,
-            "native_bf16": cpu_has_fast_bf16()}
+            "written": info["date"], "goal": GOAL, "native_bf16": info["native_bf16"], "machine_info": info}
     RESULTS.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": records}, indent=1))
     print(f"wrote {RESULTS} and its .json")
 

@@ -48,3 +48,47 @@ def test_chapter_is_self_contained(path):
     source = "\n".join("".join(c["source"]) for c in cells)
     assert "../shared" not in source and "seeds/" not in source
     assert not re.search(r"\burllib\.request\b|\brequests\.get\(|\bwget\b", source)
+
+
+def _compared(cell) -> bool:
+    return re.search(r"^\s*# NBVAL_IGNORE_OUTPUT\s*$", "".join(cell["source"]), re.M) is None
+
+
+# Things whose value differs from machine to machine, or that `make bench` rewrites: a cell whose
+# output nbval compares may not print them. (The second configuration of `make test-other-cpu` checks
+# the same property by running the chapters; this test names the cell that breaks it.)
+MACHINE_DEPENDENT = {
+    "benchmarks/results": "reads a file that `make bench` rewrites",
+    "cpu_has_fast_bf16": "asks whether this CPU has native bf16",
+    "get_cpu_capability": "asks which instruction set this CPU has",
+    "process_time": "measures time",
+    "perf_counter": "measures time",
+}
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_compared_outputs_do_not_depend_on_the_machine(path):
+    _, cells = _code_cells(path)
+    for cell in cells:
+        source = "".join(cell["source"])
+        if not _compared(cell) or not cell.get("outputs"):
+            continue
+        for needle, why in MACHINE_DEPENDENT.items():
+            assert needle not in source, f"a compared cell {why} ({needle}): {source[:100]!r}"
+
+
+def test_the_machine_dependence_check_can_fail():
+    cell = {"source": ["print(cpu_has_fast_bf16())\n"], "outputs": [{"output_type": "stream", "text": "True"}]}
+    assert _compared(cell) and "cpu_has_fast_bf16" in "".join(cell["source"])
+    ignored = {"source": ["# NBVAL_IGNORE_OUTPUT\n", "print(cpu_has_fast_bf16())\n"], "outputs": []}
+    assert not _compared(ignored)
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_chapters_do_not_switch_to_bf16_unasked(path):
+    """Training and decoding in bf16 only as a labelled experiment: never on the CPU's say-so."""
+    _, cells = _code_cells(path)
+    for cell in cells:
+        source = "".join(cell["source"])
+        if re.search(r"bf16\s*=\s*cpu_has_fast_bf16|if\s+cpu_has_fast_bf16\(\)", source):
+            pytest.fail(f"a cell picks bf16 from the hardware probe: {source[:100]!r}")

@@ -40,6 +40,20 @@ def test_torch_range_admits_the_machine_build():
     assert SpecifierSet(torch_req[len("torch") :]).contains("2.13.0")
 
 
+def test_torch_floor_is_the_version_ci_tests():
+    """The range in pyproject is the tested range: its floor is the version .ci/run installs."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    spec = SpecifierSet(next(r for r in deps if _name(r) == "torch")[len("torch") :].split("#")[0])
+    tested = Version(re.search(r'"torch==([0-9.]+)"', (ROOT / ".ci" / "run").read_text()).group(1))
+    floors = [Version(s.version) for s in spec if s.operator == ">="]
+    assert floors == [Version(f"{tested.major}.{tested.minor}")], f"floor {floors} but CI tests {tested}"
+    assert tested in spec and Version(f"{tested.major}.{tested.minor + 1}") not in spec
+    assert f"torch {tested.major}.{tested.minor}" in (ROOT / "README.md").read_text()
+
+
 def test_public_api_resolves():
     for name in ["load_shakespeare", "get_batch", "train_val_split", "seed_everything", "pick_device"]:
         assert callable(getattr(transformer_course, name))

@@ -37,6 +37,7 @@ def test_pick_device(monkeypatch):
 def test_cpu_has_fast_bf16_asks_torch_and_survives_a_build_without_the_probe(monkeypatch):
     from transformer_course import runtime
 
+    monkeypatch.delenv(runtime.FAST_BF16_ENV, raising=False)
     runtime.cpu_has_fast_bf16.cache_clear()
     try:
         answer = runtime.cpu_has_fast_bf16()
@@ -46,5 +47,21 @@ def test_cpu_has_fast_bf16_asks_torch_and_survives_a_build_without_the_probe(mon
         runtime.cpu_has_fast_bf16.cache_clear()
         monkeypatch.setattr(torch, "cpu", object())  # a PyTorch without the probes (or another CPU family)
         assert runtime.cpu_has_fast_bf16() is False
+    finally:
+        runtime.cpu_has_fast_bf16.cache_clear()
+
+
+@pytest.mark.parametrize("value, expected", [("0", False), ("1", True), (" 1 ", True)])
+def test_cpu_has_fast_bf16_can_be_forced_from_the_environment(monkeypatch, value, expected):
+    from transformer_course import runtime
+
+    monkeypatch.setenv(runtime.FAST_BF16_ENV, value)
+    runtime.cpu_has_fast_bf16.cache_clear()
+    try:
+        assert runtime.cpu_has_fast_bf16() is expected
+        monkeypatch.setenv(runtime.FAST_BF16_ENV, "yes")
+        runtime.cpu_has_fast_bf16.cache_clear()
+        with pytest.raises(ValueError, match="must be 0 or 1"):
+            runtime.cpu_has_fast_bf16()
     finally:
         runtime.cpu_has_fast_bf16.cache_clear()

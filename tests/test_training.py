@@ -139,29 +139,50 @@ def test_training_learns_a_repeating_pattern():
     assert len(history.loss) == len(history.lr) == 60 and not model.training
 
 
-def test_autocast_for_uses_bf16_only_where_the_hardware_has_it(monkeypatch):
-    from transformer_course import training
+def test_autocast_on_the_cpu_is_opt_in_whatever_the_cpu(monkeypatch):
+    """The CPU trains in float32 unless TrainConfig(bf16=True) asks: native bf16 or not."""
+    from transformer_course import runtime
 
     cpu = torch.device("cpu")
-    monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: True)
-    ctx = autocast_for(cpu, TrainConfig())
-    assert isinstance(ctx, torch.autocast) and ctx.fast_dtype == torch.bfloat16 and ctx.device == "cpu"
-    assert not isinstance(autocast_for(cpu, TrainConfig(bf16=False)), torch.autocast)
-    monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: False)
-    assert not isinstance(autocast_for(cpu, TrainConfig()), torch.autocast)
+    for native in ("0", "1"):
+        monkeypatch.setenv(runtime.FAST_BF16_ENV, native)
+        runtime.cpu_has_fast_bf16.cache_clear()
+        assert not isinstance(autocast_for(cpu, TrainConfig()), torch.autocast)
+        assert not isinstance(autocast_for(cpu, TrainConfig(bf16=False)), torch.autocast)
+        ctx = autocast_for(cpu, TrainConfig(bf16=True))
+        assert isinstance(ctx, torch.autocast) and ctx.fast_dtype == torch.bfloat16 and ctx.device == "cpu"
+    runtime.cpu_has_fast_bf16.cache_clear()
     with autocast_for(cpu, TrainConfig()):
         assert torch.ones(2, 2).matmul(torch.ones(2, 2)).dtype == torch.float32
 
 
-def test_bf16_training_follows_float32_training(monkeypatch):
-    """The same run with and without CPU bf16 autocast: losses within bf16 rounding, and both learn."""
-    from transformer_course import training
+@pytest.mark.parametrize("bad", ["yes", 1, 0.0, "True"])
+def test_bf16_setting_must_be_none_or_a_bool(bad):
+    with pytest.raises(ValueError, match="TrainConfig.bf16 must be None"):
+        TrainConfig(bf16=bad)
+
+
+def test_training_does_not_depend_on_the_bf16_probe(monkeypatch):
+    """The same run where the CPU claims native bf16 and where it does not: identical, bit for bit."""
+    from transformer_course import runtime
 
     pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 1, 3, 5, 7] * 300)
+    cfg = TrainConfig(max_iters=10, learning_rate=1e-2, **QUICK)
+    runs = []
+    for native in ("1", "0"):
+        monkeypatch.setenv(runtime.FAST_BF16_ENV, native)
+        runtime.cpu_has_fast_bf16.cache_clear()
+        runs.append(train(fresh(), pattern, pattern, cfg))
+    runtime.cpu_has_fast_bf16.cache_clear()
+    assert runs[0].loss == runs[1].loss and runs[0].val_loss == runs[1].val_loss
+
+
+def test_bf16_training_follows_float32_training():
+    """The same run with and without CPU bf16 autocast: losses within bf16 rounding, and both learn."""
+    pattern = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 1, 3, 5, 7] * 300)
     cfg = TrainConfig(max_iters=40, learning_rate=1e-2, **QUICK)
-    monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: True)
-    mixed = train(fresh(), pattern, pattern, cfg)
-    full = train(fresh(), pattern, pattern, replace(cfg, bf16=False))
+    mixed = train(fresh(), pattern, pattern, replace(cfg, bf16=True))
+    full = train(fresh(), pattern, pattern, cfg)
     assert mixed.loss != full.loss  # bf16 really ran
     assert mixed.loss[0] == pytest.approx(full.loss[0], rel=2e-2)
     assert mixed.val_loss[-1] < 0.5 * mixed.val_loss[0] and full.val_loss[-1] < 0.5 * full.val_loss[0]

@@ -27,6 +27,9 @@ def _add_train(sub) -> None:
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast on the CPU too (faster only on CPUs with AVX512-BF16 or AMX; "
+                        "a CUDA GPU uses bf16 without this flag)")
     p.set_defaults(handler=_cmd_train)
 
 

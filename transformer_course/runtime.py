@@ -59,15 +59,28 @@ def pick_device(preferred: str | None = None) -> torch.device:
     return torch.device(choice)
 
 
+FAST_BF16_ENV = "TRANSFORMER_COURSE_FAST_BF16"
+
+
 @functools.cache
 def cpu_has_fast_bf16() -> bool:
     """True when this CPU multiplies bfloat16 matrices natively (AVX512-BF16 or Intel AMX).
 
-    There a bf16 matrix product runs about 2.2x faster than an fp32 one (measured on this course's
-    CPU, benchmarks/results/training.md), so chapter 06 trains under bf16 autocast; on other CPUs bf16
-    is emulated, slower than fp32, and training stays in fp32. Asks PyTorch's own CPU probe
-    (``torch.cpu``), and answers False where a PyTorch build has none.
+    Where it does, a bf16 matrix product can run about twice as fast as an fp32 one; elsewhere bf16 is
+    emulated and slower than fp32. Nothing in the course switches to bf16 on this answer by itself:
+    training and decoding compute in float32 on the CPU unless asked (``TrainConfig(bf16=True)``), so
+    every chapter prints the same numbers on every CPU. Benchmarks and labelled experiments use it to
+    say which case a machine is in.
+
+    Asks PyTorch's own CPU probe (``torch.cpu``), and answers False where a PyTorch build has none.
+    The environment variable ``TRANSFORMER_COURSE_FAST_BF16=0`` or ``=1`` overrides the answer (CI runs
+    the chapters a second time with the answer flipped, to prove that no stored output depends on it).
     """
+    forced = os.environ.get(FAST_BF16_ENV, "").strip()
+    if forced:
+        if forced not in ("0", "1"):
+            raise ValueError(f"{FAST_BF16_ENV} must be 0 or 1 (or unset to ask the CPU), got {forced!r}")
+        return forced == "1"
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     cpu = getattr(torch, "cpu", None)
     return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'autocast_for', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
 
-# %% ../chapters/06_gpt_and_training.ipynb #76a2f3b0
+# %% ../chapters/06_gpt_and_training.ipynb #bebc6cd9
 # Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
 # cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
 # and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
@@ -21,7 +21,7 @@ import torch
 
 from .data import get_batch
 from .model import GPT, PRESETS, GPTConfig
-from .runtime import cpu_has_fast_bf16, pick_device
+from .runtime import pick_device
 
 
 @dataclass
@@ -44,7 +44,7 @@ class TrainConfig:
     seed: int = 1337  # seeds the batch sampler
     device: str | None = None  # None: CUDA, then MPS, then CPU
     compile: bool = False  # torch.compile the model (pays off only for long runs)
-    bf16: bool = True  # bf16 autocast on CUDA, and on CPUs with native bf16 (runtime.cpu_has_fast_bf16)
+    bf16: bool | None = None  # bf16 autocast: None = on a CUDA GPU only; True = on the CPU too (opt-in); False = never
     progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
 
     def __post_init__(self):
@@ -65,6 +65,8 @@ class TrainConfig:
             raise ValueError(f"AdamW betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise ValueError(f"TrainConfig.max_seconds must be positive or None, got {self.max_seconds!r}")
+        if not (self.bf16 is None or isinstance(self.bf16, bool)):
+            raise ValueError(f"TrainConfig.bf16 must be None (bf16 on a GPU only), True or False, got {self.bf16!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -268,13 +270,15 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu") -> Check
                       rng=state.get("rng", {}), tokenizer=_tokenizer_from(state.get("tokenizer")),
                       history=None if history is None else History.from_dict(history))
 
-# %% ../chapters/06_gpt_and_training.ipynb #b091c9f5
+# %% ../chapters/06_gpt_and_training.ipynb #2104d0da
 def autocast_for(device: torch.device, cfg: TrainConfig):
-    """bf16 autocast where the hardware multiplies bf16 natively: a CUDA GPU that supports it, or a CPU
-    with AVX512-BF16 or AMX (`runtime.cpu_has_fast_bf16`). A no-op context elsewhere, or with cfg.bf16 off."""
-    if cfg.bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
+    """The forward pass's precision: bf16 autocast on a CUDA GPU that supports it (unless cfg.bf16 is
+    False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
+    The CPU never switches to bf16 on its own, so a run's numbers do not depend on the CPU's
+    instruction set (`runtime.cpu_has_fast_bf16` tells whether bf16 is fast here)."""
+    if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported():
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
-    if cfg.bf16 and device.type == "cpu" and cpu_has_fast_bf16():
+    if device.type == "cpu" and cfg.bf16 is True:
         return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
     return nullcontext()
 
@@ -364,7 +368,7 @@ def plot_history(history: History, ax=None, title: str | None = None):
     ax.legend()
     return ax
 
-# %% ../chapters/06_gpt_and_training.ipynb #86d7f9e0
+# %% ../chapters/06_gpt_and_training.ipynb #bd7f8d56
 def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
     """All of `text` as a 1-D tensor of token ids: uint8 when the vocabulary fits in a byte, else int32.
     Encoded a chunk at a time (cut after a newline) straight into one preallocated tensor, so the Python
@@ -384,8 +388,8 @@ def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
 
 
 TRAIN_PRESETS: dict[str, TrainConfig] = {
-    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss below 1.90 in
-    # under a minute on a 2-core CPU with native bf16, 75 s in fp32 (TrainConfig() itself is nanoGPT's 2,000-step recipe)
+    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.88 in about
+    # 75 s of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
     "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
     # nanoGPT's shakespeare-char GPU recipe: wants a GPU
     "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
@@ -408,6 +412,8 @@ def run_train_command(args) -> int:
     train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
     del text
     overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
+    if getattr(args, "bf16", False):
+        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
     cfg = replace(TRAIN_PRESETS[args.preset], **overrides, **({"max_iters": args.max_iters} if args.max_iters else {}))
     seed_everything(args.seed)
     model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))

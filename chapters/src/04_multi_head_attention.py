@@ -877,6 +877,8 @@ draw_heads(0)  # the widget's starting view, stored with the notebook
 # `benchmarks/results/attention.json` (**this machine's figures**: yours will differ, the ratios less so).
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (printed from a file that `make bench` rewrites on the machine it runs on)
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 

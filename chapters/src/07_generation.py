@@ -16,10 +16,10 @@
 # - weights laid out (and, if you choose, rounded to bf16) for fast decoding, with the quality measured;
 # - `stream`, an iterator that yields tokens as they are made, and a playground widget.
 #
-# **You will be able to** sample text from the model trained in chapter 06 with any of these settings,
+# **You will be able to** sample text from the model chapter 06 trains (the course ships it, trained) with any of these settings,
 # explain what each one does to the distribution, and say what the cache saves and what it costs.
 #
-# **It needs** the character tokenizer (chapter 01), `GPT` and `train` (chapter 06) and the `KVCache`
+# **It needs** the character tokenizer (chapter 01), `GPT` and `load_checkpoint` (chapter 06) and the `KVCache`
 # that chapter 04 built into the attention path. Everything this chapter exports lands in
 # `transformer_course/generation.py`, except the weights prepared for fast decoding (end of section 11),
 # which go to `transformer_course/decoding.py`.
@@ -453,29 +453,27 @@ assert (freq - target).abs().max() < tolerance and counts[target == 0].sum() == 
 # %% [markdown]
 # ## 8. A model to generate from
 #
-# Sampling needs a trained model. Chapter 06 trains a character-level GPT on Shakespeare; here we train a
-# smaller one again with its `train` function, on two plays (*Romeo and Juliet* and *Hamlet*) for 1,000
-# steps, which takes seconds on a laptop CPU. That way this chapter depends on no file a fresh copy of
-# the course lacks. (The checkpoint that `transformer-course train` writes works just as well: see
-# section 14.)
+# Sampling needs a trained model. The course ships one inside the package: chapter 06's character-level
+# GPT (4 blocks, 4 heads, C = 128, context 64), trained once with exactly chapter 06's recipe (1,500
+# steps, float32, seed 1337) by the course's own `train`, about 3 MB. `load_course_model` checks the file
+# against the SHA-256 in its manifest and loads it with chapter 06's `load_checkpoint`, so we get the
+# model, its tokenizer and the history of its run. Loading a file, unlike training again, gives the same
+# model on every machine; the manifest records the machine it was trained on, and
+# `tools/build_course_model.py` trains it again. (The checkpoint that `transformer-course train` writes
+# works just as well: see section 14.)
 
 # %%
-from transformer_course import CharTokenizer, TrainConfig, load_shakespeare, train, train_val_split
+from transformer_course import load_shakespeare, train_val_split
+from transformer_course.course_model import load_course_model, manifest
+from transformer_course.training import encode_corpus
 
-text_sample = load_shakespeare(["tragedies/romeo-and-juliet", "tragedies/hamlet"])
-tok = CharTokenizer.from_text(text_sample)
-data = torch.tensor(tok.encode(text_sample), dtype=torch.long)
-train_data, val_data = train_val_split(data)
-print(f"{len(text_sample):,} characters, vocabulary of {tok.vocab_size}")
-
-# %%
-torch.manual_seed(0)
-cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=4, n_head=4, d_model=64)
-model = GPT(cfg)
-recipe = TrainConfig(max_iters=1000, batch_size=16, learning_rate=3e-3, min_lr=3e-4, warmup_iters=20,
-                     eval_interval=500, eval_iters=10, progress=False)
-history = train(model, train_data, val_data, recipe)
-print(f"{model.num_parameters():,} parameters; validation loss {history.val_loss[0]:.3f} -> {history.val_loss[-1]:.3f}")
+course = load_course_model()
+model, tok, cfg = course.model, course.tokenizer, course.config
+text_sample = load_shakespeare(["tragedies/romeo-and-juliet"])  # prompts and cache demos take text from here
+_, val_data = train_val_split(encode_corpus(tok, load_shakespeare()).long())  # the split it was trained beside
+print(f"{model.num_parameters():,} parameters, vocabulary of {tok.vocab_size} characters, context {cfg.block_size}")
+print(f"trained {course.step:,} steps with chapter 06's recipe on {manifest()['built']['cpu']}: "
+      f"validation loss {course.history.val_loss[0]:.2f} -> {course.history.val_loss[-1]:.2f}")
 
 
 # %% [markdown]
@@ -867,7 +865,7 @@ with torch.no_grad():
     step_logits = [model(seq[:, : prompt.size(1)], cache=cache)[0][:, -1]]
     step_logits += [model(seq[:, t : t + 1], cache=cache)[0][:, -1] for t in range(prompt.size(1), seq.size(1))]
 diff = (torch.stack(step_logits, 1) - full_logits[:, prompt.size(1) - 1 :]).abs().max()
-print(f"largest logit difference, cached vs full recompute: {float(diff):.1e}")
+print(f"cached logits = full recompute within 1e-4: {float(diff) < 1e-4}")
 assert diff < 1e-4
 
 # %% [markdown]

@@ -890,6 +890,8 @@ torch.set_num_threads(threads)
 print(f"ours {ours_speed:,.0f}, HF {hf_speed:,.0f} tokens per CPU second: {ours_speed / hf_speed:.1f}x")
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (printed from a file that `make bench` rewrites on the machine it runs on)
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 

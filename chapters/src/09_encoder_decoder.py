@@ -328,8 +328,10 @@ for norm_first in (False, True):
     out_ref = ref_dec(tgt_x, mem_ref, tgt_mask=future, tgt_is_causal=True,
                       tgt_key_padding_mask=~tgt_keep, memory_key_padding_mask=~src_keep)
     real = tgt_keep[..., None]  # PyTorch's padded query rows are not meaningful; compare real ones
-    print(f"{norm}-norm: encoder max diff {(mem_ours - mem_ref)[src_keep].abs().max().item():.1e}, "
-          f"decoder max diff {((out_ours - out_ref) * real).abs().max().item():.1e}")
+    enc_diff = (mem_ours - mem_ref)[src_keep].abs().max().item()
+    dec_diff = ((out_ours - out_ref) * real).abs().max().item()
+    print(f"{norm}-norm: encoder equal to PyTorch's within 1e-5: {enc_diff < 1e-5}, decoder: {dec_diff < 1e-5}")
+    assert enc_diff < 1e-5 and dec_diff < 1e-5
 
 # %% [markdown]
 # ## 5. The full model
@@ -633,7 +635,12 @@ _ = model.eval()
 # %%
 import matplotlib.pyplot as plt
 
-print("loss: first 100 steps", round(sum(losses[:100]) / 100, 3), "| last 100 steps", round(sum(losses[-100:]) / 100, 4))
+# Training sums millions of float32 products, and a CPU with other vector instructions groups those sums
+# differently, so the exact losses differ in their last digits from machine to machine (the figure shows
+# yours). What holds everywhere: the loss starts near ln 15 and ends three orders of magnitude lower.
+first, last = sum(losses[:100]) / 100, sum(losses[-100:]) / 100
+print(f"mean loss over the first 100 steps above 0.5: {first > 0.5}; over the last 100 below 0.005: {last < 0.005}")
+assert first > 0.5 and last < 0.005
 fig, ax = plt.subplots(figsize=(7, 3))
 ax.plot(losses, lw=0.7)
 ax.set(yscale="log", xlabel="step", ylabel="cross-entropy", title="Dates → ISO: training loss")
@@ -655,7 +662,7 @@ def predict(texts):
 predictions = [p for i in range(0, len(test_pairs), 500) for p in predict([s for s, _ in test_pairs[i : i + 500]])]
 correct = [p == t for p, (_, t) in zip(predictions, test_pairs)]
 accuracy = sum(correct) / len(correct)
-print(f"exact match on {len(test_pairs)} held-out dates: {accuracy:.2%}")
+print(f"exact match on at least 99% of {len(test_pairs)} held-out dates: {accuracy >= 0.99}")
 assert accuracy >= 0.99
 for (s, t), p in list(zip(test_pairs, predictions))[:5]:
     print(f"{s:<40} -> {p} {'✓' if p == t else '✗ (want ' + t + ')'}")
@@ -673,8 +680,13 @@ for (s, t), ok in zip(test_pairs, correct):
     by_format[fmt, ok] += 1
 for name in FORMATS:
     total = by_format[name, True] + by_format[name, False]
-    print(f"{name:<11} {by_format[name, True]:>4}/{total}")
-print([(s, p) for (s, _), p, ok in zip(test_pairs, predictions, correct) if not ok][:5])
+    print(f"{name:<11} {total:>4} held-out dates, at least 98% right: {by_format[name, True] >= 0.98 * total}")
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (how many, if any, depends on the last bits of this machine's training run)
+mistakes = [(s, p) for (s, _), p, ok in zip(test_pairs, predictions, correct) if not ok]
+print(f"{len(mistakes)} mistakes in all; the first few (if any): {mistakes[:3]}")
 
 # %% [markdown]
 # ### Where does each output character look?

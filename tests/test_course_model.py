@@ -1,0 +1,96 @@
+"""The trained model the course ships: its recipe is chapter 06's, its file is what its manifest says,
+and a damaged file is refused, never used."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from transformer_course import course_model
+from transformer_course.course_model import (
+    build_course_model,
+    greedy_sample,
+    load_course_model,
+    manifest,
+)
+from transformer_course.model import PRESETS
+from transformer_course.tokenization import CharTokenizer
+from transformer_course.training import TRAIN_PRESETS, TrainConfig
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_course_model()
+
+
+def test_the_shipped_model_is_small_and_matches_its_manifest():
+    info = manifest()
+    assert course_model.CHECKPOINT.stat().st_size == info["bytes"] < 5_000_000
+    assert course_model._sha256(course_model.CHECKPOINT) == info["sha256"]
+    assert info["built"]["command"] == course_model.REBUILD and info["seed"] == course_model.SEED
+
+
+def test_the_shipped_model_follows_chapter_06s_recipe(shipped):
+    assert shipped.config == replace(PRESETS["tiny"], vocab_size=shipped.tokenizer.vocab_size)
+    recipe = replace(TRAIN_PRESETS["tiny"], seed=course_model.SEED, device="cpu", bf16=False)
+    assert shipped.train_config == replace(recipe, progress=shipped.train_config.progress)
+    assert shipped.train_config.bf16 is False  # float32: no bf16 autocast on the machine that built it
+    assert shipped.step == recipe.max_iters == len(shipped.history.step)
+    assert shipped.optimizer_state is None  # weights only: a few MB
+    assert isinstance(shipped.tokenizer, CharTokenizer)
+    assert shipped.history.val_loss[-1] == pytest.approx(manifest()["final_val_loss"], abs=1e-4)
+    assert shipped.history.val_loss[0] > 4.0 and shipped.history.val_loss[-1] < 1.95  # it learned
+
+
+def test_the_shipped_model_writes_what_its_manifest_recorded(shipped):
+    sample = manifest()["greedy_sample"]
+    assert greedy_sample(shipped, sample["prompt"], sample["max_new_tokens"]) == sample["text"]
+    assert not shipped.model.training
+
+
+def test_its_tokenizer_is_the_one_chapter_06_builds(shipped):
+    from transformer_course.data import load_shakespeare
+
+    assert shipped.tokenizer.chars == CharTokenizer.from_text(load_shakespeare()).chars
+
+
+@pytest.fixture
+def scratch_assets(tmp_path, monkeypatch):
+    for name in ("CHECKPOINT", "MANIFEST"):
+        original = getattr(course_model, name)
+        copy = tmp_path / original.name
+        copy.write_bytes(original.read_bytes())
+        monkeypatch.setattr(course_model, name, copy)
+    return tmp_path
+
+
+def test_a_damaged_file_is_refused(scratch_assets):
+    path = course_model.CHECKPOINT
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte inside the tensor data
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="does not match its manifest.*rebuild it with"):
+        load_course_model()
+
+
+def test_a_missing_file_or_manifest_says_how_to_get_it_back(scratch_assets):
+    course_model.CHECKPOINT.unlink()
+    with pytest.raises(FileNotFoundError, match="reinstall the package or rebuild"):
+        load_course_model()
+    course_model.MANIFEST.unlink()
+    with pytest.raises(FileNotFoundError, match="manifest .* is missing"):
+        load_course_model()
+
+
+def test_the_builder_writes_a_loadable_model_and_manifest(tmp_path, monkeypatch):
+    path = build_course_model(tmp_path, max_iters=3, progress=False)
+    monkeypatch.setattr(course_model, "CHECKPOINT", path)
+    monkeypatch.setattr(course_model, "MANIFEST", tmp_path / course_model.MANIFEST.name)
+    info = manifest()
+    assert info["steps"] == 3 and info["train_config"]["max_iters"] == 3
+    assert TrainConfig.from_dict(info["train_config"]).bf16 is False
+    loaded = load_course_model()
+    assert loaded.step == 3 and loaded.history.eval_step == [0, 3]
+    assert info["greedy_sample"]["text"] == greedy_sample(loaded)
+    x = torch.zeros(1, 4, dtype=torch.long)
+    assert torch.isfinite(loaded.model(x)[0]).all()
