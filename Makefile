@@ -73,7 +73,7 @@ test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"
 
 test-browser: $(STAMP)
-	$(BIN)/python tests/browser/lab_e2e.py
+	$(BIN)/python tests/browser/lab_e2e.py --jobs $(JOBS)
 
 export: $(STAMP)
 	$(BIN)/python tools/nb.py export

@@ -1507,14 +1507,23 @@ for name, m in (("nn.Linear layouts", model), ("tuned layouts", tuned)):
 
 # %%
 same_values = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), tuned.state_dict().values(), strict=True))
-same_tokens = torch.equal(generate(model, prompt, 40, temperature=0), generate(tuned, prompt, 40, temperature=0))
-print("same weights:", same_values, "| same greedy tokens:", same_tokens)
-assert same_values and same_tokens
+seq = generate(model, prompt, 40, temperature=0)
+cache_plain, cache_tuned = model.new_cache(), tuned.new_cache()
+with torch.no_grad():  # the same 47 tokens fed to both, one at a time after the prompt, as decoding does
+    steps = [prompt.size(1)] + [1] * 40
+    gaps, start = [], 0
+    for n in steps:
+        chunk = seq[:, start : start + n]
+        gaps.append((model(chunk, cache=cache_plain)[0] - tuned(chunk, cache=cache_tuned)[0]).abs().max())
+        start += n
+print("same weights:", same_values, "| same logits at every decode step, within 1e-4:", max(gaps).item() < 1e-4)
+assert same_values and max(gaps) < 1e-4
 
 # %% [markdown]
 # Packing is chosen only where it wins, so the cells above may not have used it on your machine. The
-# `layouts` argument restricts the choice; with `layouts=["packed"]` every layer is packed, and the logits
-# and tokens can be compared with the plain model's.
+# `layouts` argument restricts the choice; with `layouts=["packed"]` every layer is packed, and its logits
+# can be compared with the plain model's. (Not its greedy tokens: another kernel sums in another order,
+# and where two tokens are within a rounding error of each other, the choice between them can flip.)
 
 # %%
 from transformer_course.decoding import packing_available  # noqa: E402
@@ -1527,9 +1536,8 @@ else:
     print(packed.blocks[0].mlp.fc)
     with torch.no_grad():
         gap = (packed(prompt)[0] - model(prompt)[0]).abs().max()
-    same = torch.equal(generate(model, prompt, 40, temperature=0), generate(packed, prompt, 40, temperature=0))
-    print(f"largest logit difference below 1e-5: {bool(gap < 1e-5)} | same greedy tokens: {same}")
-    assert gap < 1e-5 and same
+    print(f"largest logit difference below 1e-5: {bool(gap < 1e-5)}")
+    assert gap < 1e-5
 
 # %% [markdown]
 # ### Reading fewer bytes: bf16 weights

@@ -650,7 +650,7 @@ print(f"124M GPT-2: the tied matrix holds {gpt2_cfg.vocab_size * gpt2_cfg.d_mode
 # %%
 xs = torch.linspace(-6, 6, 2001)
 gap = F.gelu(xs, approximate="tanh") - F.gelu(xs)
-print(f"largest |tanh GELU - exact GELU| on [-6, 6]: {gap.abs().max():.1e} at x = {xs[gap.abs().argmax()]:.2f}")
+print(f"largest |tanh GELU - exact GELU| on [-6, 6]: {gap.abs().max():.1e} at |x| = {xs[gap.abs().argmax()].abs():.2f}")
 fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3))
 a1.plot(xs, F.gelu(xs), label="exact (erf)")
 a1.plot(xs, F.gelu(xs, approximate="tanh"), "--", label="tanh approximation")

@@ -13,6 +13,14 @@ Run with ``make test-browser`` (CI runs it after ``make test``). For each chapte
 It installs Debian's chromium when ``/usr/bin/chromium`` is missing (root only), starts JupyterLab on
 127.0.0.1 with a throwaway configuration (no token, no browser), and always stops the server and the
 browser, also on failure. Each chapter has a time limit (``--chapter-timeout``), and so does the run.
+
+``--jobs N`` (default 2) splits the chapters into N groups and runs each group in a child process of
+this script, with its own JupyterLab (own port, own scratch copy, log ``jupyter-lab-<k>.log``) and its
+own Chromium, and ``OMP_NUM_THREADS=1`` so that concurrent chapters do not fight over cores. Groups
+are balanced with a fixed table of relative chapter costs (``COSTS``), longest first. The children's
+lines are printed prefixed with ``[k]``; the run fails if any child fails. When the run times out or
+is interrupted, the children are stopped and whatever they started is killed. ``--jobs 1`` runs
+every chapter in this process, one after another.
 """
 
 from __future__ import annotations
@@ -20,12 +28,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -42,6 +52,14 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
+# Relative cost of each chapter in the browser test (about 30 s of a two-core machine per unit, one
+# PyTorch thread), used only to balance --jobs groups; a chapter not listed counts as 1.
+COSTS = {
+    "06_gpt_and_training": 6,
+    "07_generation": 3,
+    "08_pretrained_gpt2": 3,
+    "09_encoder_decoder": 3,
+}
 # JS helpers evaluated in the page; `window.jupyterapp` exists thanks to expose_app_in_browser
 JS_MODEL = "() => { const w = window.jupyterapp.shell.currentWidget; return w && w.context ? w.context.model.toJSON() : null; }"
 JS_KERNEL = """() => { const w = window.jupyterapp.shell.currentWidget;
@@ -138,6 +156,25 @@ def shutdown_kernels(base: str) -> None:
 
 class ChapterFailure(AssertionError):
     pass
+
+
+class Abort(BaseException):
+    """The run's watchdog fired or the process was told to stop: ends the run, not just a chapter."""
+
+
+def _abort(signum, _frame):
+    signal.alarm(0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
+    raise Abort("browser test exceeded --total-timeout" if signum == signal.SIGALRM else f"stopped by {signal.Signals(signum).name}")
+
+
+def die_with_parent(parent: int) -> None:
+    """A child of --jobs: get SIGTERM (so clean up) when the parent process dies, even by SIGKILL."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG (Linux)
+    if os.getppid() != parent:  # the parent died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def errors_in(model: dict) -> list[str]:
@@ -262,27 +299,188 @@ def check_widgets(page, name: str, model: dict) -> str:
     raise ChapterFailure(f"{name}: {expected} widgets, none with a control to change")
 
 
+def cost(name: str) -> float:
+    return COSTS.get(Path(name).stem, 1)
+
+
+def split(notebooks: list[str], jobs: int) -> list[list[str]]:
+    """Longest first, each chapter into the group with the least total cost so far."""
+    groups: list[list[str]] = [[] for _ in range(jobs)]
+    totals = [0.0] * jobs
+    for name in sorted(notebooks, key=lambda n: (-cost(n), n)):
+        k = min(range(jobs), key=lambda i: totals[i])
+        groups[k].append(name)
+        totals[k] += cost(name)
+    return [sorted(g) for g in groups if g]
+
+
+def process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, start time) of every process, from /proc (Linux)."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2:].split()
+            table[int(entry.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(pid: int) -> set[tuple[int, str]]:
+    """(pid, start time) of every process below ``pid``: JupyterLab, kernels and Chromium included,
+    although they run in sessions of their own."""
+    table = process_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        found.add((p, table[p][1]))
+        todo.extend(children.get(p, []))
+    return found
+
+
+def kill_leftovers(seen: set[tuple[int, str]]) -> list[str]:
+    """SIGKILL each process of ``seen`` that still runs (same pid and start time); return their names."""
+    table, killed = process_table(), []
+    for pid, started in seen:
+        if pid in table and table[pid][1] == started:
+            try:
+                name = Path(f"/proc/{pid}/comm").read_text().strip()
+                os.kill(pid, signal.SIGKILL)
+                killed.append(f"{name}[{pid}]")
+            except OSError:
+                pass
+    return killed
+
+
+def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
+    """Run the chapters in ``jobs`` child processes of this script; stream their lines; sum up."""
+    start = time.monotonic()
+    groups = split(notebooks, jobs)
+    # TMPDIR: the children's scratch copies and Chromium profiles, removed at the end whatever happens
+    scratch = Path(tempfile.mkdtemp(prefix="lab-e2e-jobs-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TMPDIR": str(scratch)}
+    child_timeout = max(args.total_timeout - 60, 0.9 * args.total_timeout)  # children stop first, cleanly
+    lock = threading.Lock()
+    passed: set[str] = set()
+    reported: set[str] = set()
+    procs: list[subprocess.Popen] = []
+    seen: set[tuple[int, str]] = set()
+    failures: list[str] = []
+
+    def pump(k: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            m = re.match(r"(PASS|FAIL) (\S+\.ipynb):", line)
+            with lock:
+                if m:
+                    reported.add(m.group(2))
+                    if m.group(1) == "PASS":
+                        passed.add(m.group(2))
+                print(f"[{k}] {line}", flush=True)
+
+    for sig in (signal.SIGALRM, signal.SIGTERM):
+        signal.signal(sig, _abort)
+    signal.alarm(int(args.total_timeout))
+    threads = []
+    try:
+        for k, group in enumerate(groups, 1):
+            print(f"[{k}] {len(group)} chapter{'s' if len(group) > 1 else ''} (cost {sum(map(cost, group)):g}): {' '.join(group)}", flush=True)
+            cmd = [
+                sys.executable, str(Path(__file__).resolve()), "--jobs", "1", "--child-of", str(os.getpid()),
+                "--chapter-timeout", str(args.chapter_timeout), "--total-timeout", str(child_timeout),
+                "--out", str(out), "--lab-log", str(out / f"jupyter-lab-{k}.log"), *group,
+            ]
+            # own session: a Ctrl-C reaches this process only, which stops the children in order
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, encoding="utf-8", errors="replace", bufsize=1,
+                                    start_new_session=True)
+            procs.append(proc)
+            threads.append(threading.Thread(target=pump, args=(k, proc), daemon=True))
+            threads[-1].start()
+        while any(p.poll() is None for p in procs):
+            seen |= descendants(os.getpid())  # what to kill should a child die without cleaning up
+            time.sleep(2)
+    except (Exception, Abort, KeyboardInterrupt) as exc:
+        failures.append(f"run: {type(exc).__name__}: {exc}")
+        print(f"FAIL run: {type(exc).__name__}: {exc}; stopping the jobs", flush=True)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave orphans
+        seen |= descendants(os.getpid())
+        alive = [p for p in procs if p.poll() is None]
+        for p in alive:  # a child ends its chapter, closes its browser and stops its JupyterLab
+            p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 45
+        for p in alive:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        killed = kill_leftovers(seen)
+        if killed:
+            print(f"killed {len(killed)} leftover processes of the jobs: {' '.join(sorted(killed))}", flush=True)
+        for p in procs:
+            p.wait()
+        for t in threads:
+            t.join(timeout=5)
+        shutil.rmtree(scratch, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    for k, (p, group) in enumerate(zip(procs, groups, strict=False), 1):
+        if p.returncode:
+            missing = [n for n in group if n not in reported]
+            failures.append(f"job {k}: exit code {p.returncode}")
+            print(f"FAIL job {k}: exit code {p.returncode}" + (f"; no verdict for {' '.join(missing)}" if missing else ""), flush=True)
+    print(f"browser test: {len(passed)}/{len(notebooks)} chapters passed in {time.monotonic() - start:.0f} s "
+          f"with {len(groups)} jobs; screenshots in {out}", flush=True)
+    return 1 if failures or len(passed) < len(notebooks) else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter notebooks to run (default: all)")
+    parser.add_argument("--jobs", type=int, default=2, help="chapters run at the same time, each group in its own "
+                        "JupyterLab and Chromium (default 2; 1 runs them one after another in this process)")
     parser.add_argument("--chapter-timeout", type=float, default=600, help="seconds per chapter")
     parser.add_argument("--total-timeout", type=float, default=2700, help="seconds for the whole run")
     parser.add_argument("--out", default=str(ROOT / "build" / "browser"), help="where screenshots go")
+    parser.add_argument("--lab-log", help="JupyterLab's log file (default: OUT/jupyter-lab.log)")
+    parser.add_argument("--child-of", type=int, help=argparse.SUPPRESS)  # set by --jobs for its children
     args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
 
     ensure_chromium()
-    from playwright.sync_api import sync_playwright
-
     notebooks = [Path(p).name for p in args.chapters] or sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    failures, lab = [], None
-    # a watchdog: whatever happens, the run ends (SIGALRM is delivered to this process only)
-    signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(TimeoutError("browser test exceeded --total-timeout")))
+    jobs = min(args.jobs, len(notebooks))
+    if jobs > 1:
+        return run_jobs(args, notebooks, out, jobs)
+    return run_here(args, notebooks, out)
+
+
+def run_here(args, notebooks: list[str], out: Path) -> int:
+    """Every chapter in this process, one after another, in one JupyterLab and one Chromium."""
+    # a watchdog: whatever happens, the run ends (SIGALRM is delivered to this process only); SIGTERM
+    # (from the --jobs parent, or its death) ends it the same way, servers and browser stopped
+    for sig in (signal.SIGALRM, signal.SIGTERM):
+        signal.signal(sig, _abort)
     signal.alarm(int(args.total_timeout))
+    if args.child_of:
+        die_with_parent(args.child_of)
+    from playwright.sync_api import sync_playwright
+
+    start = time.monotonic()
+    failures, lab, passed = [], None, 0
     tmp = Path(tempfile.mkdtemp(prefix="lab-e2e-"))
-    log_path = out / "jupyter-lab.log"
+    log_path = Path(args.lab_log) if args.lab_log else out / "jupyter-lab.log"
     try:
         with open(log_path, "w") as log:
             work = prepare_workspace(tmp)
@@ -303,7 +501,8 @@ def main(argv=None) -> int:
                             model = run_all(page, name, args.chapter_timeout)
                             verdict = check_widgets(page, name, model)
                             print(f"PASS {name}: {len(model['cells'])} cells; {verdict} ({time.monotonic() - t0:.0f} s)", flush=True)
-                        except Exception as exc:  # record and go on to the next chapter
+                            passed += 1
+                        except Exception as exc:  # record and go on to the next chapter (an Abort ends the run)
                             failures.append(f"{name}: {exc}")
                             print(f"FAIL {name}: {exc}", flush=True)
                         finally:
@@ -315,16 +514,16 @@ def main(argv=None) -> int:
                             shutdown_kernels(base)
                 finally:
                     browser.close()
-    except Exception as exc:
+    except (Exception, Abort) as exc:
         failures.append(f"run: {type(exc).__name__}: {exc}")
         print(f"FAIL run: {exc} (server log: {log_path})", flush=True)
     finally:
         signal.alarm(0)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop(lab)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"browser test: {len(notebooks) - len([f for f in failures if not f.startswith('run:')])}/{len(notebooks)} chapters passed "
-          f"in {time.monotonic() - start:.0f} s; screenshots in {out}")
-    return 1 if failures else 0
+    print(f"browser test: {passed}/{len(notebooks)} chapters passed in {time.monotonic() - start:.0f} s; screenshots in {out}", flush=True)
+    return 1 if failures or passed < len(notebooks) else 0
 
 
 if __name__ == "__main__":
