@@ -50,20 +50,20 @@ check: $(STAMP)
 	$(BIN)/python tools/nb.py check
 
 lint: $(STAMP)
-	$(BIN)/ruff check transformer_course tests benchmarks tools
+	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
 
 # Two workers, one PyTorch thread each: on two cores that beats one worker with two threads, and a
 # kernel's numbers do not depend on the machine's core count (the stored outputs come from one thread).
-# Notebooks go to workers whole (--dist loadfile): a chapter's cells share one kernel, in order.
+# The tests and the chapters run in one session (--dist loadgroup): a chapter's cells form one group,
+# on one worker, in order (they share one kernel); conftest.py starts the longest chapter runs first.
 # The device is pinned to the CPU: stored outputs are the CPU's, with or without a GPU in the machine.
 JOBS ?= 2
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMER_COURSE_DEVICE=cpu
 
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
-	$(BIN)/ruff check transformer_course tests benchmarks tools
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS)
-	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
+	$(TEST_ENV) $(BIN)/pytest tests $(CHAPTERS) $(NBVAL) -q -n $(JOBS) --dist loadgroup
 
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)

@@ -1,6 +1,7 @@
 """The trained model the course ships: its recipe is chapter 06's, its file is what its manifest says,
 and a damaged file is refused, never used."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -9,8 +10,10 @@ import torch
 from transformer_course import course_model
 from transformer_course.course_model import (
     build_course_model,
+    build_dates_model,
     greedy_sample,
     load_course_model,
+    load_dates_model,
     manifest,
 )
 from transformer_course.model import PRESETS
@@ -23,11 +26,13 @@ def shipped():
     return load_course_model()
 
 
-def test_the_shipped_model_is_small_and_matches_its_manifest():
-    info = manifest()
-    assert course_model.CHECKPOINT.stat().st_size == info["bytes"] < 5_000_000
-    assert course_model._sha256(course_model.CHECKPOINT) == info["sha256"]
-    assert info["built"]["command"] == course_model.REBUILD and info["seed"] == course_model.SEED
+@pytest.mark.parametrize("name", ["shakespeare_char", "dates_iso"])
+def test_the_shipped_models_are_small_and_match_their_manifests(name):
+    info = manifest(name)
+    path = course_model.ASSETS / f"{name}.pt"
+    assert path.stat().st_size == info["bytes"] < 5_000_000
+    assert course_model._sha256(path) == info["sha256"]
+    assert info["built"]["command"] == course_model.REBUILD
 
 
 def test_the_shipped_model_follows_chapter_06s_recipe(shipped):
@@ -56,37 +61,48 @@ def test_its_tokenizer_is_the_one_chapter_06_builds(shipped):
 
 @pytest.fixture
 def scratch_assets(tmp_path, monkeypatch):
-    for name in ("CHECKPOINT", "MANIFEST"):
-        original = getattr(course_model, name)
-        copy = tmp_path / original.name
-        copy.write_bytes(original.read_bytes())
-        monkeypatch.setattr(course_model, name, copy)
+    for name in ("shakespeare_char", "dates_iso"):
+        for suffix in (".pt", ".json"):
+            (tmp_path / (name + suffix)).write_bytes((course_model.ASSETS / (name + suffix)).read_bytes())
+    monkeypatch.setattr(course_model, "ASSETS", tmp_path)
     return tmp_path
 
 
-def test_a_damaged_file_is_refused(scratch_assets):
-    path = course_model.CHECKPOINT
+@pytest.mark.parametrize("name, load", [("shakespeare_char", load_course_model), ("dates_iso", load_dates_model)])
+def test_a_damaged_file_is_refused(scratch_assets, name, load):
+    path = scratch_assets / f"{name}.pt"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte inside the tensor data
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="does not match its manifest.*rebuild it with"):
-        load_course_model()
+        load()
 
 
 def test_a_missing_file_or_manifest_says_how_to_get_it_back(scratch_assets):
-    course_model.CHECKPOINT.unlink()
+    (scratch_assets / "shakespeare_char.pt").unlink()
     with pytest.raises(FileNotFoundError, match="reinstall the package or rebuild"):
         load_course_model()
-    course_model.MANIFEST.unlink()
+    (scratch_assets / "shakespeare_char.json").unlink()
     with pytest.raises(FileNotFoundError, match="manifest .* is missing"):
         load_course_model()
 
 
+def test_a_dates_file_of_another_format_is_refused(scratch_assets):
+    from transformer_course.runtime import atomic_save
+
+    path = atomic_save({"format": 99, "model": {}}, scratch_assets / "dates_iso.pt")
+    info = manifest("dates_iso")
+    info["sha256"] = course_model._sha256(path)
+    (scratch_assets / "dates_iso.json").write_text(json.dumps(info))
+    with pytest.raises(ValueError, match="not a dates model of format 1"):
+        load_dates_model()
+
+
 def test_the_builder_writes_a_loadable_model_and_manifest(tmp_path, monkeypatch):
     path = build_course_model(tmp_path, max_iters=3, progress=False)
-    monkeypatch.setattr(course_model, "CHECKPOINT", path)
-    monkeypatch.setattr(course_model, "MANIFEST", tmp_path / course_model.MANIFEST.name)
+    monkeypatch.setattr(course_model, "ASSETS", tmp_path)
     info = manifest()
+    assert path == tmp_path / "shakespeare_char.pt"
     assert info["steps"] == 3 and info["train_config"]["max_iters"] == 3
     assert TrainConfig.from_dict(info["train_config"]).bf16 is False
     loaded = load_course_model()
@@ -94,3 +110,29 @@ def test_the_builder_writes_a_loadable_model_and_manifest(tmp_path, monkeypatch)
     assert info["greedy_sample"]["text"] == greedy_sample(loaded)
     x = torch.zeros(1, 4, dtype=torch.long)
     assert torch.isfinite(loaded.model(x)[0]).all()
+
+
+def test_the_dates_builder_writes_a_loadable_model(tmp_path, monkeypatch):
+    build_dates_model(tmp_path, steps=2, progress=False)
+    monkeypatch.setattr(course_model, "ASSETS", tmp_path)
+    info = manifest("dates_iso")
+    assert info["recipe"]["steps"] == 2 and 0 <= info["held_out_exact_match"] <= 1
+    loaded = load_dates_model()
+    assert len(loaded.losses) == 2 and not loaded.model.training
+
+
+def test_the_shipped_dates_model_converts_dates():
+    from transformer_course.dates import (
+        BOS,
+        EOS,
+        SOURCE_CHARS,
+        TARGET_CHARS,
+        decode_ids,
+        encode_batch,
+    )
+
+    shipped = load_dates_model()
+    assert manifest("dates_iso")["held_out_exact_match"] >= 0.99 and len(shipped.losses) == course_model.DATES_STEPS
+    src = encode_batch(["the twenty-second of November 2026", "Mar 1st, 1999"], SOURCE_CHARS)
+    out = shipped.model.greedy_decode(src, BOS, EOS)
+    assert [decode_ids(row.tolist(), TARGET_CHARS) for row in out] == ["2026-11-22", "1999-03-01"]

@@ -14,7 +14,7 @@ Modules:
 - `transformer_course.checks.tokenization`: Checks for chapter 01's exercises (tokenization). Hand-written.
 - `transformer_course.classroom`: Classroom tools: the student edition of the chapters, and grading of student notebooks.
 - `transformer_course.cli`: The ``transformer-course`` command (hand-written, not exported).
-- `transformer_course.course_model`: The course's trained model: a character-level GPT trained once on Shakespeare by the course's own code, shipped inside the package (hand-written, not exported).
+- `transformer_course.course_model`: The course's trained models: trained once by the course's own code and shipped inside the package (hand-written, not exported).
 - `transformer_course.data`: Training data for the course: Shakespeare's plays as plain text, and batches of token ids.
 - `transformer_course.encoder_decoder`: The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
 - `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['MONTHS', 'PAD', 'BOS', 'EOS', 'FIRST', 'LAST', 'TARGET_CHARS', 'SOURCE_CHARS', 'FORMATS', 'ordinal_word', 'ordinal_suffix', 'random_example', 'make_examples', 'encode_batch', 'decode_ids']
+__all__ = ['MONTHS', 'PAD', 'BOS', 'EOS', 'FIRST', 'LAST', 'TARGET_CHARS', 'SOURCE_CHARS', 'FORMATS', 'ordinal_word', 'ordinal_suffix', 'random_example', 'make_examples', 'encode_batch', 'decode_ids', 'make_batch', 'new_dates_model', 'train_dates']
 
-# %% ../chapters/09_encoder_decoder.ipynb #5e896a06
+# %% ../chapters/09_encoder_decoder.ipynb #78be867f
 # Dates written the ways people write them, and their ISO form: a seq2seq task (chapter 09).
 # Each example pairs a source like "the twenty-second of November 2026" or "Nov 22nd, 2026" with the
 # target "2026-11-22". Vocabularies are characters, with 0 = padding, 1 = begin, 2 = end.
@@ -12,6 +12,9 @@ import datetime
 import random
 
 import torch
+from tqdm.auto import tqdm
+
+from .encoder_decoder import EncoderDecoder, Seq2SeqConfig
 
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September",
           "October", "November", "December"]
@@ -92,3 +95,43 @@ def decode_ids(ids, chars: str) -> str:
         if i >= 3:
             text.append(chars[i - 3])
     return "".join(text)
+
+# %% ../chapters/09_encoder_decoder.ipynb #b231d7fb
+def make_batch(pairs: list[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(source, ISO target) pairs -> source ids [B, S], decoder input [B, T] (BOS first) and the ids it
+    must predict [B, T] (the same sequence shifted left, EOS last)."""
+    src = encode_batch([s for s, _ in pairs], SOURCE_CHARS)
+    full = encode_batch([t for _, t in pairs], TARGET_CHARS, add_bos=True)  # BOS 2026-11-22 EOS
+    return src, full[:, :-1], full[:, 1:]  # source, decoder input, what it must predict
+
+# %% ../chapters/09_encoder_decoder.ipynb #4646a7a1
+def new_dates_model(seed: int = 0) -> EncoderDecoder:
+    """The chapter's model for this task, freshly initialised from `seed`: 2 + 2 layers, d_model 64, 4 heads."""
+    torch.manual_seed(seed)
+    cfg = Seq2SeqConfig(src_vocab_size=len(SOURCE_CHARS) + 3, tgt_vocab_size=len(TARGET_CHARS) + 3,
+                        max_src_len=48, max_tgt_len=12, n_layer_enc=2, n_layer_dec=2, n_head=4, d_model=64)
+    return EncoderDecoder(cfg)
+
+
+def train_dates(model: EncoderDecoder, pairs: list[tuple[str, str]], steps: int = 1200, batch_size: int = 64,
+                lr: float = 3e-3, seed: int = 3, progress: bool = True) -> list[float]:
+    """Train `model` in place on (source, ISO) pairs and return every step's loss. AdamW (weight decay
+    0.01), learning rate warmed up linearly over 100 steps then decayed linearly to 2% of `lr`, global
+    gradient norm clipped at 1; batches taken in order from one shuffle of `pairs` (seeded)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * (1 - s / steps) + 0.02)
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed)).tolist()
+    losses = []
+    model.train()
+    for step in tqdm(range(steps), desc="training", mininterval=2, disable=not progress):
+        i = (step * batch_size) % (len(order) - batch_size)
+        src, tgt_in, tgt_out = make_batch([pairs[j] for j in order[i : i + batch_size]])
+        _, loss = model(src, tgt_in, tgt_out)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses

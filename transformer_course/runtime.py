@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import random
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -84,3 +86,22 @@ def cpu_has_fast_bf16() -> bool:
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     cpu = getattr(torch, "cpu", None)
     return any(bool(getattr(cpu, name, lambda: False)()) for name in probes)
+
+
+def atomic_save(obj, path) -> Path:
+    """``torch.save(obj)`` to `path` atomically: written to a hidden temporary file in the same folder,
+    flushed to disk, then renamed over `path`, so a reader sees the old file or the new one, never half
+    of one (a crash or a full disk mid-write leaves `path` as it was, and no temporary file behind)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

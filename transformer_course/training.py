@@ -4,14 +4,12 @@ from __future__ import annotations
 
 __all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'autocast_for', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
 
-# %% ../chapters/06_gpt_and_training.ipynb #bebc6cd9
+# %% ../chapters/06_gpt_and_training.ipynb #e89b2ed5
 # Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
 # cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
 # and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
 import json
 import math
-import os
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -21,7 +19,7 @@ import torch
 
 from .data import get_batch
 from .model import GPT, PRESETS, GPTConfig
-from .runtime import pick_device
+from .runtime import atomic_save, pick_device
 
 
 @dataclass
@@ -163,7 +161,7 @@ class History:
         """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
         return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
 
-# %% ../chapters/06_gpt_and_training.ipynb #fa0ebd2f
+# %% ../chapters/06_gpt_and_training.ipynb #93e4bb90
 CHECKPOINT_FORMAT = 1
 _NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
 
@@ -177,8 +175,6 @@ def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -189,17 +185,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_save(state, path)  # readers see the old file or the new one, never half of one
 
 # %% ../chapters/06_gpt_and_training.ipynb #bcb343ac
 @dataclass

@@ -582,8 +582,6 @@ check_cross_entropy(my_cross_entropy)
 # and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
 import json
 import math
-import os
-import tempfile
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -593,7 +591,7 @@ import torch
 
 from transformer_course.data import get_batch
 from transformer_course.model import GPT, PRESETS, GPTConfig
-from transformer_course.runtime import pick_device
+from transformer_course.runtime import atomic_save, pick_device
 
 
 @dataclass
@@ -926,8 +924,6 @@ def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -938,17 +934,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of one
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_save(state, path)  # readers see the old file or the new one, never half of one
 
 # %%
 #| export training

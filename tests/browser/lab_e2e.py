@@ -17,7 +17,7 @@ browser, also on failure. Each chapter has a time limit (``--chapter-timeout``),
 ``--jobs N`` (default 2) splits the chapters into N groups and runs each group in a child process of
 this script, with its own JupyterLab (own port, own scratch copy, log ``jupyter-lab-<k>.log``) and its
 own Chromium, and ``OMP_NUM_THREADS=1`` so that concurrent chapters do not fight over cores. Groups
-are balanced with a fixed table of relative chapter costs (``COSTS``), longest first. The children's
+are balanced with a fixed table of relative chapter costs (``tests/chapter_costs.py``), longest first. The children's
 lines are printed prefixed with ``[k]``; the run fails if any child fails. When the run times out or
 is interrupted, the children are stopped and whatever they started is killed. ``--jobs 1`` runs
 every chapter in this process, one after another.
@@ -41,6 +41,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from chapter_costs import cost  # noqa: E402  (relative run time of each chapter, to balance --jobs)
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -52,14 +55,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
     "--disable-quic",
 ]
-# Relative cost of each chapter in the browser test (about 30 s of a two-core machine per unit, one
-# PyTorch thread), used only to balance --jobs groups; a chapter not listed counts as 1.
-COSTS = {
-    "06_gpt_and_training": 6,
-    "07_generation": 3,
-    "08_pretrained_gpt2": 3,
-    "09_encoder_decoder": 3,
-}
 # JS helpers evaluated in the page; `window.jupyterapp` exists thanks to expose_app_in_browser
 JS_MODEL = "() => { const w = window.jupyterapp.shell.currentWidget; return w && w.context ? w.context.model.toJSON() : null; }"
 JS_KERNEL = """() => { const w = window.jupyterapp.shell.currentWidget;
@@ -297,10 +292,6 @@ def check_widgets(page, name: str, model: dict) -> str:
                 return f"{expected} widgets rendered; {action}: output changed"
         raise ChapterFailure(f"{name}: {action} but the widget's output did not change")
     raise ChapterFailure(f"{name}: {expected} widgets, none with a control to change")
-
-
-def cost(name: str) -> float:
-    return COSTS.get(Path(name).stem, 1)
 
 
 def split(notebooks: list[str], jobs: int) -> list[list[str]]:

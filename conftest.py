@@ -1,0 +1,34 @@
+"""Scheduling for `make test`, which runs the test suite and every chapter under nbval in one pytest
+session on two workers (`--dist loadgroup`).
+
+- Each chapter notebook's cells form one group: they share one kernel and must run in order on one
+  worker.
+- The longest items (whole-chapter runs: nbval's and the student edition's) are started first, so the
+  two workers end at about the same time instead of one finishing a long chapter alone.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
+from chapter_costs import cost  # noqa: E402
+
+
+def _chapter_run(item) -> str | None:
+    """The chapter an item runs whole (an nbval cell, or a student-edition run), else None."""
+    path = Path(str(item.fspath))
+    if path.suffix == ".ipynb":
+        return path.stem
+    if item.originalname == "test_student_edition_runs_and_every_exercise_is_not_done":
+        return Path(item.callspec.params["name"]).stem
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    import pytest
+
+    for item in items:
+        if Path(str(item.fspath)).suffix == ".ipynb":
+            item.add_marker(pytest.mark.xdist_group(name=Path(str(item.fspath)).stem))
+    # stable: a notebook's cells keep their order; items that run no chapter keep theirs, after
+    items.sort(key=lambda item: -cost(chapter) if (chapter := _chapter_run(item)) else 0)

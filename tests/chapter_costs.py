@@ -1,0 +1,21 @@
+"""How long each chapter takes to run, relative to the others (one unit: about 15 s of one core of a
+2-core CPU, one PyTorch thread; measured with `pytest --durations` on the student-edition runs).
+
+Used only for scheduling, never asserted: `make test` starts the longest chapter runs first so its two
+workers finish together (conftest.py), and the browser test splits the chapters into parallel jobs of
+equal cost (tests/browser/lab_e2e.py). A chapter not listed counts as 1.
+"""
+
+from pathlib import Path
+
+COSTS = {
+    "06_gpt_and_training": 10,
+    "07_generation": 4,
+    "08_pretrained_gpt2": 2.5,
+    "09_encoder_decoder": 3,
+}
+
+
+def cost(name: str) -> float:
+    """Relative run time of chapter `name` (a notebook name or path, with or without .ipynb)."""
+    return COSTS.get(Path(name).stem, 1)
