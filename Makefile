@@ -15,7 +15,8 @@ JUPYTER_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.transformer-course-installed
 CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg -p no:cacheprovider
+# a cell that runs longer than 15 minutes fails (a kernel that died would otherwise be waited for 33 min)
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
 .PHONY: help install lab test test-other-cpu test-fast export course check lint student test-browser bench clean
@@ -54,8 +55,8 @@ lint: $(STAMP)
 
 # Two workers, one PyTorch thread each: on two cores that beats one worker with two threads, and a
 # kernel's numbers do not depend on the machine's core count (the stored outputs come from one thread).
-# The tests and the chapters run in one session (--dist loadgroup): a chapter's cells form one group,
-# on one worker, in order (they share one kernel); conftest.py starts the longest chapter runs first.
+# Notebooks go to workers whole (--dist loadfile): a chapter's cells share one kernel, in order;
+# conftest.py starts the longest chapter runs first (student edition and nbval) so both workers end together.
 # The device is pinned to the CPU: stored outputs are the CPU's, with or without a GPU in the machine.
 JOBS ?= 2
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMER_COURSE_DEVICE=cpu
@@ -63,7 +64,8 @@ TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORME
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
-	$(TEST_ENV) $(BIN)/pytest tests $(CHAPTERS) $(NBVAL) -q -n $(JOBS) --dist loadgroup
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2
+	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
 
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)

@@ -1,10 +1,7 @@
-"""Scheduling for `make test`, which runs the test suite and every chapter under nbval in one pytest
-session on two workers (`--dist loadgroup`).
-
-- Each chapter notebook's cells form one group: they share one kernel and must run in order on one
-  worker.
-- The longest items (whole-chapter runs: nbval's and the student edition's) are started first, so the
-  two workers end at about the same time instead of one finishing a long chapter alone.
+"""Scheduling for `make test` (two workers): the longest items, whole-chapter runs (nbval's and the
+student edition's), start first, so the two workers end at about the same time instead of one of them
+finishing a long chapter alone. Tests are handed out two at a time (`--maxschedchunk 2`); a chapter's
+cells go to one worker together, in order (`--dist loadfile`: they share one kernel).
 """
 
 import sys
@@ -25,10 +22,5 @@ def _chapter_run(item) -> str | None:
 
 
 def pytest_collection_modifyitems(config, items):
-    import pytest
-
-    for item in items:
-        if Path(str(item.fspath)).suffix == ".ipynb":
-            item.add_marker(pytest.mark.xdist_group(name=Path(str(item.fspath)).stem))
     # stable: a notebook's cells keep their order; items that run no chapter keep theirs, after
     items.sort(key=lambda item: -cost(chapter) if (chapter := _chapter_run(item)) else 0)

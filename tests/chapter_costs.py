@@ -10,9 +10,9 @@ from pathlib import Path
 
 COSTS = {
     "06_gpt_and_training": 10,
-    "07_generation": 4,
-    "08_pretrained_gpt2": 2.5,
-    "09_encoder_decoder": 3,
+    "07_generation": 2.5,
+    "08_pretrained_gpt2": 1.5,
+    "09_encoder_decoder": 2.5,
 }
 
 
