@@ -34,3 +34,34 @@ def test_statuses_and_lines(capsys):
 def test_quiet_prints_nothing(capsys):
     assert check_double(lambda x: 2 * x, quiet=True).passed
     assert capsys.readouterr().out == ""
+
+
+@check("0.2", "causal_mask", reference="transformer_course.attention:causal_mask")
+def check_mask_with_reference(fn):
+    import torch
+
+    expect(torch.equal(fn(3), torch.ones(3, 3, dtype=torch.bool).tril()), "position 0 can see position 1")
+
+
+def test_use_is_the_learners_code_when_it_passed_else_the_reference(capsys):
+    import torch
+
+    from transformer_course.attention import causal_mask
+
+    def mine(T):
+        return torch.ones(T, T, dtype=torch.bool).tril()
+
+    def wrong(T):
+        return torch.ones(T, T, dtype=torch.bool)
+
+    def stub(T):
+        raise NotImplementedError("Exercise 0.2")
+
+    passed, failed, not_done = (check_mask_with_reference(f) for f in (mine, wrong, stub))
+    assert passed.use is mine and failed.use is causal_mask and not_done.use is causal_mask
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].endswith("passed - the rest of the chapter uses yours")
+    assert "position 0 can see position 1 - the chapter carries on with the package's causal_mask" in lines[1]
+    assert lines[2].endswith("not done yet - the chapter carries on with the package's causal_mask")
+    assert all(RESULT_LINE.match(line) for line in lines)
+    assert check_double(lambda x: 2 * x, quiet=True).use is None  # no reference declared

@@ -77,10 +77,7 @@ def test_every_chapter_with_exercises_has_balanced_markers():
 @pytest.fixture(scope="module")
 def student_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("student")
-    result = subprocess.run(
-        [sys.executable, "-m", "transformer_course", "student-edition", str(out)], capture_output=True, text=True
-    )
-    assert result.returncode == 0, result.stderr
+    write_student_edition(out)
     return out / "chapters"
 
 
@@ -140,3 +137,77 @@ def test_student_edition_refuses_to_overwrite_the_chapters(tmp_path):
         write_student_edition(ROOT)  # would write into chapters/ itself
     with pytest.raises(FileNotFoundError, match="no chapter notebooks"):
         write_student_edition(tmp_path / "out", chapters_dir=tmp_path)
+
+
+def _nb(*sources):
+    return nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+
+
+EXERCISE = '''#| export
+# Your turn - Exercise 3.3 (★★☆, build): attention.
+def attention(q, k, v):
+    """out [T, d_v]."""
+    ### BEGIN SOLUTION
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v
+    ### END SOLUTION'''
+
+
+def test_find_leaks_sees_a_renamed_reformatted_copy():
+    """A planted leak: the same computation with other names and layout in a later demo cell."""
+    from transformer_course.classroom import find_leaks, student_notebook
+
+    leak = "import math\nimport torch\ns = (a @ b.transpose(-2, -1)\n     / math.sqrt(a.shape[-1]))\nw = torch.softmax(s, dim=-1)\nout = w @ c"
+    instructor = _nb("import math\nimport torch", EXERCISE, leak)
+    leaks = find_leaks(instructor, student_notebook(instructor))
+    assert leaks == ["Exercise 3.3 (solution region at cell 1) is reproduced in student cell 2"]
+    near = leak.replace("dim=-1)", "dim=-1).float()")  # a near copy
+    assert find_leaks(_nb("import math\nimport torch", EXERCISE, near), student_notebook(_nb(EXERCISE, near)))
+    unrelated = "import torch\nx = torch.randn(3, 4)\nprint(x.mean())"
+    assert find_leaks(_nb(EXERCISE, unrelated), student_notebook(_nb(EXERCISE, unrelated))) == []
+
+
+def test_a_debug_exercise_may_show_the_bug_but_not_the_fix():
+    from transformer_course.classroom import find_leaks, student_notebook
+
+    debug = EXERCISE.replace("build", "debug").replace("#| export\n", "")
+    buggy = "def attention_with_a_bug(q, k, v):\n    scores = q @ k.transpose(-2, -1)\n    weights = torch.softmax(scores, dim=-1)\n    return weights @ v"
+    nb = _nb("import math\nimport torch", debug, buggy)
+    assert find_leaks(nb, student_notebook(nb)) == []
+    fixed = buggy.replace("k.transpose(-2, -1)", "k.transpose(-2, -1) / math.sqrt(q.shape[-1])")
+    nb = _nb("import math\nimport torch", debug, fixed)
+    assert find_leaks(nb, student_notebook(nb))
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
+def test_no_chapter_gives_an_answer_away(student_dir, path):
+    from transformer_course.classroom import find_leaks
+
+    leaks = find_leaks(nbformat.read(path, 4), nbformat.read(student_dir / path.name, 4))
+    assert not leaks, f"{path.name}: {leaks}"
+
+
+@pytest.mark.parametrize("path", [p for p in EXERCISE_CHAPTERS if p.stem != "00_welcome"], ids=lambda p: p.stem)
+def test_every_chapter_has_each_kind_of_exercise(path):
+    """Build, predict, debug and extend in every chapter after the welcome (which only shows how checks work)."""
+    from transformer_course.classroom import KINDS, exercise_kinds
+
+    nb = nbformat.read(path, 4)
+    kinds = exercise_kinds(nb)
+    assert len(kinds) == sum(is_exercise_cell(c) for c in nb.cells), "every exercise names its stars and kind"
+    assert {k for _, k in kinds.values()} >= set(KINDS), f"{path.name}: {sorted(kinds.items())}"
+
+
+def test_student_edition_command_fails_on_a_leak(tmp_path):
+    chapters = tmp_path / "chapters"
+    chapters.mkdir()
+    copy = "import math\nimport torch\nscores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n" \
+        "w = torch.softmax(scores, dim=-1)\nprint(w @ v)"
+    nbformat.write(_nb("import math\nimport torch", EXERCISE), chapters / "03_a.ipynb")
+    run = [sys.executable, "-m", "transformer_course", "student-edition", str(tmp_path / "out"), "--chapters", str(chapters)]
+    result = subprocess.run(run, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    nbformat.write(_nb("import math\nimport torch", EXERCISE, copy), chapters / "03_a.ipynb")
+    result = subprocess.run(run, capture_output=True, text=True)
+    assert result.returncode == 1 and "03_a.ipynb: Exercise 3.3" in result.stderr

@@ -6,7 +6,8 @@ from scratch on every export, but *appends* cells exported to any other module n
 When the second module belongs to the same chapter (chapter 06 exports ``model`` and ``training``),
 every ``nbdev-export`` would append another copy. This processor, registered as ``export_procs`` in
 pyproject.toml so plain ``nbdev-export`` uses it too, resets each such module to an empty header
-before nbdev appends the chapter's cells, so exporting twice gives the same files. Such a module
+before nbdev appends the chapter's cells, so exporting twice gives the same files. It also drops the ``### BEGIN/END SOLUTION`` marker lines
+of exported cells that are exercises (the package keeps the reference code between them). Such a module
 opens with ``from __future__ import annotations`` and ``__all__``; its cells describe it in comments
 (a string literal after ``__all__`` would not be the module docstring).
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")  # as in classroom.BEGIN / END
 
 
 class ResetSecondaryModules:
@@ -25,6 +28,10 @@ class ResetSecondaryModules:
         self.done: set[str] = set()
 
     def _export_(self, cell, exp_to=None):
+        # an exported cell may be an exercise: the package gets its code without the solution markers
+        lines = cell.source.split("\n")
+        if any(line.strip() in SOLUTION_MARKERS for line in lines):
+            cell.source = "\n".join(line for line in lines if line.strip() not in SOLUTION_MARKERS)
         if exp_to is None or exp_to in self.done or self.nb_path is None:
             return
         from nbdev.config import get_config

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import re
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PASSED, FAILED, NOT_DONE = "passed", "failed", "not done"
 _ICON = {PASSED: "✅", FAILED: "❌", NOT_DONE: "⏳"}
@@ -25,6 +26,9 @@ class CheckOutcome:
     name: str  # what the learner wrote, e.g. "causal_mask"
     status: str  # "passed" | "failed" | "not done"
     message: str  # the hint (or "passed")
+    # what the rest of the chapter runs: the learner's code when it passed, else the package's reference
+    # (None when the check was declared without a reference)
+    use: object = field(default=None, compare=False, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -69,7 +73,16 @@ def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 
         raise CheckFailed(f"{hint} (largest difference {worst:.3g})")
 
 
-def check(exercise: str, name: str) -> Callable:
+def _resolve(reference: str):
+    """``"transformer_course.attention:causal_mask"`` -> that object (imported when first needed)."""
+    module, _, qualname = reference.partition(":")
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def check(exercise: str, name: str, reference: str | None = None) -> Callable:
     """Turn ``body(candidate, *args, **kwargs)`` into a learner-facing check.
 
     The body calls the learner's ``candidate`` on ordinary and edge inputs and uses :func:`expect`
@@ -78,6 +91,11 @@ def check(exercise: str, name: str) -> Callable:
     - ``NotImplementedError`` from the candidate (the student edition's stub) -> "not done yet";
     - :class:`CheckFailed` -> the hint;
     - any other exception -> what was raised, and where in the learner's code.
+
+    ``reference`` (``"module:qualname"``) names the package's implementation of the same thing. With
+    it, the outcome's ``use`` is what the rest of the chapter should run: the learner's candidate when
+    it passed, the reference otherwise, and the printed line says which
+    (``causal_mask = check_causal_mask(causal_mask).use``).
     """
 
     def decorate(body: Callable) -> Callable:
@@ -86,22 +104,34 @@ def check(exercise: str, name: str) -> Callable:
             try:
                 body(candidate, *args, **kwargs)
             except NotImplementedError:
-                outcome = CheckOutcome(exercise, name, NOT_DONE, _NOT_DONE_MESSAGE)
+                status, message = NOT_DONE, "not done yet"
             except CheckFailed as failure:
-                outcome = CheckOutcome(exercise, name, FAILED, str(failure))
+                status, message = FAILED, str(failure)
             except Exception as error:  # the learner's code crashed: say what and where
                 frames = traceback.extract_tb(error.__traceback__)
                 where = next((f for f in reversed(frames) if "transformer_course" not in f.filename), None)
                 at = f" (line {where.lineno}: {where.line.strip()})" if where and where.line else ""
-                outcome = CheckOutcome(exercise, name, FAILED, f"your code raised {type(error).__name__}: {error}{at}")
+                status, message = FAILED, f"your code raised {type(error).__name__}: {error}{at}"
             else:
-                outcome = CheckOutcome(exercise, name, PASSED, PASSED)
+                status, message = PASSED, PASSED
+            use = None
+            if reference is not None:
+                use = candidate if status == PASSED else _resolve(reference)
+                short = reference.rpartition(":")[2]
+                if status == PASSED:
+                    message = "passed - the rest of the chapter uses yours"
+                else:
+                    message = f"{message} - the chapter carries on with the package's {short}"
+            elif status == NOT_DONE:
+                message = _NOT_DONE_MESSAGE
+            outcome = CheckOutcome(exercise, name, status, message, use)
             _RESULTS.append(outcome)
             if not quiet:
                 print(outcome.line())
             return outcome
 
         run.exercise = exercise
+        run.reference = reference
         return run
 
     return decorate
