@@ -88,6 +88,7 @@ student: $(STAMP)
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	$(BIN)/python benchmarks/summary.py
 
 clean:
 	rm -rf build student .pytest_cache .ruff_cache

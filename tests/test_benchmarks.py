@@ -105,3 +105,27 @@ def test_every_bench_script_writes_the_machine_line():
         assert "import machine" in source and "machine.markdown_line(" in source, name
         if '"meta"' in source:  # a script that writes a .json stores the description there too
             assert '"machine_info"' in source and "machine.describe()" in source, name
+
+
+def test_readme_measured_table_is_written_from_the_results_files():
+    """No figure in the README's table is typed by hand: it is what benchmarks/summary.py writes."""
+    import summary
+
+    text = summary.README.read_text(encoding="utf-8")
+    assert summary.updated_readme(text) == text, "README is stale: run python benchmarks/summary.py"
+    table = text[text.index(summary.BEGIN): text.index(summary.END)]
+    rows = [ln for ln in table.splitlines() if ln.startswith("| ") and not ln.startswith("| What")]
+    assert len(rows) >= 6
+    for row in rows:  # every row names its machine (or says that it was not recorded, or needs none)
+        machine_cell = row.split(" | ")[1]
+        assert machine_cell in ("-", "not recorded") or "(" in machine_cell, row
+
+
+def test_summary_reads_a_table_and_a_machine_line(tmp_path):
+    import summary
+
+    md = tmp_path / "t.md"
+    md.write_text("Machine: Intel(R) Xeon(R) Processor @ 2.80GHz (2 CPUs; AVX2 yes, AVX-512 no, AVX512-BF16 no, "
+                  "AMX no; native bf16 no, AVX2-class), 1 torch thread, torch 2.13\n\n| a | b |\n|---|--:|\n| x | **2x** |\n")
+    assert summary.tables(md) == [[{"a": "x", "b": "2x"}]]
+    assert summary.machine(md) == "Intel Xeon @ 2.80GHz (AVX2, no native bf16, 1 thread)"

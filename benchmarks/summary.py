@@ -1,0 +1,170 @@
+"""The README's "Measured" table, written from the results files (no figure is typed by hand).
+
+    python benchmarks/summary.py          # rewrite the table between the README's markers
+    python benchmarks/summary.py --check  # exit 1 when the README's table is not what the files say
+
+Every row names the machine its figures were measured on: the `Machine:` line of the table it
+comes from (`benchmarks/results/*.md`, rewritten by `make bench` on the machine it runs on), and
+the tables kept from other machines in `benchmarks/results/archive/`. `make bench` runs this last;
+`tests/test_benchmarks.py` fails when the README and the files disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+ARCHIVE = RESULTS / "archive"
+README = ROOT / "README.md"
+BEGIN = "<!-- measured: begin (written by benchmarks/summary.py from benchmarks/results; do not edit) -->"
+END = "<!-- measured: end -->"
+AMD_TRAINING = "2026-11-22-amd-epyc-bf16-training.md"
+AMD_DECODE = "2026-11-22-amd-epyc-bf16-pretrained.md"
+
+
+def tables(path: Path) -> list[list[dict[str, str]]]:
+    """Every markdown table in a file, as rows of {header: cell} (bold marks removed)."""
+    found, current, header = [], None, None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("|"):
+            current = header = None
+            continue
+        cells = [c.strip().replace("**", "") for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header, current = cells, []
+            found.append(current)
+        elif not set("".join(cells)) <= set("-: "):
+            current.append(dict(zip(header, cells, strict=False)))
+    return found
+
+
+def machine(path: Path) -> str:
+    """A short name for the machine a results file was measured on, from its `Machine:` line."""
+    text = path.read_text(encoding="utf-8")
+    line = next((ln for ln in text.splitlines() if ln.startswith("Machine:")), "Machine: not recorded")
+    body = line.removeprefix("Machine:").strip()
+    if body.startswith("not recorded"):
+        return "not recorded"
+    body = re.sub(r"\((R|TM)\)", "", body)
+    name = re.sub(r"\s+Processor", "", body.split(" (")[0].split(",")[0]).strip()
+    avx512 = re.search(r"AVX-512 (yes|no)", body)
+    bf16 = re.search(r"native bf16(?: matrix instructions)?:? (yes|no|True|False)", body)
+    threads = re.search(r"(\d+) (?:torch )?threads?\b", body)
+    facts = []
+    if avx512:
+        facts.append("AVX-512" if avx512.group(1) == "yes" else "AVX2")
+    if bf16:
+        facts.append("native bf16" if bf16.group(1) in ("yes", "True") else "no native bf16")
+    if threads:
+        facts.append(f"{threads.group(1)} thread{'' if threads.group(1) == '1' else 's'}")
+    return f"{name} ({', '.join(facts)})" if facts else name
+
+
+def _row(rows: list[dict[str, str]], column: str, starts: str) -> dict[str, str]:
+    for row in rows:
+        if row[column].startswith(starts):
+            return row
+    raise LookupError(f"no row starting with {starts!r} in column {column!r}")
+
+
+def training_rows(path: Path, archived: bool) -> list[str]:
+    steps = tables(path)[0]
+    ops = _row(steps, "variant", "nanoGPT's operations")
+    fused = _row(steps, "variant", "fused attention, LayerNorm and AdamW, fp32")
+    bf16 = _row(steps, "variant", "the same + bf16 autocast")
+    where = f"`{path.relative_to(RESULTS).as_posix()}`"
+    vs = "vs nanoGPT's operations"
+    result = (f"fused fp32 step {fused['tokens / s']} tokens/s = {fused[vs]} nanoGPT's operations "
+              f"({ops['tokens / s']}); bf16 autocast (opt-in) {bf16[vs]}")
+    return [f"| Training step, nanoGPT's CPU shapes (4 x 4 x 128, block 64, batch 12) | {machine(path)}"
+            f"{' (archived)' if archived else ''} | {result} | {where} |"]
+
+
+def recipe_row() -> str:
+    manifest = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_char.json").read_text())
+    dates = json.loads((ROOT / "transformer_course" / "assets" / "dates_iso.json").read_text())
+    return (f"| Shipped models (any machine: float32, fixed seeds) | - | chapter 06's `--preset tiny`: val loss "
+            f"{manifest['final_val_loss']} after {manifest['steps']:,} steps; chapter 09's dates model: "
+            f"{dates['held_out_exact_match']:.0%} exact match on held-out dates | `transformer_course/assets/*.json` |")
+
+
+def decode_rows(path: Path, archived: bool) -> list[str]:
+    rows = tables(path)[0]
+    out = []
+    for start in ("tiny", "gpt2-124M"):
+        picked = [r for r in rows if r["model (layers x d_model)"].startswith(start) and r["batch"] == "1"]
+        if not picked:
+            continue
+        r = picked[0]
+        bf16 = r.get("ours bf16 weights / HF", "n/a")
+        agree = r.get("bf16 greedy choices equal to HF's", "")
+        extra = "" if bf16 == "n/a" else f"; bf16 weights {bf16} ({agree} same greedy choices)"
+        out.append(
+            f"| Greedy decoding vs Hugging Face `generate`, {r['model (layers x d_model)']}, one sequence "
+            f"(CPU time) | {machine(path)}{' (archived)' if archived else ''} | fp32 {r['ours fp32 / HF']} HF, same "
+            f"tokens: {r['same tokens as HF']}; fp32 read bound "
+            f"{r['bound: fp32 weights read once per token / HF']}{extra} | `{path.relative_to(RESULTS).as_posix()}` |"
+        )
+    return out
+
+
+def unrecorded_rows() -> list[str]:
+    rows = []
+    for name, what in (("bpe.md", "BPE training, incremental vs naive pair counts"),
+                       ("attention.md", "Multi-head attention paths at T = 1,024"),
+                       ("generation.md", "KV cache vs uncached generation")):
+        path = RESULTS / name
+        if path.exists():
+            rows.append(f"| {what} | {machine(path)} | see the table (rerun `make bench` to record the machine) | "
+                        f"`{name}` |")
+    return rows
+
+
+def table() -> str:
+    lines = [
+        BEGIN,
+        "| What | Machine | Result | Table |",
+        "|---|---|---|---|",
+        *training_rows(RESULTS / "training.md", archived=False),
+        *training_rows(ARCHIVE / AMD_TRAINING, archived=True),
+        *decode_rows(RESULTS / "pretrained.md", archived=False),
+        *decode_rows(ARCHIVE / AMD_DECODE, archived=True),
+        recipe_row(),
+        *unrecorded_rows(),
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def updated_readme(text: str) -> str:
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
+    head, _, rest = text.partition(BEGIN)
+    _, _, tail = rest.partition(END)
+    return head + table() + tail
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the README is stale")
+    args = parser.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    new = updated_readme(text)
+    if args.check:
+        if new != text:
+            print("README.md's measured table differs from benchmarks/results: run python benchmarks/summary.py",
+                  file=sys.stderr)
+            return 1
+        return 0
+    README.write_text(new, encoding="utf-8")
+    print(table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
