@@ -7,17 +7,29 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from transformer_course.block import block_parameter_count, input_gradient_norms
+from transformer_course.block import (
+    LayerNorm,
+    TransformerBlock,
+    block_parameter_count,
+    input_gradient_norms,
+)
 from transformer_course.checks import CheckOutcome
 from transformer_course.checks._core import FAILED, NOT_DONE, PASSED
 from transformer_course.checks.block import (
-    check_block_forward,
-    check_block_parameter_count,
     check_gelu_tanh,
     check_input_gradient_norms,
     check_layer_norm,
+    check_predict_block_parameters,
+    check_rms_norm,
+    check_transformer_block,
+    gelu_tanh,
+    rms_norm,
 )
+
+ALL_CHECKS = [check_layer_norm, check_gelu_tanh, check_transformer_block, check_predict_block_parameters,
+              check_input_gradient_norms, check_rms_norm]
 
 
 def _run(check, fn) -> CheckOutcome:
@@ -33,71 +45,112 @@ def _assert_fails(outcome: CheckOutcome, hint: str) -> None:
     assert hint in outcome.message, outcome.message
 
 
-@pytest.mark.parametrize(
-    "check",
-    [check_layer_norm, check_gelu_tanh, check_block_parameter_count, check_block_forward, check_input_gradient_norms],
-)
+class _StubLayerNorm(LayerNorm):
+    """The student edition's LayerNorm: the teaching path raises."""
+
+    def forward(self, x):
+        if self.fast:
+            return super().forward(x)
+        raise NotImplementedError("Exercise 5.1: write forward")
+
+
+class _StubBlock(TransformerBlock):
+    def forward(self, x, mask=None, cache=None):
+        raise NotImplementedError("Exercise 5.3: write forward")
+
+
+STUBS = {check_layer_norm: _StubLayerNorm, check_transformer_block: _StubBlock}
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
 def test_stub_is_not_done(check):
-    assert _run(check, _stub).status == NOT_DONE
+    assert _run(check, STUBS.get(check, _stub)).status == NOT_DONE
+
+
+def test_exercises_are_numbered_in_chapter_order():
+    assert [c.exercise for c in ALL_CHECKS] == [f"5.{n}" for n in range(1, 7)]
+
+
+@pytest.mark.parametrize(("check", "reference"), [
+    (check_layer_norm, LayerNorm), (check_gelu_tanh, gelu_tanh), (check_transformer_block, TransformerBlock),
+    (check_input_gradient_norms, input_gradient_norms), (check_rms_norm, rms_norm),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_checks_hand_back_what_the_chapter_uses(check, reference):
+    """Passing code is used; a stub falls back to the reference (the package's, or the checks module's)."""
+    assert _run(check, reference).use is reference
+    assert _run(check, STUBS.get(check, _stub)).use is reference
 
 
 def test_check_prints_one_line(capsys):
     check_gelu_tanh(_stub)
     assert capsys.readouterr().out.startswith("⏳ Exercise 5.2 (my_gelu_tanh): not done")
+    check_layer_norm(LayerNorm)
+    assert capsys.readouterr().out == "✅ Exercise 5.1 (LayerNorm): passed - the rest of the chapter uses yours\n"
 
 
 def test_checks_do_not_disturb_the_global_random_state():
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    for check, fn in ((check_block_forward, lambda b, x: b(x)), (check_input_gradient_norms, input_gradient_norms)):
+    for check, fn in ((check_layer_norm, LayerNorm), (check_transformer_block, TransformerBlock),
+                      (check_input_gradient_norms, input_gradient_norms)):
         assert _run(check, fn).status == PASSED
     assert torch.equal(torch.rand(3), expected)
 
 
-# ---------------------------------------------------------------- 5.1 layer norm
+# ---------------------------------------------------------------- 5.1 LayerNorm (build)
 
 
-def _ln_reference(x, weight, bias, eps=1e-5):
-    mean = x.mean(-1, keepdim=True)
-    var = (x - mean).pow(2).mean(-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+def _layer_norm_with(teaching):
+    """A LayerNorm whose teaching path is ``teaching(self, x)``."""
+
+    class Candidate(LayerNorm):
+        def forward(self, x):
+            if self.fast:
+                return super().forward(x)
+            return teaching(self, x)
+
+    return Candidate
 
 
-def test_layer_norm_reference_passes():
-    assert _run(check_layer_norm, _ln_reference).status == PASSED
+def _formula(self, x, var=None, eps=None, dim=-1):
+    mean = x.mean(dim, keepdim=True)
+    var = (x - mean).pow(2).mean(dim, keepdim=True) if var is None else var
+    y = (x - mean) / torch.sqrt(var + (self.eps if eps is None else eps)) * self.weight
+    return y if self.bias is None else y + self.bias
+
+
+def test_layer_norm_reference_and_a_rewrite_pass():
+    assert _run(check_layer_norm, LayerNorm).status == PASSED
+    rewrite = _layer_norm_with(lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True, correction=0)))
+    assert _run(check_layer_norm, rewrite).status == PASSED
+
+
+def _in_place(self, x):
+    x -= x.mean(-1, keepdim=True)
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight + self.bias
 
 
 @pytest.mark.parametrize(
-    ("buggy", "hint"),
+    ("teaching", "hint"),
     [
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True) + eps) * w + b,
-         "divided the variance by C - 1"),
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, correction=0) + eps) * w + b,
-         "(std + eps), as seed 002"),
-        (lambda x, w, b, eps=1e-5: (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, keepdim=True, correction=0) + eps) * w + b,
-         "not over the batch"),
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + eps),
-         "then multiply by weight"),
-        (lambda x, w, b, eps=1e-5: (x - x.mean(-1, keepdim=True)) / x.std(-1, keepdim=True, correction=0) * w + b,
-         "gave NaN or inf: add eps inside the square root"),
-        (lambda x, w, b, eps=1e-5: _ln_reference(x, w, b),  # ignores eps
-         "use the eps argument"),
+        (lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True)), "divided the variance by C - 1"),
+        (lambda self, x: (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, correction=0) + self.eps)
+         * self.weight + self.bias, "(std + eps), as seed 002"),
+        (lambda self, x: _formula(self, x, dim=0), "not over the batch"),
+        (lambda self, x: F.layer_norm(x, (self.d_model,), eps=self.eps), "then multiply by weight"),
+        (lambda self, x: _formula(self, x, eps=1e-5), "use self.eps"),
+        (lambda self, x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + self.eps)
+         * self.weight + self.bias, "self.bias is None"),
+        (_in_place, "do not change x in place"),
+        (lambda self, x: _formula(self, x).detach(), "cut off from weight and bias"),
     ],
 )
-def test_layer_norm_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_layer_norm, buggy), hint)
+def test_layer_norm_mistakes_are_named(teaching, hint):
+    _assert_fails(_run(check_layer_norm, _layer_norm_with(teaching)), hint)
 
 
-def test_layer_norm_in_place_change_is_named():
-    def in_place(x, w, b, eps=1e-5):
-        x -= x.mean(-1, keepdim=True)
-        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w + b
-
-    _assert_fails(_run(check_layer_norm, in_place), "do not change x in place")
-
-
-# ---------------------------------------------------------------- 5.2 GELU (tanh)
+# ---------------------------------------------------------------- 5.2 GELU (tanh, debug)
 
 C = math.sqrt(2 / math.pi)
 
@@ -109,108 +162,150 @@ def test_gelu_tanh_reference_passes():
 @pytest.mark.parametrize(
     ("buggy", "hint"),
     [
+        # the chapter's planted bug: sqrt(2 * pi) for sqrt(2 / pi)
+        (lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x**3))), "sqrt(2 / pi)"),
         (lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))), "that is the exact GELU"),
         (lambda x: 0.5 * x * (1 + torch.tanh(C * x)), "0.044715 x³ term is missing"),
         (lambda x: x * (1 + torch.tanh(C * (x + 0.044715 * x**3))), "multiply by 0.5"),
-        (lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x**3))), "sqrt(2 / pi)"),
         (lambda x: 0.5 * x * (1 + torch.tanh(C * (x + 0.044715 * x**2))), "not x squared"),
         (lambda x: torch.relu(x), "values differ from 0.5 x"),
+        (lambda x: F.gelu(x.float(), approximate="tanh"), "float64 input should give float64"),
     ],
 )
 def test_gelu_tanh_mistakes_are_named(buggy, hint):
     _assert_fails(_run(check_gelu_tanh, buggy), hint)
 
 
-# ---------------------------------------------------------------- 5.3 parameter count
+def test_gelu_tanh_in_place_change_is_named():
+    def in_place(x):
+        return x.mul_(0.5 * (1 + torch.tanh(C * (x + 0.044715 * x**3))))
+
+    _assert_fails(_run(check_gelu_tanh, in_place), "do not change x in place")
 
 
-def test_parameter_count_reference_passes():
-    assert _run(check_block_parameter_count, block_parameter_count).status == PASSED
+# ---------------------------------------------------------------- 5.3 the block's forward (build)
+
+
+def _block_with(forward):
+    class Candidate(TransformerBlock):
+        def forward(self, x, mask=None, cache=None):
+            return forward(self, x, mask, cache)
+
+    return Candidate
+
+
+def _right(b, x, mask, cache):
+    if b.norm == "pre":
+        x = x + b.attn(b.ln1(x), mask=mask, cache=cache)
+        return x + b.mlp(b.ln2(x))
+    x = b.ln1(x + b.attn(x, mask=mask, cache=cache))
+    return b.ln2(x + b.mlp(x))
+
+
+def _ln1_twice(b, x, mask, cache):  # seeds 000 and 004
+    if b.norm == "pre":
+        x = x + b.attn(b.ln1(x), mask=mask, cache=cache)
+        return x + b.mlp(b.ln1(x))
+    x = b.ln1(x + b.attn(x, mask=mask, cache=cache))
+    return b.ln1(x + b.mlp(x))
+
+
+def _always_post(b, x, mask, cache):
+    x = b.ln1(x + b.attn(x, mask=mask, cache=cache))
+    return b.ln2(x + b.mlp(x))
+
+
+def _always_pre(b, x, mask, cache):
+    x = x + b.attn(b.ln1(x), mask=mask, cache=cache)
+    return x + b.mlp(b.ln2(x))
+
+
+def _no_residual(b, x, mask, cache):
+    if b.norm == "pre":
+        return b.mlp(b.ln2(b.attn(b.ln1(x), mask=mask, cache=cache)))
+    return b.ln2(b.mlp(b.ln1(b.attn(x, mask=mask, cache=cache))))
+
+
+def _residual_on_normalised(b, x, mask, cache):  # pre-norm that adds the normalised x
+    if b.norm == "post":
+        return _right(b, x, mask, cache)
+    h = b.ln1(x)
+    x = h + b.attn(h, mask=mask, cache=cache)
+    h = b.ln2(x)
+    return h + b.mlp(h)
+
+
+def _ignores_mask(b, x, mask, cache):
+    return _right(b, x, None, cache)
+
+
+def _ignores_cache(b, x, mask, cache):
+    return _right(b, x, mask, None)
+
+
+def _in_place(b, x, mask, cache):
+    if b.norm == "pre":
+        x += b.attn(b.ln1(x), mask=mask, cache=cache)
+        x += b.mlp(b.ln2(x))
+        return x
+    return _right(b, x, mask, cache)
+
+
+def test_block_reference_and_rewrite_pass():
+    assert _run(check_transformer_block, TransformerBlock).status == PASSED
+    assert _run(check_transformer_block, _block_with(_right)).status == PASSED
 
 
 @pytest.mark.parametrize(
-    ("buggy", "hint"),
-    [
-        (lambda C, bias=True: 12 * C * C + 2 * C, "count the bias vectors too"),
-        (lambda C, bias=True: 12 * C * C + 13 * C, "with bias=False the Linear layers and LayerNorms have no bias"),
-        (lambda C, bias=True: 12 * C * C + (9 * C if bias else 0), "include the two LayerNorms"),
-        (lambda C, bias=True: 12 * C * C + (13 * C if bias else 0), "LayerNorms still have their gains"),
-        (lambda C, bias=True: 11 * C * C + (12 * C if bias else 0) + 2 * C, "output projection proj"),
-        (lambda C, bias=True: 6 * C * C + (7 * C if bias else 0) + 2 * C, "hidden width is 4C"),
-        (lambda C, bias=True: float(block_parameter_count(C, bias)), "return a whole number"),
-        (lambda C, bias=True: block_parameter_count(C, bias) + 1, "expected"),
-    ],
-)
-def test_parameter_count_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_block_parameter_count, buggy), hint)
-
-
-# ---------------------------------------------------------------- 5.4 block forward
-
-
-def _forward_reference(block, x):
-    if block.norm == "pre":
-        x = x + block.attn(block.ln1(x))
-        return x + block.mlp(block.ln2(x))
-    x = block.ln1(x + block.attn(x))
-    return block.ln2(x + block.mlp(x))
-
-
-def test_block_forward_reference_passes():
-    assert _run(check_block_forward, _forward_reference).status == PASSED
-
-
-def _ln1_twice(block, x):  # seeds 000 and 004
-    if block.norm == "pre":
-        x = x + block.attn(block.ln1(x))
-        return x + block.mlp(block.ln1(x))
-    x = block.ln1(x + block.attn(x))
-    return block.ln1(x + block.mlp(x))
-
-
-def _always_post(block, x):
-    x = block.ln1(x + block.attn(x))
-    return block.ln2(x + block.mlp(x))
-
-
-def _always_pre(block, x):
-    x = x + block.attn(block.ln1(x))
-    return x + block.mlp(block.ln2(x))
-
-
-def _no_residual(block, x):
-    if block.norm == "pre":
-        return block.mlp(block.ln2(block.attn(block.ln1(x))))
-    return block.ln2(block.mlp(block.ln1(block.attn(x))))
-
-
-def _residual_on_normalised(block, x):
-    h = block.ln1(x)
-    h = block.ln2(h + block.attn(h))
-    return h + block.mlp(h)
-
-
-@pytest.mark.parametrize(
-    ("buggy", "hint"),
+    ("forward", "hint"),
     [
         (_ln1_twice, "using block.ln1 twice is the bug in seeds 000 and 004"),
         (_always_post, "with norm='pre' normalise each sublayer's input"),
         (_always_pre, "with norm='post' normalise after each addition"),
         (_no_residual, "the residual connection"),
         (_residual_on_normalised, "not to the normalised ln1(x)"),
-        (lambda block, x: x, "differs from block(x)"),
+        (_ignores_mask, "pass mask=mask on to self.attn"),
+        (_ignores_cache, "pass cache=cache on to self.attn"),
+        (_in_place, "do not change x in place"),
+        (lambda b, x, mask, cache: x, "differs from the block's definition"),
     ],
 )
-def test_block_forward_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_block_forward, buggy), hint)
+def test_block_mistakes_are_named(forward, hint):
+    _assert_fails(_run(check_transformer_block, _block_with(forward)), hint)
 
 
-def test_block_forward_crash_is_reported():
-    outcome = _run(check_block_forward, lambda block, x: block.attention(x))
+def test_block_crash_is_reported():
+    outcome = _run(check_transformer_block, _block_with(lambda b, x, mask, cache: b.attention(x)))
     _assert_fails(outcome, "your code raised AttributeError")
 
 
-# ---------------------------------------------------------------- 5.5 gradient norms
+# ---------------------------------------------------------------- 5.4 predict: one GPT-2 small block
+
+
+def test_block_parameters_prediction_passes():
+    assert _run(check_predict_block_parameters, lambda: 7_087_872).status == PASSED
+    assert _run(check_predict_block_parameters, lambda: block_parameter_count(768)).status == PASSED
+    assert _run(check_predict_block_parameters, lambda: sum(p.numel() for p in TransformerBlock(768, 12).parameters())).passed
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint"),
+    [
+        (12 * 768**2 + 2 * 768, "count the bias vectors too"),
+        (12 * 768**2 + 9 * 768, "include the two LayerNorms"),
+        (12 * 768**2, "count the biases and the two LayerNorms"),
+        (11 * 768**2 + 14 * 768, "output projection proj"),
+        (6 * 768**2 + 11 * 768, "hidden width is 4C"),
+        (12 * 7_087_872, "GPT-2 small's 12 blocks together"),
+        ("7,087,872", "return a whole number"),
+        (7_087_873, "add up attention"),
+    ],
+)
+def test_block_parameters_mistakes_are_named(answer, hint):
+    _assert_fails(_run(check_predict_block_parameters, lambda: answer), hint)
+
+
+# ---------------------------------------------------------------- 5.5 gradient norms (build)
 
 
 def test_input_gradient_norms_reference_passes():
@@ -218,7 +313,7 @@ def test_input_gradient_norms_reference_passes():
 
 
 def _with_backward(layers, x, grad_output):
-    """A correct alternative using .backward and retain_grad."""
+    """Right numbers, but .backward() fills every parameter's .grad."""
     h = x.detach().requires_grad_(True)
     inputs = []
     for layer in layers:
@@ -229,8 +324,23 @@ def _with_backward(layers, x, grad_output):
     return torch.stack([t.grad.norm() for t in inputs])
 
 
-def test_input_gradient_norms_backward_variant_passes():
-    assert _run(check_input_gradient_norms, _with_backward).status == PASSED
+def _on_callers_x(layers, x, grad_output):
+    h = x.requires_grad_(True)
+    inputs = []
+    for layer in layers:
+        inputs.append(h)
+        h = layer(h)
+    return torch.stack([g.norm() for g in torch.autograd.grad(h, inputs, grad_outputs=grad_output)])
+
+
+def _with_history(layers, x, grad_output):
+    h = x.detach().requires_grad_(True)
+    inputs = []
+    for layer in layers:
+        inputs.append(h)
+        h = layer(h)
+    grads = torch.autograd.grad(h, inputs, grad_outputs=grad_output, create_graph=True)
+    return torch.stack([g.norm() for g in grads])
 
 
 def _at_outputs(layers, x, grad_output):
@@ -246,6 +356,9 @@ def _at_outputs(layers, x, grad_output):
 @pytest.mark.parametrize(
     ("buggy", "hint"),
     [
+        (_with_backward, "the layers' parameters got a .grad"),
+        (_on_callers_x, "switched on requires_grad of the caller's x"),
+        (_with_history, "without autograd history"),
         (lambda layers, x, g: input_gradient_norms(layers, x, g).flip(0), "put the bottom layer first"),
         (_at_outputs, "at each layer's input, not its output"),
         (lambda layers, x, g: input_gradient_norms(layers, x, torch.ones_like(g)), "start the backward pass from grad_output"),
@@ -255,3 +368,39 @@ def _at_outputs(layers, x, grad_output):
 )
 def test_input_gradient_norms_mistakes_are_named(buggy, hint):
     _assert_fails(_run(check_input_gradient_norms, buggy), hint)
+
+
+# ---------------------------------------------------------------- 5.6 RMSNorm (extend)
+
+
+def test_rms_norm_reference_matches_pytorch():
+    x, w = torch.randn(3, 7, 16), torch.randn(16)
+    torch.testing.assert_close(rms_norm(x, w, eps=1e-6), F.rms_norm(x, (16,), w, eps=1e-6))
+
+
+def test_rms_norm_reference_and_a_rewrite_pass():
+    assert _run(check_rms_norm, rms_norm).status == PASSED
+    rewrite = lambda x, w, eps=1e-6: x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps) * w  # noqa: E731
+    assert _run(check_rms_norm, rewrite).status == PASSED
+
+
+def _rms_in_place(x, w, eps=1e-6):
+    return x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)) * w
+
+
+@pytest.mark.parametrize(
+    ("buggy", "hint"),
+    [
+        (lambda x, w, eps=1e-6: F.layer_norm(x, (x.shape[-1],), w, eps=eps), "does not subtract the mean"),
+        (lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w, "inside the square root"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w, "not their sum"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * w, "not over the batch"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), "multiply by weight"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, "use the eps argument"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w, "use the eps argument"),
+        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * w, "square first"),
+        (_rms_in_place, "do not change x in place"),
+    ],
+)
+def test_rms_norm_mistakes_are_named(buggy, hint):
+    _assert_fails(_run(check_rms_norm, buggy), hint)

@@ -5,16 +5,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from transformer_course.attention import causal_mask, scaled_dot_product_attention
 from transformer_course.checks import CheckOutcome
 from transformer_course.checks.multihead import (
     check_causal_mask_with_past,
     check_grouped_query_attention,
+    check_heads_attention,
     check_merge_heads,
-    check_pack_qkv_weight,
+    check_pack_heads,
+    check_predict_scores_shape,
     check_split_heads,
     grouped_query_attention_reference,
 )
-from transformer_course.multihead import causal_mask_with_past, merge_heads, split_heads
+from transformer_course.multihead import (
+    MultiHeadAttention,
+    causal_mask_with_past,
+    merge_heads,
+    pack_heads,
+    split_heads,
+)
 
 
 def run(check_fn, candidate) -> CheckOutcome:
@@ -25,8 +34,10 @@ def stub(*args, **kwargs):
     raise NotImplementedError("Exercise: write me")
 
 
-ALL_CHECKS = [check_split_heads, check_merge_heads, check_pack_qkv_weight, check_causal_mask_with_past,
-              check_grouped_query_attention]
+ALL_CHECKS = [check_split_heads, check_predict_scores_shape, check_merge_heads, check_causal_mask_with_past,
+              check_pack_heads, check_heads_attention, check_grouped_query_attention]
+BUILD_CHECKS = {check_split_heads: split_heads, check_merge_heads: merge_heads,
+                check_causal_mask_with_past: causal_mask_with_past, check_pack_heads: pack_heads}
 
 
 @pytest.mark.parametrize("check_fn", ALL_CHECKS)
@@ -36,9 +47,29 @@ def test_stub_is_not_done(check_fn):
     assert outcome.exercise == check_fn.exercise
 
 
+def test_exercises_are_numbered_in_chapter_order():
+    assert [c.exercise for c in ALL_CHECKS] == [f"4.{n}" for n in range(1, 8)]
+
+
+@pytest.mark.parametrize("check_fn", list(BUILD_CHECKS), ids=lambda c: c.__name__)
+def test_build_checks_hand_back_what_the_chapter_uses(check_fn):
+    """A passing candidate is used; a stub falls back to the package's reference."""
+    reference = BUILD_CHECKS[check_fn]
+    assert run(check_fn, reference).use is reference
+    assert run(check_fn, stub).use is reference
+
+    def mine(*args, **kwargs):
+        return reference(*args, **kwargs)
+
+    outcome = run(check_fn, mine)
+    assert outcome.passed and outcome.use is mine
+
+
 def test_check_prints_one_line(capsys):
     check_split_heads(split_heads)
-    assert capsys.readouterr().out == "✅ Exercise 4.1 (my_split_heads): passed\n"
+    assert capsys.readouterr().out == "✅ Exercise 4.1 (split_heads): passed - the rest of the chapter uses yours\n"
+    check_merge_heads(stub)
+    assert capsys.readouterr().out.startswith("⏳ Exercise 4.3 (merge_heads): not done yet - the chapter carries on with the package's merge_heads")
 
 
 def assert_rejects(check_fn, candidate, hint):
@@ -47,7 +78,7 @@ def assert_rejects(check_fn, candidate, hint):
     assert hint in outcome.message, outcome.message
 
 
-# ---------------------------------------------------------------- 4.1
+# ---------------------------------------------------------------- 4.1 split heads (build)
 
 
 def split_no_transpose(x, n_head):
@@ -69,11 +100,17 @@ def split_hard_coded(x, n_head):
     return x.view(1, 3, 2, 2).transpose(1, 2)
 
 
+def split_hs_as_heads(x, n_head):  # treats n_head as the head size: fine while nh = hs = 2
+    B, T, C = x.shape
+    return x.view(B, T, C // n_head, n_head).transpose(1, 2)
+
+
 @pytest.mark.parametrize("candidate, hint", [
     (split_no_transpose, "you returned [B, T, nh, hs]"),
     (split_straight, "you reshaped straight to [B, nh, T, hs]"),
     (split_strided, "every nh-th channel"),
     (split_hard_coded, "read B, T, C from x.shape"),
+    (split_hs_as_heads, "hs from C // n_head"),
 ])
 def test_split_heads_rejects(candidate, hint):
     assert_rejects(check_split_heads, candidate, hint)
@@ -82,9 +119,37 @@ def test_split_heads_rejects(candidate, hint):
 def test_split_heads_accepts_reference_and_reshape_version():
     assert run(check_split_heads, split_heads).passed
     assert run(check_split_heads, lambda x, nh: x.reshape(*x.shape[:2], nh, -1).permute(0, 2, 1, 3)).passed
+    assert run(check_split_heads, lambda x, nh: x.unflatten(-1, (nh, -1)).transpose(1, 2).contiguous()).passed
 
 
-# ---------------------------------------------------------------- 4.2
+# ---------------------------------------------------------------- 4.2 predict the scores' shape
+
+
+@pytest.mark.parametrize("answer, hint", [
+    ((4, 4, 10, 16), "source 003's label"),
+    ((4, 10, 4, 10), "before the time axis"),
+    ((4, 4, 16, 16), "T is 10 here"),
+    ((4, 10, 10), "each head has its own table"),
+    ((2, 2), "is not it"),
+    ("[4, 4, 10, 10]", "tuple of ints"),
+    (None, "tuple of ints"),
+])
+def test_predict_scores_shape_rejects(answer, hint):
+    assert_rejects(check_predict_scores_shape, lambda: answer, hint)
+
+
+@pytest.mark.parametrize("answer", [(4, 4, 10, 10), [4, 4, 10, 10], torch.Size([4, 4, 10, 10])])
+def test_predict_scores_shape_accepts(answer):
+    assert run(check_predict_scores_shape, lambda: answer).passed
+
+
+def test_predict_scores_shape_is_what_the_chapter_computes():
+    q = split_heads(torch.randn(4, 10, 64), 4)
+    _, weights = scaled_dot_product_attention(q, q, q, causal_mask(10))
+    assert run(check_predict_scores_shape, lambda: tuple(weights.shape)).passed
+
+
+# ---------------------------------------------------------------- 4.3 merge heads (build)
 
 
 def merge_view(y):
@@ -102,10 +167,15 @@ def merge_interleaved(y):
     return y.permute(0, 2, 3, 1).reshape(B, T, nh * hs)
 
 
+def merge_hard_coded(y):
+    return y.transpose(1, 2).reshape(1, 3, 4)
+
+
 @pytest.mark.parametrize("candidate, hint", [
     (merge_view, "not contiguous"),
     (merge_no_transpose, "without undoing the head transpose"),
     (merge_interleaved, "interleaved"),
+    (merge_hard_coded, "read the sizes from y.shape"),
 ])
 def test_merge_heads_rejects(candidate, hint):
     assert_rejects(check_merge_heads, candidate, hint)
@@ -116,54 +186,21 @@ def test_merge_heads_accepts_reference_and_contiguous_view():
     assert run(check_merge_heads, lambda y: y.transpose(1, 2).contiguous().view(y.shape[0], y.shape[2], -1)).passed
 
 
-# ---------------------------------------------------------------- 4.3
+# ---------------------------------------------------------------- 4.4 causal mask with a past (build)
 
 
-def pack_ref(heads):
-    return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
-
-
-def pack_by_head(heads):
-    return torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads])
-
-
-def pack_transposed(heads):  # stacked the transposed [C, hs] weights side by side
-    return torch.cat([torch.cat([getattr(h, n).weight.T for h in heads], dim=1) for n in ("query", "key", "value")], dim=1)
-
-
-def pack_two_heads_only(heads):
-    return torch.cat([torch.cat([getattr(h, n).weight for h in heads[:2]]) for n in ("query", "key", "value")])
-
-
-def pack_reversed(heads):
-    return pack_ref(heads[::-1])
+def ones(T, past, device=None):
+    return torch.ones(T, past + T, dtype=torch.bool, device=device)
 
 
 @pytest.mark.parametrize("candidate, hint", [
-    (pack_by_head, "you grouped by head"),
-    (pack_transposed, "got [C, 3C]"),
-    (pack_reversed, "reverse order"),
-    (pack_two_heads_only, "loop over all the heads"),
-])
-def test_pack_rejects(candidate, hint):
-    assert_rejects(check_pack_qkv_weight, candidate, hint)
-
-
-def test_pack_accepts_reference():
-    assert run(check_pack_qkv_weight, pack_ref).passed
-    assert run(check_pack_qkv_weight, lambda heads: pack_transposed(heads).T).passed
-
-
-# ---------------------------------------------------------------- 4.4
-
-
-@pytest.mark.parametrize("candidate, hint", [
-    (lambda T, past: torch.ones(T, past + T, dtype=torch.bool).tril(), "top-left corner"),
-    (lambda T, past: torch.ones(T, past + T, dtype=torch.bool).tril(past - 1), "cannot see itself"),
-    (lambda T, past: torch.ones(T, past + T, dtype=torch.bool).tril(past + 1), "which comes after it"),
-    (lambda T, past: torch.ones(T, T, dtype=torch.bool).tril(), "one column per key"),
-    (lambda T, past: torch.ones(T, past + T).tril(past), "return a bool tensor"),
-    (lambda T, past: torch.ones(T, past + T, dtype=torch.bool).tril(past).triu(past - 1), "cannot see the earlier key"),
+    (lambda T, past, device=None: ones(T, past, device).tril(), "top-left corner"),
+    (lambda T, past, device=None: ones(T, past, device).tril(past - 1), "cannot see itself"),
+    (lambda T, past, device=None: ones(T, past, device).tril(past + 1), "which comes after it"),
+    (lambda T, past, device=None: torch.ones(T, T, dtype=torch.bool).tril(), "one column per key"),
+    (lambda T, past, device=None: torch.ones(T, past + T).tril(past), "return a bool tensor"),
+    (lambda T, past, device=None: ones(T, past, device).tril(past).triu(past - 1), "cannot see the earlier key"),
+    (lambda T, past: ones(T, past).tril(past), "accept device"),
 ])
 def test_mask_with_past_rejects(candidate, hint):
     assert_rejects(check_causal_mask_with_past, candidate, hint)
@@ -171,10 +208,133 @@ def test_mask_with_past_rejects(candidate, hint):
 
 def test_mask_with_past_accepts_reference():
     assert run(check_causal_mask_with_past, causal_mask_with_past).passed
-    assert run(check_causal_mask_with_past, lambda T, past: torch.ones(T, past + T, dtype=torch.bool).tril(past)).passed
+    assert run(check_causal_mask_with_past, lambda T, past=0, device=None: ones(T, past, device).tril(past)).passed
 
 
-# ---------------------------------------------------------------- 4.5
+# ---------------------------------------------------------------- 4.5 pack the heads (build)
+
+
+def _new_layer(looped, fast=True):
+    heads = list(looped.heads)
+    mha = MultiHeadAttention(heads[0].d_model, len(heads), bias=looped.proj.bias is not None, fast=fast)
+    return heads, mha
+
+
+def _finish(mha, looped, weight, zero_bias=True, copy_proj=True):
+    with torch.no_grad():
+        mha.qkv.weight.copy_(weight)
+        if zero_bias and mha.qkv.bias is not None:
+            mha.qkv.bias.zero_()
+        if copy_proj:
+            mha.proj.load_state_dict(looped.proj.state_dict())
+    return mha
+
+
+def by_kind(heads):
+    return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
+
+
+def pack_by_head(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    return _finish(mha, looped, torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads]))
+
+
+def pack_reversed(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    return _finish(mha, looped, by_kind(heads[::-1]))
+
+
+def pack_keeps_random_bias(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    return _finish(mha, looped, by_kind(heads), zero_bias=False)
+
+
+def pack_forgets_proj(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    return _finish(mha, looped, by_kind(heads), copy_proj=False)
+
+
+def pack_two_heads_only(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    two = by_kind(heads[:2])
+    return _finish(mha, looped, two if two.shape == mha.qkv.weight.shape else torch.zeros_like(mha.qkv.weight))
+
+
+def pack_assumes_bias(looped, fast=True):
+    heads, mha = _new_layer(looped, fast)
+    with torch.no_grad():
+        mha.qkv.weight.copy_(by_kind(heads))
+        mha.qkv.bias.zero_()  # AttributeError when the layer has no biases
+        mha.proj.load_state_dict(looped.proj.state_dict())
+    return mha
+
+
+@pytest.mark.parametrize("candidate, hint", [
+    (pack_by_head, "you grouped by head"),
+    (pack_reversed, "reverse order"),
+    (pack_keeps_random_bias, "qkv.bias still holds its random start"),
+    (pack_forgets_proj, "proj (W_o) should be a copy"),
+    (pack_two_heads_only, "loop over all the heads"),
+    (pack_assumes_bias, "only touch qkv.bias when it exists"),
+])
+def test_pack_heads_rejects(candidate, hint):
+    assert_rejects(check_pack_heads, candidate, hint)
+
+
+def test_pack_heads_accepts_reference_and_a_loop_version():
+    assert run(check_pack_heads, pack_heads).passed
+
+    def by_rows(looped, fast=True):
+        heads, mha = _new_layer(looped, fast)
+        C, hs = heads[0].d_model, heads[0].query.weight.shape[0]  # query.weight is [hs, C]
+        with torch.no_grad():
+            for i, kind in enumerate(("query", "key", "value")):
+                for h, head in enumerate(heads):
+                    mha.qkv.weight[i * C + h * hs:i * C + (h + 1) * hs] = getattr(head, kind).weight
+            if mha.qkv.bias is not None:
+                mha.qkv.bias.fill_(0.0)
+            mha.proj.weight.copy_(looped.proj.weight)
+            if mha.proj.bias is not None:
+                mha.proj.bias.copy_(looped.proj.bias)
+        return mha
+
+    assert run(check_pack_heads, by_rows).passed
+
+
+# ---------------------------------------------------------------- 4.6 the scale of multi-head scores (debug)
+
+
+def heads_attention(layer, x, scale="hs", causal=True, project=True):
+    B, T, C = x.shape
+    q, k, v = (split_heads(t, layer.n_head) for t in layer.qkv(x).split(C, dim=-1))
+    scale = {"hs": layer.head_size**-0.5, "C": C**-0.5, "none": 1.0}[scale]
+    y, _ = scaled_dot_product_attention(q, k, v, causal_mask(T) if causal else None, scale=scale)
+    return layer.proj(merge_heads(y)) if project else merge_heads(y)
+
+
+@pytest.mark.parametrize("candidate, hint", [
+    (lambda layer, x: heads_attention(layer, x, scale="C"), "divided by √C = √d_model"),  # the chapter's bug
+    (lambda layer, x: heads_attention(layer, x, scale="none"), "not scaled at all"),
+    (lambda layer, x: heads_attention(layer, x, causal=False), "keep the causal mask"),
+    (lambda layer, x: heads_attention(layer, x, project=False), "apply layer.proj"),
+    (lambda layer, x: heads_attention(layer, x) if x.shape[-1] == 32 else x, "not for 3 heads of C=12"),
+])
+def test_heads_attention_rejects(candidate, hint):
+    assert_rejects(check_heads_attention, candidate, hint)
+
+
+def test_heads_attention_accepts_the_fix_and_the_default_scale():
+    assert run(check_heads_attention, heads_attention).passed
+
+    def default_scale(layer, x):  # chapter 03's function scales by 1/√hs when given no scale
+        q, k, v = (split_heads(t, layer.n_head) for t in layer.qkv(x).split(x.shape[-1], dim=-1))
+        return layer.proj(merge_heads(scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1]))[0]))
+
+    assert run(check_heads_attention, default_scale).passed
+    assert run(check_heads_attention, lambda layer, x: layer(x)).passed
+
+
+# ---------------------------------------------------------------- 4.7 grouped-query attention (extend)
 
 
 def gqa_tiled(q, k, v):

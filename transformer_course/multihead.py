@@ -56,16 +56,18 @@ class LoopedMultiHeadAttention(nn.Module):
         y = torch.cat([head(x, mask) for head in self.heads], dim=-1)  # nh x (B, T, hs) -> (B, T, C)
         return self.proj(y)  # (B, T, C)
 
-# %% ../chapters/04_multi_head_attention.ipynb #9ee636e2
+# %% ../chapters/04_multi_head_attention.ipynb #5d1365bd
+# Your turn - Exercise 4.1 (★☆☆, build): split the channels into heads.
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, C] -> [B, nh, T, hs]: head h gets channels h*hs .. (h+1)*hs - 1 of every token (a view)."""
     if x.ndim != 3:
         raise ValueError(f"split_heads needs x of shape [B, T, C], got {tuple(x.shape)}")
+    _check_sizes(x.shape[-1], n_head)
     B, T, C = x.shape
-    _check_sizes(C, n_head)
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
 
-
+# %% ../chapters/04_multi_head_attention.ipynb #cb6dffef
+# Your turn - Exercise 4.3 (★☆☆, build): merge the heads back.
 def merge_heads(y: torch.Tensor) -> torch.Tensor:
     """[B, nh, T, hs] -> [B, T, C]: the inverse of `split_heads`, the heads' outputs side by side."""
     if y.ndim != 4:
@@ -74,7 +76,8 @@ def merge_heads(y: torch.Tensor) -> torch.Tensor:
     # after transpose the memory is not in (B, T, C) order, so .view would fail; reshape copies
     return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
 
-# %% ../chapters/04_multi_head_attention.ipynb #bdea5a14
+# %% ../chapters/04_multi_head_attention.ipynb #6cd11c13
+# Your turn - Exercise 4.4 (★★☆, build): the causal mask when `past` positions are cached.
 def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
     """Bool [T, past + T]: True where new query t (at position past + t) may attend key j, j <= past + t.
 
@@ -287,7 +290,8 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return f"n_head={self.n_head}, head_size={self.head_size}, causal={self.causal}, fast={self.fast}"
 
-# %% ../chapters/04_multi_head_attention.ipynb #0b7ab4f6
+# %% ../chapters/04_multi_head_attention.ipynb #820e8e6f
+# Your turn - Exercise 4.5 (★★☆, build): pack a loop of heads into one layer.
 @torch.no_grad()
 def pack_heads(looped: LoopedMultiHeadAttention, fast: bool = True) -> MultiHeadAttention:
     """A `MultiHeadAttention` computing the same function as ``looped``, its weights copied in.

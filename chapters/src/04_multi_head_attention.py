@@ -20,6 +20,12 @@
 # loop and the packed layout, build the shifted causal mask a KV cache needs, and read per-head
 # attention maps.
 #
+# **You build it.** You write `split_heads`, `merge_heads`, the shifted causal mask and `pack_heads`
+# yourself, each before the chapter shows any code for it; a check under each says what is wrong in
+# words, and when yours passes, the rest of the chapter (the layer, the proofs, the pictures) runs on
+# your code. Along the way you predict a shape, fix a bug two published sources share, and extend the
+# layer to grouped-query attention.
+#
 # **From earlier chapters** (imported from the package, not rewritten): `causal_mask`,
 # `scaled_dot_product_attention` and `AttentionHead` from chapter 03 (`transformer_course.attention`),
 # and chapter 02's `InputEmbedding` for a small trained example.
@@ -41,6 +47,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.attention import AttentionHead, causal_mask, scaled_dot_product_attention
+from transformer_course.checks.multihead import (
+    check_causal_mask_with_past,
+    check_grouped_query_attention,
+    check_heads_attention,
+    check_merge_heads,
+    check_pack_heads,
+    check_predict_scores_shape,
+    check_split_heads,
+)
 
 torch.set_printoptions(precision=4, sci_mode=False)
 _ = torch.manual_seed(0)
@@ -189,94 +204,129 @@ hs = C // nh
 x = torch.randn(B, T, C)
 qkv = nn.Linear(C, 3 * C)
 q, k, v = qkv(x).split(C, dim=-1)
-print(f"x                    {tuple(x.shape)}  [B, T, C]")
-print(f"q = x W_q            {tuple(q.shape)}  [B, T, C], all heads' queries side by side")
-q4 = q.view(B, T, nh, hs)
-print(f"q.view(B, T, nh, hs) {tuple(q4.shape)}  [B, T, nh, hs], channels cut into heads")
-qh = q4.transpose(1, 2)
-print(f".transpose(1, 2)     {tuple(qh.shape)}  [B, nh, T, hs], heads next to the batch")
-
-# %%
-kh = k.view(B, T, nh, hs).transpose(1, 2)
-vh = v.view(B, T, nh, hs).transpose(1, 2)
-scores = qh @ kh.transpose(-2, -1) / hs**0.5
-print(f"scores = q kᵀ / √hs  {tuple(scores.shape)}  [B, nh, T, T]")
-weights = torch.softmax(scores.masked_fill(~causal_mask(T), float("-inf")), dim=-1)
-a = weights @ vh
-print(f"weights @ v          {tuple(a.shape)}  [B, nh, T, hs]")
+print(f"x         {tuple(x.shape)}  [B, T, C]")
+print(f"q = x W_q {tuple(q.shape)}  [B, T, C], all heads' queries side by side")
 
 # %% [markdown]
-# Source 003 calls the scores' shape [batch_size, num_heads, context_length, head_size]. That is a slip
-# hidden by its numbers: with T = hs = 16 both readings give [4, 4, 16, 16]. The last axis of the scores
-# runs over *keys*, so it has length T. Make T differ from hs and the difference shows:
-
-# %%
-T_short = 10
-q_short = q[:, :T_short].reshape(B, T_short, nh, hs).transpose(1, 2)
-k_short = k[:, :T_short].reshape(B, T_short, nh, hs).transpose(1, 2)
-print("q per head:", tuple(q_short.shape), "= [B, nh, T, hs]")
-print("scores:    ", tuple((q_short @ k_short.transpose(-2, -1)).shape), "= [B, nh, T, T], not [B, nh, T, hs]")
-
-# %% [markdown]
-# Back to one tensor per token: undo the transpose ([B, T, nh, hs]) and glue the last two axes into C.
-# `transpose` does not move any data, it only swaps strides, so the result is not *contiguous* and
-# `view` refuses to merge the axes. `reshape` copies when it has to (or call `.contiguous()` first):
-
-# %%
-a_t = a.transpose(1, 2)
-print(f"a.transpose(1, 2)    {tuple(a_t.shape)}  [B, T, nh, hs], contiguous: {a_t.is_contiguous()}")
-try:
-    a_t.view(B, T, C)
-except RuntimeError as e:
-    print("view fails:", str(e).split(".")[0])
-merged = a_t.reshape(B, T, C)
-print(f".reshape(B, T, C)    {tuple(merged.shape)}  [B, T, C], then W_o: {tuple(nn.Linear(C, C)(merged).shape)}")
-
-# %% [markdown]
-# Source 003 ends by calling this "the output of the single-head attention"; it is the output of the
-# whole multi-head layer. Source 004 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`:
-# Julia stores arrays column-major, so its first axis varies fastest, and that reshape is our
-# `view(B, T, nh, hs)` read backwards.
+# **Splitting into heads.** `split_heads(x, n_head)` turns [B, T, C] into [B, nh, T, hs]. For every
+# batch item and every head it must hold a [T, hs] table whose row t is *token t's* slice for that
+# head: channels h·hs .. (h+1)·hs - 1. A worked example with B = 1, T = 3, C = 4, nh = 2, the twelve
+# numbers labelled 0..11 in memory order (token t holds 4t .. 4t+3):
 #
-# One reshape that *looks* equivalent is wrong: `view(B, nh, T, hs)` directly, without the transpose.
-# It has the right shape but cuts the memory in the wrong order, so a "head" gets pieces of several
-# tokens. With B = 1, T = 3, C = 4, nh = 2 and channels numbered 0..11:
-
-# %%
-tiny = torch.arange(12.0).view(1, 3, 4)  # token t holds channels 4t .. 4t+3
-print("right, head 0:\n", tiny.view(1, 3, 2, 2).transpose(1, 2)[0, 0])
-print("wrong, head 0:\n", tiny.view(1, 2, 3, 2)[0, 0])
-
-# %% [markdown]
-# In the right split, head 0 sees the first half of each of the 3 tokens. In the wrong one its row 1
-# is (2, 3), the *second* half of token 0: the rows are no longer tokens. Both helpers go into the
-# package:
+# | | token 0 | token 1 | token 2 |
+# |---|---|---|---|
+# | head 0 (channels 0, 1) | 0, 1 | 4, 5 | 8, 9 |
+# | head 1 (channels 2, 3) | 2, 3 | 6, 7 | 10, 11 |
+#
+# so the answer has shape [1, 2, 3, 2] and its head 0 is [[0, 1], [4, 5], [8, 9]].
+#
+# Think in two moves: first give the channel axis its own structure (nh groups of hs channels, which
+# are already next to each other in memory), then bring the head axis in front of the time axis.
+# Beware of a shortcut with the right shape and the wrong content: reading the twelve numbers straight
+# into [1, 2, 3, 2] makes head 0's rows (0, 1), (2, 3), (4, 5). Its second row is the second half of
+# token 0, so its rows are no longer tokens. No copy of the data is needed (a view will do), and your
+# function must work for any B, T, C and any nh that divides C. The argument checks are written for you
+# above the marked region.
 
 # %%
 #| export
+# Your turn - Exercise 4.1 (★☆☆, build): split the channels into heads.
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, C] -> [B, nh, T, hs]: head h gets channels h*hs .. (h+1)*hs - 1 of every token (a view)."""
     if x.ndim != 3:
         raise ValueError(f"split_heads needs x of shape [B, T, C], got {tuple(x.shape)}")
+    _check_sizes(x.shape[-1], n_head)
+    ### BEGIN SOLUTION
     B, T, C = x.shape
-    _check_sizes(C, n_head)
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
+    ### END SOLUTION
+
+# %%
+split_heads = check_split_heads(split_heads).use
+
+# %% [markdown]
+# From here on, every cell that cuts a tensor into heads calls `split_heads`: yours if it passed, the
+# package's otherwise. The worked example, and source 003's queries:
+
+# %%
+tiny = torch.arange(12.0).view(1, 3, 4)  # token t holds 4t .. 4t+3
+print("head 0:", split_heads(tiny, 2)[0, 0].tolist(), " head 1:", split_heads(tiny, 2)[0, 1].tolist())
+qh, kh, vh = (split_heads(t, nh) for t in (q, k, v))
+print(f"split_heads(q, {nh}) {tuple(qh.shape)}  [B, nh, T, hs], heads next to the batch")
+for h in range(nh):  # head h owns channels h*hs .. (h+1)*hs - 1 of every token
+    assert torch.equal(qh[:, h], q[..., h * hs:(h + 1) * hs])
+print("head h of split_heads(q) = channels h*hs .. (h+1)*hs - 1 of q, for every h")
+
+# %% [markdown]
+# Now chapter 03's function runs every head of every sequence in one call: it works on the last two
+# axes and treats the leading [B, nh] as a batch of independent problems.
+#
+# Source 003 states that the attention scores of this example have shape
+# [batch_size, num_heads, context_length, head_size]. Its own numbers cannot tell: with T = hs = 16,
+# that reading and the right one print the same shape. So take a shorter sequence: the first T = 10
+# tokens of the same batch, still 4 heads of hs = 16.
+
+# %%
+# Your turn - Exercise 4.2 (★☆☆, predict): the shape of the attention scores.
+def my_prediction() -> tuple[int, ...]:
+    """B = 4 sequences of T = 10 tokens, C = 64, 4 heads of 16: the shape of the scores (and weights)?"""
+    ### BEGIN SOLUTION
+    return (4, 4, 10, 10)
+    ### END SOLUTION
 
 
+check_predict_scores_shape(my_prediction)
+
+# %%
+T_short = 10
+q10, k10, v10 = (split_heads(t[:, :T_short], nh) for t in (q, k, v))
+a10, w10 = scaled_dot_product_attention(q10, k10, v10, causal_mask(T_short))
+print("q, k, v per head:", tuple(q10.shape), "= [B, nh, T, hs]")
+print("weights:         ", tuple(w10.shape), "= [B, nh, T, T], one row per query, one column per key")
+print("output:          ", tuple(a10.shape), "= [B, nh, T, hs]")
+
+# %% [markdown]
+# The last axis of the scores runs over *keys*, so it has length T, not hs: source 003's label is a
+# slip that its choice T = hs hides.
+#
+# **Merging the heads back.** `merge_heads(y)` undoes the split: [B, nh, T, hs] -> [B, T, C], each
+# token's row made of head 0's hs numbers, then head 1's, and so on. Worked example: if head 0 holds
+# rows (0, 1), (2, 3), (4, 5) and head 1 holds (6, 7), (8, 9), (10, 11), then token 0 is
+# (0, 1, 6, 7), token 1 is (2, 3, 8, 9) and token 2 is (4, 5, 10, 11).
+#
+# Two traps. Reading the memory of [1, 2, 3, 2] straight as [1, 3, 4] has the right shape but gives
+# token 0 = (0, 1, 2, 3): all of head 0, three positions' worth mixed into one token. And once you have
+# moved axes, the tensor's memory is no longer in the new order (swapping axes only changes the
+# strides), so an operation that merely reinterprets memory will refuse to merge axes; one that copies
+# when it must will not. Source 003 ends this step by calling the result "the output of the
+# single-head attention": it is the output of the whole multi-head layer, before W_o.
+
+# %%
+#| export
+# Your turn - Exercise 4.3 (★☆☆, build): merge the heads back.
 def merge_heads(y: torch.Tensor) -> torch.Tensor:
     """[B, nh, T, hs] -> [B, T, C]: the inverse of `split_heads`, the heads' outputs side by side."""
     if y.ndim != 4:
         raise ValueError(f"merge_heads needs y of shape [B, nh, T, hs], got {tuple(y.shape)}")
+    ### BEGIN SOLUTION
     B, nh, T, hs = y.shape
     # after transpose the memory is not in (B, T, C) order, so .view would fail; reshape copies
     return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
+    ### END SOLUTION
 
 # %%
-assert torch.equal(split_heads(q, nh), qh) and torch.equal(merge_heads(a), merged)
-assert torch.equal(merge_heads(split_heads(x, nh)), x)
-for h in range(nh):  # head h owns channels h*hs .. (h+1)*hs - 1 of every token
-    assert torch.equal(split_heads(x, nh)[:, h], x[..., h * hs:(h + 1) * hs])
-print("merge_heads(split_heads(x)) == x; head h owns channels h*hs .. (h+1)*hs - 1")
+merge_heads = check_merge_heads(merge_heads).use
+
+# %%
+print("tokens of merge_heads(split_heads(tiny)):", merge_heads(split_heads(tiny, 2))[0].tolist())
+merged = merge_heads(a10)
+print(f"merge_heads(output) {tuple(merged.shape)} [B, T, C]; after W_o: {tuple(nn.Linear(C, C)(merged).shape)}")
+print("merge_heads(split_heads(x)) == x:", torch.equal(merge_heads(split_heads(x, nh)), x))
+
+# %% [markdown]
+# Source 004 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`: Julia stores
+# arrays column-major, so its first axis varies fastest, and that reshape lists our axes [.., nh, hs]
+# backwards. Both helpers go into the package, and the layer below uses them.
 
 # %% [markdown]
 # ## 4. Generating with a KV cache: the causal mask gets a past
@@ -286,12 +336,22 @@ print("merge_heads(split_heads(x)) == x; head h owns channels h*hs .. (h+1)*hs -
 # earlier position never looks at a later one. A **KV cache** keeps each layer's keys and values and
 # appends only the new positions' ones, so each step projects just the new token(s).
 #
-# That changes the mask. If the cache holds L positions and T new queries arrive, query t sits at
-# position L + t and may see keys 0 .. L + t: the causal triangle moves L columns to the right, and
-# every cached position is visible.
+# That changes the mask. If the cache holds L positions and T new queries arrive, the scores are
+# [T, L + T]: one row per new query, one column per key, cached keys first. New query t sits at
+# position L + t, so it may see keys 0 .. L + t: every cached key, and the new ones up to itself. With
+# L = 3 cached and T = 2 new positions (1 = may attend):
+#
+# | | key 0 | key 1 | key 2 | key 3 | key 4 |
+# |---|---|---|---|---|---|
+# | new query 0 (position 3) | 1 | 1 | 1 | 1 | 0 |
+# | new query 1 (position 4) | 1 | 1 | 1 | 1 | 1 |
+#
+# With no cache (L = 0) it must be chapter 03's `causal_mask(T)`, and it must accept `device` like that
+# function does. The check of `past` is written for you.
 
 # %%
 #| export
+# Your turn - Exercise 4.4 (★★☆, build): the causal mask when `past` positions are cached.
 def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
     """Bool [T, past + T]: True where new query t (at position past + t) may attend key j, j <= past + t.
 
@@ -304,8 +364,13 @@ def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
         raise TypeError(f"past must be an int (the number of cached positions), got {type(past).__name__}") from None
     if past < 0:
         raise ValueError(f"past must be >= 0 (the number of cached positions), got {past}")
+    ### BEGIN SOLUTION
     seen = torch.ones(T, past, dtype=torch.bool, device=device)  # cached keys: all in the past
     return torch.cat([seen, causal_mask(T, device=device)], dim=1)  # (T, past + T)
+    ### END SOLUTION
+
+# %%
+causal_mask_with_past = check_causal_mask_with_past(causal_mask_with_past).use
 
 # %%
 print("L = 3 cached, T = 2 new: rows are new queries (positions 3 and 4), columns keys 0..4")
@@ -589,12 +654,23 @@ except ValueError as e:
 # %% [markdown]
 # ## 6. Proof: the loop and the batched layer are the same function
 #
-# To prove it, copy the loop's weights into the packed layout and compare outputs. Head h's
-# `query.weight` is [hs, C]; stacked for h = 0..nh-1 they form W_q [C, C], and [W_q; W_k; W_v] is
-# `qkv.weight` [3C, C]. The heads have no bias, so `qkv.bias` becomes zero; W_o is copied as it is.
+# To prove it, copy the loop's weights into the packed layout and compare outputs. That copy is yours
+# to write. What you need to know about the layouts:
+#
+# - `nn.Linear` stores its weight as [out_features, in_features], so head h's `query.weight` is
+#   [hs, C]: row i makes output channel i of that head's query.
+# - The packed layer's query channels h·hs .. (h+1)·hs - 1 belong to head h, so W_q [C, C] is the
+#   heads' query weights one under the other, head 0 first. W_k and W_v are built the same way, and
+#   `qkv.weight` [3C, C] is W_q, then W_k, then W_v (grouped by kind, not by head).
+# - The heads have no bias (chapter 03's `AttentionHead` is bias-free), but `qkv` has one when the
+#   layer has biases, and it starts random: it must become zero. W_o (`proj`) is copied as it is.
+#
+# The function runs under `torch.no_grad()`, so copying into a parameter in place is allowed; the
+# new layer is made for you, with the loop's sizes, bias setting, dtype and device.
 
 # %%
 #| export
+# Your turn - Exercise 4.5 (★★☆, build): pack a loop of heads into one layer.
 @torch.no_grad()
 def pack_heads(looped: LoopedMultiHeadAttention, fast: bool = True) -> MultiHeadAttention:
     """A `MultiHeadAttention` computing the same function as ``looped``, its weights copied in.
@@ -606,12 +682,17 @@ def pack_heads(looped: LoopedMultiHeadAttention, fast: bool = True) -> MultiHead
     d_model = heads[0].d_model
     mha = MultiHeadAttention(d_model, len(heads), bias=looped.proj.bias is not None, causal=heads[0].causal, fast=fast)
     mha.to(looped.proj.weight)  # same dtype and device
+    ### BEGIN SOLUTION
     w = [torch.cat([getattr(h, name).weight for h in heads]) for name in ("query", "key", "value")]  # 3 x (C, C)
     mha.qkv.weight.copy_(torch.cat(w))  # (3C, C)
     if mha.qkv.bias is not None:
         mha.qkv.bias.zero_()
     mha.proj.load_state_dict(looped.proj.state_dict())
+    ### END SOLUTION
     return mha
+
+# %%
+pack_heads = check_pack_heads(pack_heads).use
 
 # %%
 torch.manual_seed(0)
@@ -690,21 +771,52 @@ for fast in (True, False):
     print(f"fast={fast!s:5}  equals torch.nn.MultiheadAttention within 1e-6:", torch.allclose(mha(x), want, atol=1e-6))
 
 # %% [markdown]
-# **Which √ to divide by?** Source 001 writes the masked multi-head formula with √d_model in the
-# denominator, and source 004's code divides by √dim, the full model width. Each head compares vectors of
-# hs numbers, so its scores must be divided by √hs (Vaswani et al. 2017, section 3.2.2: d_k = d_model / h).
-# Both can be tried with chapter 03's `scale` argument:
+# ### Spot the bug: a multi-head attention from two sources
+#
+# Source 001 writes the masked multi-head formula, and source 004 its code, in a way that looks right
+# and runs without complaint. Here it is in our notation, with our layer's weights and our helpers:
 
 # %%
-qs, ks, vs = (split_heads(t, 4) for t in mha.qkv(x).split(64, dim=-1))
-for name, scale in (("1/√hs = 1/4", 16**-0.5), ("1/√C = 1/8", 64**-0.5)):
-    a, _ = scaled_dot_product_attention(qs, ks, vs, causal_mask(12), scale=scale)
-    same = torch.allclose(mha.proj(merge_heads(a)), want, atol=1e-6)
-    print(f"scale {name:11}: equals torch.nn.MultiheadAttention: {same}")
+def heads_attention_with_a_bug(layer: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C] -> [B, T, C] through ``layer``'s qkv and proj, all heads at once (causal, no cache)."""
+    B, T, C = x.shape
+    q, k, v = (split_heads(t, layer.n_head) for t in layer.qkv(x).split(C, dim=-1))  # 3 x (B, nh, T, hs)
+    y, _ = scaled_dot_product_attention(q, k, v, causal_mask(T), scale=C**-0.5)  # (B, nh, T, hs)
+    return layer.proj(merge_heads(y))  # (B, T, C)
 
 # %% [markdown]
-# With 1/√C the scores are half as large as they should be, so every softmax is flatter than intended:
-# the layer still trains, but it is not the transformer of the paper (nor of GPT-2 or PyTorch).
+# The symptom: with 4 heads it agrees neither with our layer nor with PyTorch's, yet with a single
+# head it agrees exactly. Whatever is wrong must depend on the number of heads.
+
+# %%
+mha.fast = True
+print("4 heads: equals torch.nn.MultiheadAttention within 1e-6:", torch.allclose(heads_attention_with_a_bug(mha, x), want, atol=1e-6))
+print("4 heads: equals our layer within 1e-6:              ", torch.allclose(heads_attention_with_a_bug(mha, x), mha(x), atol=1e-6))
+one_head = MultiHeadAttention(64, n_head=1).eval()
+print("1 head:  equals our layer within 1e-6:              ", torch.allclose(heads_attention_with_a_bug(one_head, x), one_head(x), atol=1e-6))
+
+# %%
+# Your turn - Exercise 4.6 (★☆☆, debug): fix the multi-head attention above.
+def my_heads_attention(layer: MultiHeadAttention, x: torch.Tensor) -> torch.Tensor:
+    """x [B, T, C] -> [B, T, C]: what ``layer(x)`` computes (causal, no cache), written like the cell above, fixed."""
+    ### BEGIN SOLUTION
+    B, T, C = x.shape
+    q, k, v = (split_heads(t, layer.n_head) for t in layer.qkv(x).split(C, dim=-1))  # 3 x (B, nh, T, hs)
+    y, _ = scaled_dot_product_attention(q, k, v, causal_mask(T), scale=layer.head_size**-0.5)  # (B, nh, T, hs)
+    return layer.proj(merge_heads(y))  # (B, T, C)
+    ### END SOLUTION
+
+
+check_heads_attention(my_heads_attention)
+
+# %% [markdown]
+# **Which √ to divide by?** Each head compares vectors of hs numbers, so its scores must be divided by
+# √hs (Vaswani et al. 2017, section 3.2.2: d_k = d_model / h), which is what chapter 03's function does
+# when given no `scale`. Sources 001 and 004 divide by √d_model, the full width; with a single head the
+# two are the same number, which is why the bug hides there. With 4 heads, 1/√C makes every score half
+# as large as it should be, so every softmax is flatter than intended: the layer still trains, but it is
+# not the transformer of the paper (nor of GPT-2 or PyTorch), and weights trained with one cannot be
+# loaded into the other.
 
 # %% [markdown]
 # ## 9. The KV cache inside the layer
@@ -742,8 +854,9 @@ print(f"one layer, 1,024 positions: {per_layer / 2**20:.1f} MiB; 12 layers: {12 
 print(f"per position, all layers: {12 * per_layer / 1024 / 1024:.1f} KiB")
 
 # %% [markdown]
-# That is the price of not recomputing the past; chapter 07 measures what it buys. Exercise 4.5 shows
-# one way large models shrink it: let several query heads share one key/value head.
+# That is the price of not recomputing the past; chapter 07 measures what it buys. Exercise 4.7, at the
+# end of the chapter, builds one way large models shrink it: let several query heads share one
+# key/value head.
 
 # %% [markdown]
 # ## 10. What do different heads attend to?
@@ -924,73 +1037,18 @@ print("fused is the fastest at every measured length:", fused_fastest)
 # tensors themselves.
 
 # %% [markdown]
-# ## 12. Your turn
+# ## 12. Stretch: grouped-query attention
 #
-# Each exercise defines one function; write the body between the markers and run the cell. The check
-# under it runs your function on small and larger inputs and says what is wrong in words. The rest of
-# the chapter never uses your versions, so skipping one is fine.
+# The KV cache stores a key and a value per head. Large models (Llama 2 70B, Mistral) shrink it by
+# giving the nh query heads only n_kv < nh key/value heads: query heads are split into n_kv consecutive
+# groups of nh / n_kv, and each group shares one key/value head (n_kv = 1 is *multi-query* attention).
+# The cache shrinks by nh / n_kv. Write the causal attention for this layout: q [B, nh, T, hs], k and v
+# [B, n_kv, T, hs]. With nh = 4 and n_kv = 2, query heads 0 and 1 use key/value head 0, query heads 2
+# and 3 use key/value head 1. Hint: make each key/value head appear nh / n_kv times in a row, then it is
+# ordinary attention (chapter 03's function, or PyTorch's).
 
 # %%
-from transformer_course.checks.multihead import (  # noqa: E402
-    check_causal_mask_with_past,
-    check_grouped_query_attention,
-    check_merge_heads,
-    check_pack_qkv_weight,
-    check_split_heads,
-)
-
-# %%
-# Your turn - Exercise 4.1 (★☆☆): split the channels into heads.
-def my_split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
-    """[B, T, C] -> [B, nh, T, hs]; head h holds channels h*hs .. (h+1)*hs - 1 of every token."""
-    ### BEGIN SOLUTION
-    B, T, C = x.shape
-    return x.view(B, T, n_head, C // n_head).transpose(1, 2)
-    ### END SOLUTION
-
-check_split_heads(my_split_heads)
-
-# %%
-# Your turn - Exercise 4.2 (★☆☆): merge the heads back.
-def my_merge_heads(y: torch.Tensor) -> torch.Tensor:
-    """[B, nh, T, hs] -> [B, T, C = nh * hs]; the inverse of split_heads."""
-    ### BEGIN SOLUTION
-    B, nh, T, hs = y.shape
-    return y.transpose(1, 2).reshape(B, T, nh * hs)
-    ### END SOLUTION
-
-check_merge_heads(my_merge_heads)
-
-# %%
-# Your turn - Exercise 4.3 (★★☆): pack a list of heads into one qkv weight.
-def my_pack_qkv_weight(heads: list) -> torch.Tensor:
-    """heads: nh AttentionHead(C, hs) -> qkv.weight [3C, C] = [W_q; W_k; W_v], heads in order in each block."""
-    ### BEGIN SOLUTION
-    return torch.cat([torch.cat([getattr(h, kind).weight for h in heads]) for kind in ("query", "key", "value")])
-    ### END SOLUTION
-
-check_pack_qkv_weight(my_pack_qkv_weight)
-
-# %%
-# Your turn - Exercise 4.4 (★★☆): the causal mask when `past` positions are cached.
-def my_causal_mask_with_past(T: int, past: int) -> torch.Tensor:
-    """Bool [T, past + T]: new query t sits at position past + t and may attend keys 0 .. past + t."""
-    ### BEGIN SOLUTION
-    return torch.ones(T, past + T, dtype=torch.bool).tril(diagonal=past)
-    ### END SOLUTION
-
-check_causal_mask_with_past(my_causal_mask_with_past)
-
-# %% [markdown]
-# **Exercise 4.5 (★★★), grouped-query attention.** The KV cache stores a key and a value per head. Large
-# models (Llama 2 70B, Mistral) shrink it by giving the nh query heads only n_kv < nh key/value heads:
-# query heads are split into n_kv consecutive groups of nh / n_kv, and each group shares one key/value
-# head (n_kv = 1 is *multi-query* attention). The cache shrinks by nh / n_kv. Write the causal attention
-# for this layout: q [B, nh, T, hs], k and v [B, n_kv, T, hs]. Hint: make each key/value head appear
-# nh / n_kv times in a row, then it is ordinary attention.
-
-# %%
-# Your turn - Exercise 4.5 (★★★): grouped-query attention.
+# Your turn - Exercise 4.7 (★★★, extend): grouped-query attention.
 def my_grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """q [B, nh, T, hs], k and v [B, n_kv, T, hs] -> [B, nh, T, hs]; query head h uses kv head h // (nh // n_kv)."""
     ### BEGIN SOLUTION
@@ -999,6 +1057,7 @@ def my_grouped_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     out, _ = scaled_dot_product_attention(q, k, v, causal_mask(q.shape[2]))
     return out
     ### END SOLUTION
+
 
 check_grouped_query_attention(my_grouped_query_attention)
 
@@ -1009,9 +1068,9 @@ check_grouped_query_attention(my_grouped_query_attention)
 from transformer_course.quiz import Question, quiz  # noqa: E402
 
 quiz([
-    Question("A layer has d_model = 64 and 4 heads. What shape are the attention scores for a batch of 4 sequences of 10 tokens?",
-             ["[4, 4, 10, 16]", "[4, 4, 10, 10]", "[4, 10, 4, 16]", "[4, 10, 64]"],
-             answer=1, explain="Scores compare every query with every key: [B, nh, T, T]. [4, 4, 10, 16] is the shape of q, k and v per head."),
+    Question("A layer has d_model = 64 and 4 heads. How many parameters does it have (with biases)?",
+             ["4,160", "16,640", "12,480", "65,536"],
+             answer=1, explain="qkv: 64 x 192 + 192 = 12,480; proj (W_o): 64 x 64 + 64 = 4,160; together 16,640 = 4C² + 4C, whatever the number of heads."),
     Question("Why does merging heads need .reshape (or .contiguous().view) after transpose(1, 2)?",
              ["transpose copies the data into a new layout",
               "transpose only swaps strides, so the memory is not in [B, T, nh, hs] order and view cannot merge the axes",
@@ -1033,11 +1092,13 @@ quiz([
 #   by side and mixes them with W_o. Each head has its own softmax, so each can look somewhere else:
 #   trained on a three-lookup task, separate heads learned "one back", "two back" and "first".
 # - Stacking the heads' projections gives one packed `qkv` Linear (C -> 3C, [q | k | v], heads
-#   contiguous in each); `view(B, T, nh, hs).transpose(1, 2)` makes the heads a batch axis and
-#   `transpose(1, 2).reshape(B, T, C)` undoes it. We proved the loop and the batched layer are the same
-#   function by copying weights, and matched `torch.nn.MultiheadAttention` (whose bool mask is inverted).
+#   contiguous in each); `split_heads` makes the heads a batch axis ([B, nh, T, hs]) and `merge_heads`
+#   undoes it, and both must keep each row a token. We proved the loop and the batched layer are the
+#   same function by copying weights (`pack_heads`), and matched `torch.nn.MultiheadAttention` (whose
+#   bool mask is inverted).
 # - The sources' slips, corrected: source 000's printed weights skip the 1/√hs it describes; source 003's
-#   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 001 and 004 scale by √d_model instead of √hs.
+#   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 001 and 004 scale by √d_model instead of √hs,
+#   a bug that only shows with more than one head.
 # - With a KV cache of L positions, new query t sees keys 0..L+t: the causal triangle shifts right, which
 #   `is_causal=True` (top-left aligned) gets wrong for several new queries. Fed in any pieces, the cached
 #   layer equals the uncached one.

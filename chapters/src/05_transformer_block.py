@@ -13,6 +13,11 @@
 # connections let gradients reach the bottom of a deep stack (and measure it), and spot a bug that
 # appears in two of the sources this course was written from.
 #
+# **You build it.** You write LayerNorm's formula, the block's forward pass and the probe that
+# measures gradients in a deep stack, each before the chapter shows code for it; when your version
+# passes its check, the rest of the chapter runs on it. You also fix a mistyped GELU, predict a
+# block's size, and extend the chapter with RMSNorm.
+#
 # **Needs:** `MultiHeadAttention` from chapter 04 (which uses chapter 03's attention).
 # **Exports:** `transformer_course/block.py`.
 
@@ -20,6 +25,7 @@
 #| default_exp block
 
 # %%
+import copy
 import math
 
 import ipywidgets as widgets
@@ -28,6 +34,15 @@ import torch
 import torch.nn.functional as F
 from IPython.display import display
 from torch import nn
+
+from transformer_course.checks.block import (
+    check_gelu_tanh,
+    check_input_gradient_norms,
+    check_layer_norm,
+    check_predict_block_parameters,
+    check_rms_norm,
+    check_transformer_block,
+)
 
 torch.set_printoptions(precision=4)
 _ = torch.manual_seed(0)
@@ -104,31 +119,26 @@ print("x_seed:", tuple(x_seed.shape), "= [B, T, C]")
 # tokens or batch items (unlike batch normalisation), so the layer behaves the same in training and
 # when generating one sequence at a time.
 #
-# First by hand, for the token "The":
-
-# %%
-row = x_seed[0, 0]
-mu = row.mean()
-var = ((row - mu) ** 2).mean()  # divide by C, not C - 1
-by_hand = (row - mu) / torch.sqrt(var + 1e-5)
-print(f"mean {mu.item():.4f}   variance {var.item():.6f}")
-print("normalised:", by_hand)
-print(f"after: mean {round(by_hand.mean().item(), 4) + 0.0}, variance {by_hand.pow(2).mean().item():.4f}")
-
-# %% [markdown]
-# The new variance falls just short of 1 because this token's own variance is small enough that
-# the ε under the square root is not entirely negligible.
+# A worked example, the token "The" = (0.4553, 0.3277, 0.4210, 0.6628), with γ = 1 and β = 0:
 #
-# The variance divides by C (the "biased" variance). `torch.var` divides by C − 1 unless told
-# otherwise, and for C = 4 that is a visible difference:
-
-# %%
-print(f"divide by C:     {row.var(correction=0).item():.6f}")
-print(f"divide by C - 1: {row.var().item():.6f}  (torch.var's default)")
+# | step | value |
+# |---|---|
+# | mean μ | 1.8668 / 4 = 0.4667 |
+# | x − μ | (−0.0114, −0.1390, −0.0457, 0.1961) |
+# | variance σ² (mean of the squares, divided by C = 4) | 0.0600 / 4 = 0.0150 |
+# | √(σ² + ε) | √0.01501 = 0.1225 |
+# | normalised | (−0.0931, −1.1346, −0.3730, 1.6007) |
+#
+# The normalised numbers have mean 0; their variance is 0.9993, just short of 1, because this token's
+# own variance is small enough that the ε under the square root is not entirely negligible.
+#
+# Note the variance divides by C, the number of values (the "biased" variance). Dividing by C − 1, as
+# statistics courses (and `torch.var`'s default) do for a sample, gives 0.0600 / 3 = 0.0200 here: for
+# C = 4 a visible difference, and not what `nn.LayerNorm` or GPT-2 compute.
 
 # %% [markdown]
 # Now the module. It takes input of any shape `[..., C]` and checks that the last dimension is the
-# width it was built for.
+# width it was built for (these helpers are used by every module of the chapter).
 
 # %%
 #| export
@@ -159,8 +169,23 @@ def _check_channels(x, d_model: int, who: str) -> None:
             f"the module with the input's width"
         )
 
+# %% [markdown]
+# `LayerNorm` has two paths with the same parameters. The fast one (the default) hands everything to
+# PyTorch's `F.layer_norm`. The teaching path, `fast=False`, is yours to write: the formula above,
+# step by step, on an input `x [..., C]` of any number of leading dimensions.
+#
+# - The mean and the variance are taken over the last dimension only, one token at a time; keep that
+#   dimension (size 1) so that they broadcast against `x`: shapes [..., 1].
+# - The variance divides by C, and ε (`self.eps`) goes inside the square root.
+# - Then scale by `self.weight` (γ, [C]) and shift by `self.bias` (β, [C]), which is `None` when the
+#   module was built with `bias=False`.
+#
+# Do not change `x` in place. The check compares your path with PyTorch's on ordinary tokens, on a token
+# whose numbers are all equal, with another ε and without a bias.
+
 # %%
 #| export
+# Your turn - Exercise 5.1 (★☆☆, build): LayerNorm's formula, step by step.
 class LayerNorm(nn.Module):
     """Layer normalisation over the last dimension (Ba, Kiros and Hinton, 2016).
 
@@ -191,14 +216,29 @@ class LayerNorm(nn.Module):
         _check_channels(x, self.d_model, "LayerNorm")
         if self.fast:
             return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., C)
+        ### BEGIN SOLUTION
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
         centred = x - mean  # (..., C)
         var = centred.pow(2).mean(dim=-1, keepdim=True)  # (..., 1), divides by C
         y = centred / torch.sqrt(var + self.eps) * self.weight  # (..., C)
         return y if self.bias is None else y + self.bias
+        ### END SOLUTION
 
     def extra_repr(self) -> str:
         return f"{self.d_model}, eps={self.eps}, bias={self.bias is not None}, fast={self.fast}"
+
+# %%
+LayerNorm = check_layer_norm(LayerNorm).use
+
+# %% [markdown]
+# From here on `LayerNorm` is your class if it passed (the package's otherwise), and every block of
+# the chapter is built from it. First the worked example, on the teaching path:
+
+# %%
+worked = torch.tensor([-0.0931, -1.1346, -0.3730, 1.6007])  # the table above
+got = LayerNorm(4, fast=False)(x_seed)[0, 0].detach()
+print("'The' normalised:", got)
+print("equal to the worked example within 1e-4:", torch.allclose(got, worked, atol=1e-4))
 
 # %% [markdown]
 # Our module against PyTorch's `nn.LayerNorm`, with random gains and biases so that γ and β are
@@ -216,7 +256,6 @@ def paired_layer_norms(C: int, seed: int = 0):
     return ours, ref
 
 ours, ref = paired_layer_norms(4)
-assert torch.allclose(LayerNorm(4)(x_seed)[0, 0], by_hand)  # γ = 1, β = 0: the hand computation
 x_wild = 3.0 + 10.0 * torch.randn(8, 32, 64, generator=torch.Generator().manual_seed(1))
 ours64, ref64 = paired_layer_norms(64)
 for name, a, b in (("seed batch", ours(x_seed), ref(x_seed)), ("[8, 32, 64]", ours64(x_wild), ref64(x_wild))):
@@ -257,18 +296,17 @@ for name, (a, b) in pairs.items():
 # it is not.
 
 # %%
-def seed002_layer_norm(x, eps=1e-5):
-    """Seed 002's formula (γ = 1, β = 0): divides by the standard deviation plus eps."""
-    sigma = x.var(dim=-1, keepdim=True, correction=0).sqrt()
-    return (x - x.mean(dim=-1, keepdim=True)) / (sigma + eps)
+def seed002_factor(sigma, eps=1e-5):
+    """Correct LayerNorm output / seed 002's, for a token of standard deviation sigma (γ = 1, β = 0)."""
+    return (sigma + eps) / torch.sqrt(sigma**2 + eps)
 
-gap = (seed002_layer_norm(x_seed) - LayerNorm(4)(x_seed)).abs().max().item()
-spreads = x_seed.std(dim=-1, correction=0)
+spreads = x_seed.std(dim=-1, correction=0)  # [B, T]: each token's σ
+correct = LayerNorm(4, fast=False)(x_seed).detach()
+seed002 = correct / seed002_factor(spreads)[..., None]  # what seed 002's formula gives
+gap = (seed002 - correct).abs().max().item()
 print(f"seed batch (token spreads {spreads.min().item():.2f} to {spreads.max().item():.2f}): largest difference {gap:.1e}")
 for spread in (1.0, 0.1, 0.01, 0.003, 0.001):
-    x_flat = 0.5 + spread * torch.randn(1, 64, generator=torch.Generator().manual_seed(2))
-    ratio = (LayerNorm(64)(x_flat).norm() / seed002_layer_norm(x_flat).norm()).item()
-    print(f"token spread {spread:<6}: the correct output is {ratio:.4f} x seed 002's")
+    print(f"token spread {spread:<6}: the correct output is {seed002_factor(torch.tensor(spread)).item():.4f} x seed 002's")
 
 # %% [markdown]
 # On the seed batch the error is a few times $10^{-4}$: small, but hundreds of times the $10^{-6}$
@@ -278,7 +316,7 @@ for spread in (1.0, 0.1, 0.01, 0.003, 0.001):
 
 # %%
 sigmas = torch.logspace(-5, 0, 200)
-factor = (sigmas + 1e-5) / torch.sqrt(sigmas**2 + 1e-5)  # correct output / seed 002's
+factor = seed002_factor(sigmas)  # correct output / seed 002's
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.semilogx(sigmas, factor)
 ax.axvline(1e-5**0.5, color="grey", ls=":", label="σ = √ε ≈ 0.003")
@@ -287,34 +325,6 @@ ax.set_ylabel("correct / seed 002's")
 ax.set_title("How far seed 002's LayerNorm is from the real one")
 ax.legend()
 plt.show()
-
-# %% [markdown]
-# ### Your turn
-#
-# Write layer normalisation as a plain function of a tensor `x [..., C]`, the gain `weight [C]`
-# and the bias `bias [C]`. The check compares it with the reference on ordinary inputs, on a token
-# whose numbers are all equal, and on a wider batch.
-
-# %%
-from transformer_course.checks.block import (
-    check_block_forward,
-    check_block_parameter_count,
-    check_gelu_tanh,
-    check_input_gradient_norms,
-    check_layer_norm,
-)
-
-# %%
-# Your turn - Exercise 5.1 (★☆☆): layer normalisation over the last dimension.
-def my_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """x [..., C], weight [C], bias [C] -> [..., C]: (x - mean) / sqrt(var + eps) * weight + bias."""
-    ### BEGIN SOLUTION
-    mean = x.mean(dim=-1, keepdim=True)
-    var = (x - mean).pow(2).mean(dim=-1, keepdim=True)
-    return (x - mean) / torch.sqrt(var + eps) * weight + bias
-    ### END SOLUTION
-
-check_layer_norm(my_layer_norm)
 
 # %% [markdown]
 # ## 3. The feed-forward network
@@ -404,24 +414,58 @@ assert moved[0, 3] > 0 and moved.flatten().count_nonzero() == 1
 # It is smooth, close to ReLU far from 0, and dips slightly below zero for negative inputs. GPT-2
 # computed it with a cheaper tanh formula,
 # $\tfrac{x}{2}\left(1 + \tanh\!\left(\sqrt{2/\pi}\,(x + 0.044715\,x^3)\right)\right)$.
-# Both formulas written out, against PyTorch:
+# The exact formula written out, against PyTorch:
 
 # %%
 def gelu_exact(x):
     return 0.5 * x * (1.0 + torch.erf(x / math.sqrt(2.0)))
 
-def gelu_tanh(x):
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-
 xs = torch.linspace(-6, 6, 2001, dtype=torch.float64)
-for name, ours, torchs in (("exact", gelu_exact(xs), F.gelu(xs)), ("tanh", gelu_tanh(xs), F.gelu(xs, approximate="tanh"))):
-    assert (ours - torchs).abs().max() < 1e-12
-    print(f"{name} formula: equal to PyTorch's GELU within 1e-12 (float64)")
-gap = (gelu_exact(xs) - gelu_tanh(xs)).abs()
-print(f"exact vs tanh: largest gap {gap.max().item():.1e} at x = {xs[gap.argmax()].item():.2f}")
+print("exact formula: equal to PyTorch's GELU within 1e-12 (float64):", (gelu_exact(xs) - F.gelu(xs)).abs().max().item() < 1e-12)
 print(f"GELU's minimum: {gelu_exact(xs).min().item():.4f} at x = {xs[gelu_exact(xs).argmin()].item():.2f}")
 
+# %% [markdown]
+# ### Spot the bug: GPT-2's GELU, typed in a hurry
+#
+# Here is the tanh formula as someone typed it. It runs, and its curve has the right general shape:
+# zero at 0, close to x for large x, close to 0 for very negative x.
+
 # %%
+def gelu_tanh_with_a_bug(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh approximation of GELU, elementwise (same shape as x)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 * math.pi) * (x + 0.044715 * x**3)))
+
+# %% [markdown]
+# But compared with PyTorch's `F.gelu(x, approximate="tanh")` it is far off, and it is too close to
+# ReLU: its dip below zero is a third as deep, and at x = 1 it gives almost 1.
+
+# %%
+buggy, right = gelu_tanh_with_a_bug(xs), F.gelu(xs, approximate="tanh")
+gap = (buggy - right).abs()
+print("equal to PyTorch's tanh GELU within 1e-6:", gap.max().item() < 1e-6)
+print(f"largest gap {gap.max().item():.3f} at x = {xs[gap.argmax()].item():.2f}")
+print(f"minimum: {buggy.min().item():.4f} (PyTorch's: {right.min().item():.4f})")
+one = torch.tensor(1.0, dtype=torch.float64)
+print(f"at x = 1: {gelu_tanh_with_a_bug(one).item():.4f} (PyTorch's: {F.gelu(one, approximate='tanh').item():.4f})")
+
+# %%
+# Your turn - Exercise 5.2 (★☆☆, debug): fix GPT-2's tanh GELU.
+def my_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh approximation of GELU, elementwise (same shape as x): the cell above, fixed."""
+    ### BEGIN SOLUTION
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+    ### END SOLUTION
+
+
+gelu_tanh = check_gelu_tanh(my_gelu_tanh).use
+
+# %% [markdown]
+# A wrong constant inside the tanh changes how fast the curve turns from 0 to x, and nothing crashes;
+# only a comparison with a trusted implementation finds it. With the formula fixed (yours, if it
+# passed), the two GELUs and ReLU:
+
+# %%
+print(f"exact vs tanh: largest gap {(gelu_exact(xs) - gelu_tanh(xs)).abs().max().item():.1e}")
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.2))
 for name, y in (("ReLU", F.relu(xs)), ("GELU (exact)", gelu_exact(xs)), ("GELU (tanh)", gelu_tanh(xs))):
     ax1.plot(xs, y, label=name, ls="--" if "tanh" in name else "-")
@@ -437,16 +481,6 @@ plt.show()
 # The two GELUs differ by less than $5 \cdot 10^{-4}$: irrelevant when training from scratch, but
 # when we load GPT-2's trained weights (chapter 08) we must use the formula it was trained with, so
 # `FeedForward` offers both (`"gelu"`, `"gelu_tanh"`) as well as `"relu"`.
-
-# %%
-# Your turn - Exercise 5.2 (★☆☆): GPT-2's tanh approximation of GELU.
-def my_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); same shape as x."""
-    ### BEGIN SOLUTION
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    ### END SOLUTION
-
-check_gelu_tanh(my_gelu_tanh)
 
 # %% [markdown]
 # ## 4. Residual connections
@@ -499,9 +533,18 @@ print(f"residual: d out / d x = {chain_gradient(lambda h: h + 0.5 * torch.tanh(h
 #
 # `TransformerBlock` supports both through `norm="pre"` (the default) or `norm="post"`. Dropout, when
 # used, sits at the end of each sublayer (inside attention's and the feed-forward's output).
+#
+# The constructor below builds the four parts, `self.ln1`, `self.attn` (chapter 04's
+# `MultiHeadAttention`), `self.ln2` and `self.mlp` (the `FeedForward` above). Its forward pass is yours:
+# given `x [B, T, C]`, follow `self.norm` ("pre" or "post") and return `[B, T, C]`. The attention
+# sublayer also receives the optional `mask` and `cache` arguments: pass both on to `self.attn` (as
+# `mask=` and `cache=`), so that padding masks and chapter 07's KV cache work through the block. The
+# check builds blocks whose two LayerNorms hold different values, so it notices which one you use
+# where.
 
 # %%
 #| export
+# Your turn - Exercise 5.3 (★★☆, build): the block's forward pass, pre-norm and post-norm.
 class TransformerBlock(nn.Module):
     """One decoder block: causal multi-head self-attention, then the feed-forward network, each
     wrapped in a residual connection and a LayerNorm. Input [B, T, C] -> output [B, T, C].
@@ -532,6 +575,7 @@ class TransformerBlock(nn.Module):
         if x.ndim != 3:
             raise ValueError(f"TransformerBlock expects x of shape [B, T, C], got {tuple(x.shape)}; "
                              "add a batch dimension with x.unsqueeze(0)")
+        ### BEGIN SOLUTION
         if self.norm == "pre":
             x = x + self.attn(self.ln1(x), mask=mask, cache=cache)  # (B, T, C)
             x = x + self.mlp(self.ln2(x))  # (B, T, C)
@@ -539,9 +583,13 @@ class TransformerBlock(nn.Module):
             x = self.ln1(x + self.attn(x, mask=mask, cache=cache))  # (B, T, C)
             x = self.ln2(x + self.mlp(x))  # (B, T, C)
         return x
+        ### END SOLUTION
 
     def extra_repr(self) -> str:
         return f"norm={self.norm!r}"
+
+# %%
+TransformerBlock = check_transformer_block(TransformerBlock).use
 
 # %% [markdown]
 # Seed 000's block on seed 000's batch: 4 channels, 2 heads of size 2.
@@ -618,6 +666,23 @@ for norm in ("pre", "post"):
 # %% [markdown]
 # ### Counting parameters
 #
+# How big is a block? Every parameter sits in one of six places: `attn.qkv` (C → 3C) and `attn.proj`
+# (C → C), `mlp.fc` (C → 4C) and `mlp.proj` (4C → C), and the two LayerNorms, each with a gain γ and a
+# bias β of C numbers. A Linear from n_in to n_out holds n_in · n_out weights and, with biases, n_out
+# biases. Work it out before the next cells count it for you.
+
+# %%
+# Your turn - Exercise 5.4 (★☆☆, predict): the size of one GPT-2 small block.
+def my_prediction() -> int:
+    """Parameters in TransformerBlock(d_model=768, n_head=12) with biases (GPT-2 small's block)?"""
+    ### BEGIN SOLUTION
+    return 12 * 768**2 + 13 * 768
+    ### END SOLUTION
+
+
+check_predict_block_parameters(my_prediction)
+
+# %% [markdown]
 # For width C (any number of heads, since the heads split C between them):
 #
 # | part | weights | biases |
@@ -627,7 +692,8 @@ for norm in ("pre", "post"):
 # | two LayerNorms (γ, β) | $2C$ | $2C$ |
 #
 # In total $12C^2 + 13C$, or $12C^2 + 2C$ with `bias=False`. For GPT-2 small (C = 768) that is
-# 7,087,872 per block, and GPT-2 small has 12 blocks.
+# 7,087,872 per block, and GPT-2 small has 12 blocks. Two thirds of a block's weights are in the
+# feed-forward network.
 
 # %%
 #| export
@@ -651,38 +717,6 @@ for C, nh, where in ((4, 2, "seed 000"), (64, 4, "seed 003"), (768, 12, "GPT-2 s
         print(f"{where:12s} C={C:3d} bias={bias!s:5}: module {counted:>9,}  formula {formula:>9,}")
         assert counted == formula == 12 * C * C + (13 if bias else 2) * C
 
-# %%
-# Your turn - Exercise 5.3 (★★☆): count a block's parameters.
-def my_block_parameter_count(d_model: int, bias: bool = True) -> int:
-    """Parameters in TransformerBlock(d_model, n_head, bias=bias): attention, feed-forward (4x), two LayerNorms."""
-    ### BEGIN SOLUTION
-    C = d_model
-    weights = 4 * C * C + 8 * C * C + 2 * C
-    biases = (4 * C + 5 * C + 2 * C) if bias else 0
-    return weights + biases
-    ### END SOLUTION
-
-check_block_parameter_count(my_block_parameter_count)
-
-# %% [markdown]
-# Now the forward pass itself. Given a block, use its parts `block.ln1`, `block.attn`, `block.ln2`
-# and `block.mlp` to compute what `block(x)` computes, for `block.norm` equal to `"pre"` or
-# `"post"`. The check builds blocks whose two LayerNorms differ, so it notices which one you use.
-
-# %%
-# Your turn - Exercise 5.4 (★★☆): the block's forward pass, pre-norm and post-norm.
-def my_block_forward(block: TransformerBlock, x: torch.Tensor) -> torch.Tensor:
-    """x [B, T, C] -> [B, T, C], the same as block(x), following block.norm ("pre" or "post")."""
-    ### BEGIN SOLUTION
-    if block.norm == "pre":
-        x = x + block.attn(block.ln1(x))
-        return x + block.mlp(block.ln2(x))
-    x = block.ln1(x + block.attn(x))
-    return block.ln2(x + block.mlp(x))
-    ### END SOLUTION
-
-check_block_forward(my_block_forward)
-
 # %% [markdown]
 # ## 6. Spot the bug: the first LayerNorm, twice
 #
@@ -690,15 +724,21 @@ check_block_forward(my_block_forward)
 # (post-norm, in Julia) applies `norm_1` after *both* sublayers. Either way the second LayerNorm
 # is built and never used. What does that do?
 
+# %% [markdown]
+# We can make the bug without writing a forward pass: point the block's `ln2` at its `ln1`. The block's
+# own forward then normalises both sublayers with `ln1`, which is what both seeds do (for a pre-norm
+# block, seed 000's; for a post-norm one, seed 004's).
+
 # %%
-def seed000_forward(block, x):
-    """Seed 000's pre-norm block: ln1 is used before both sublayers."""
-    x = x + block.attn(block.ln1(x))
-    return x + block.mlp(block.ln1(x))  # the bug: should be block.ln2
+def with_ln1_twice(block: TransformerBlock) -> TransformerBlock:
+    """A copy of ``block`` with the seeds' bug: both sublayers use ln1, ln2 is never called."""
+    buggy = copy.deepcopy(block)
+    buggy.ln2 = buggy.ln1  # one module in both places
+    return buggy
 
 torch.manual_seed(6)
 fresh = TransformerBlock(32, n_head=4)
-diff = (seed000_forward(fresh, x) - fresh(x)).abs().max().item()
+diff = (with_ln1_twice(fresh)(x) - fresh(x)).abs().max().item()
 print(f"freshly built block: buggy vs correct output differ by {diff}")
 
 # %% [markdown]
@@ -709,26 +749,30 @@ print(f"freshly built block: buggy vs correct output differ by {diff}")
 # regression task and compare.
 
 # %%
-def train_briefly(forward, steps=50, seed=7):
+def train_briefly(ln1_twice=False, steps=50, seed=7):
+    """Train a fresh block (with the bug when ``ln1_twice``); return it, its own ln2, the input, the loss."""
     torch.manual_seed(seed)
     blk = TransformerBlock(32, n_head=4)
+    own_ln2 = blk.ln2  # with the bug, built but never called
+    if ln1_twice:
+        blk.ln2 = blk.ln1
     g = torch.Generator().manual_seed(seed)
     xb, target = torch.randn(4, 10, 32, generator=g), torch.randn(4, 10, 32, generator=g)
     opt = torch.optim.Adam(blk.parameters(), lr=1e-2)
     for _ in range(steps):
         opt.zero_grad()
-        loss = F.mse_loss(forward(blk, xb), target)
+        loss = F.mse_loss(blk(xb), target)
         loss.backward()
         opt.step()
-    return blk, xb, loss.item()
+    return blk, own_ln2, xb, loss.item()
 
-good, xb, good_loss = train_briefly(lambda b, v: b(v))
-bad, _, bad_loss = train_briefly(seed000_forward)
+good, good_ln2, xb, good_loss = train_briefly()
+bad, bad_ln2, _, bad_loss = train_briefly(ln1_twice=True)
 print(f"after 50 steps: loss {good_loss:.4f} (correct) vs {bad_loss:.4f} (ln1 twice)")
-print(f"ln2 moved from its start by: {(good.ln2.weight - 1).abs().max().item():.4f} (correct), "
-      f"{(bad.ln2.weight - 1).abs().max().item():.4f} (ln1 twice)")
+print(f"ln2 moved from its start by: {(good_ln2.weight - 1).abs().max().item():.4f} (correct), "
+      f"{(bad_ln2.weight - 1).abs().max().item():.4f} (ln1 twice)")
 print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
-      f"{(seed000_forward(good, xb) - good(xb)).abs().max().item():.4f}")
+      f"{(with_ln1_twice(good)(xb) - good(xb)).abs().max().item():.4f}")
 
 # %% [markdown]
 # The loss hardly suffers on this toy task, and that is what makes the bug dangerous: nothing
@@ -738,7 +782,7 @@ print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
 # is a real change to the output: load trained weights (GPT-2's, in chapter 08) into a model with
 # this bug and it no longer computes what it was trained to compute. Seed 004's post-norm version has the same flaw. The lesson goes
 # beyond this bug: a check at initialisation cannot tell apart modules that start out identical, so
-# the tests of this chapter (and Exercise 5.4's check) give the two LayerNorms different values first.
+# the tests of this chapter (and Exercise 5.3's check) give the two LayerNorms different values first.
 #
 # ## 7. Experiment: how much gradient reaches the bottom of a deep stack?
 #
@@ -747,11 +791,24 @@ print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
 # record how large the gradient is at the input of each block, relative to $\lVert g \rVert$. Five
 # variants: pre-norm and post-norm blocks as built above; the same two with the `x +` of both
 # residual connections removed; and, to isolate seed 004's chain-rule argument, a block with
-# neither residual connections nor LayerNorms. The three altered blocks are notebook-only
-# subclasses used for this experiment.
+# neither residual connections nor LayerNorms.
+#
+# The measuring instrument is yours to write: `input_gradient_norms(layers, x, grad_output)`. It runs
+# the stack bottom to top, starting from `x`, and keeps the input of every layer: x_0 = x, x_1 = the
+# output of layer 0, and so on. Then it asks autograd for dL/dx_l for every l at once, where the
+# gradient arriving at the stack's output is `grad_output` (not the gradient of a sum), and returns
+# the norm of each: a float tensor [len(layers)], bottom first, with no autograd history.
+#
+# - Start from a copy of `x` that requires gradients and is cut off from whatever made `x`.
+# - Leave the layers' parameters alone: their `.grad` must stay as it was. A call to `.backward()`
+#   would accumulate into every parameter's `.grad`; `torch.autograd.grad(outputs, inputs,
+#   grad_outputs=...)` hands the gradients back instead of storing them.
+# - The list of layers is checked for you; saying something clear when `grad_output` does not have
+#   the output's shape is up to you.
 
 # %%
 #| export
+# Your turn - Exercise 5.5 (★★★, build): measure the gradient reaching each layer's input.
 def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """How much gradient reaches the input of each layer in a stack.
 
@@ -763,6 +820,7 @@ def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> 
     layers = list(layers)
     if not layers:
         raise ValueError("input_gradient_norms needs at least one layer")
+    ### BEGIN SOLUTION
     h = x.detach().requires_grad_(True)
     inputs = []
     for layer in layers:
@@ -773,38 +831,42 @@ def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> 
                          f"shape {tuple(h.shape)}; pass one upstream gradient per output number")
     grads = torch.autograd.grad(h, inputs, grad_outputs=grad_output)
     return torch.stack([g.norm() for g in grads]).detach()
+    ### END SOLUTION
 
 # %%
-class NoResidualBlock(TransformerBlock):
-    """The block with the two `x +` removed (this experiment only)."""
+input_gradient_norms = check_input_gradient_norms(input_gradient_norms).use
 
-    def forward(self, x, mask=None, cache=None):
-        if self.norm == "pre":
-            return self.mlp(self.ln2(self.attn(self.ln1(x))))
-        return self.ln2(self.mlp(self.ln1(self.attn(x))))
+# %% [markdown]
+# The three altered blocks need no new code: without its residual connections a block is just its
+# sublayers applied one after another, in the order its norm placement says.
+
+# %%
+def no_residual(block: TransformerBlock) -> nn.Sequential:
+    """The block's sublayers in a row, the two `x +` removed (this experiment only)."""
+    if block.norm == "pre":
+        return nn.Sequential(block.ln1, block.attn, block.ln2, block.mlp)
+    return nn.Sequential(block.attn, block.ln1, block.mlp, block.ln2)
 
 
-class BareBlock(TransformerBlock):
+def bare(block: TransformerBlock) -> nn.Sequential:
     """Neither residual connections nor LayerNorms: attention, then the feed-forward network."""
-
-    def forward(self, x, mask=None, cache=None):
-        return self.mlp(self.attn(x))
+    return nn.Sequential(block.attn, block.mlp)
 
 
-VARIANTS = {  # name -> (block class, norm placement)
-    "pre-norm, residual": (TransformerBlock, "pre"),
-    "post-norm, residual": (TransformerBlock, "post"),
-    "pre-norm, no residual": (NoResidualBlock, "pre"),
-    "post-norm, no residual": (NoResidualBlock, "post"),
-    "no residual, no LayerNorm": (BareBlock, "pre"),
+VARIANTS = {  # name -> (norm placement, what becomes of each fresh block)
+    "pre-norm, residual": ("pre", lambda block: block),
+    "post-norm, residual": ("post", lambda block: block),
+    "pre-norm, no residual": ("pre", no_residual),
+    "post-norm, no residual": ("post", no_residual),
+    "no residual, no LayerNorm": ("pre", bare),
 }
 
 # %%
 def stack_gradients(variant, depth=24, C=64, seed=0):
     """Relative gradient norm at the input of each of ``depth`` fresh blocks, bottom first."""
-    kind, norm = VARIANTS[variant]
+    norm, alter = VARIANTS[variant]
     torch.manual_seed(seed)
-    layers = [kind(C, n_head=4, norm=norm) for _ in range(depth)]
+    layers = [alter(TransformerBlock(C, n_head=4, norm=norm)) for _ in range(depth)]
     g = torch.Generator().manual_seed(seed + 1)
     x, grad_out = torch.randn(4, 16, C, generator=g), torch.randn(4, 16, C, generator=g)
     return input_gradient_norms(layers, x, grad_out) / grad_out.norm()
@@ -881,25 +943,49 @@ norms = plot_stack_gradients("no residual, no LayerNorm", 8)  # one view, stored
 plt.show()
 print("relative gradient at each block, bottom first:", norms)
 
+# %% [markdown]
+# ## 8. Stretch: RMSNorm
+#
+# Many recent models (Llama, Mistral, Gemma) replace LayerNorm with **RMSNorm** (Zhang and Sennrich,
+# 2019). It drops two things: the centring (no mean is subtracted) and the bias β. Each token is divided
+# by its root mean square, the square root of the mean of its squared numbers, then scaled by a learned
+# gain γ:
+#
+# $$y = \gamma \odot \frac{x}{\sqrt{\tfrac{1}{C}\sum_{i=1}^{C} x_i^2 + \varepsilon}} .$$
+#
+# One reduction instead of two, and in practice it trains as well. Worked example: the token (3, 4)
+# (C = 2) has mean square (9 + 16) / 2 = 12.5 and root mean square 3.5355, so with γ = 1 it becomes
+# (0.8485, 1.1314); LayerNorm would have made it (−1, 1). Write it for `x [..., C]`, `weight [C]` and
+# `eps` (Llama uses 1e-6), without changing `x` in place.
+
 # %%
-# Your turn - Exercise 5.5 (★★★): measure the gradient reaching each layer's input.
-def my_input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
-    """Float tensor [len(layers)]: entry l is the norm of dL/dx_l, x_l the input of layers[l] (bottom first),
-    when grad_output is the gradient dL/d(out) arriving at the stack's output."""
+# Your turn - Exercise 5.6 (★★☆, extend): RMSNorm.
+def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x [..., C], weight [C] -> [..., C]: each token divided by its root mean square (eps inside the root), times weight."""
     ### BEGIN SOLUTION
-    h = x.detach().requires_grad_(True)
-    inputs = []
-    for layer in layers:
-        inputs.append(h)
-        h = layer(h)
-    grads = torch.autograd.grad(h, inputs, grad_outputs=grad_output)
-    return torch.stack([g.norm() for g in grads])
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
     ### END SOLUTION
 
-check_input_gradient_norms(my_input_gradient_norms)
+
+rms_norm = check_rms_norm(my_rms_norm).use
 
 # %% [markdown]
-# ## 8. Bad input
+# Two facts to confirm with the function (yours if it passed): PyTorch's own `nn.RMSNorm` agrees, and
+# on a token whose mean is already 0 RMSNorm *is* LayerNorm without β, since then the root mean square
+# is the standard deviation.
+
+# %%
+torch_rms = nn.RMSNorm(64, eps=1e-6)
+with torch.no_grad():
+    torch_rms.weight.copy_(ours64.weight)
+print("equal to nn.RMSNorm within 1e-5:", torch.allclose(rms_norm(x_wild, ours64.weight.detach()), torch_rms(x_wild), atol=1e-5))
+centred = x_wild - x_wild.mean(dim=-1, keepdim=True)
+ln_no_bias = LayerNorm(64, bias=False, fast=False)
+print("on centred tokens, equal to LayerNorm without β within 1e-5:",
+      torch.allclose(rms_norm(centred, torch.ones(64), eps=1e-5), ln_no_bias(centred), atol=1e-5))
+
+# %% [markdown]
+# ## 9. Bad input
 #
 # Every module says what is wrong and how to fix it:
 
@@ -934,9 +1020,9 @@ quiz([
     Question("A pre-norm block computes...",
              ["x = LN(x + attn(x))", "x = x + attn(LN(x))", "x = attn(LN(x))", "x = LN(attn(x)) + x"],
              answer=1, explain="GPT-2 normalises the sublayer's input and adds the result to the untouched x."),
-    Question("How many parameters does a block of width C = 64 have (with biases)?",
-             ["49,152", "49,984", "33,088", "16,640"],
-             answer=1, explain="12·64² + 13·64 = 49,152 + 832. 33,088 is the feed-forward part alone."),
+    Question("Which part of a block holds most of its parameters?",
+             ["The attention's qkv projection", "The feed-forward network", "The two LayerNorms", "The attention's output projection"],
+             answer=1, explain="fc and proj hold 8C² of the block's 12C² weights; qkv has 3C², W_o C², the LayerNorms only 4C numbers."),
     Question("Seed 000 uses layer_norm1 before both sublayers. Why does a test on a freshly built model not notice?",
              ["Because LayerNorm has no parameters", "Because both LayerNorms start as γ = 1, β = 0 and compute the same thing",
               "Because the feed-forward network ignores its input's scale", "It does notice: the output shape changes"],
@@ -947,18 +1033,20 @@ quiz([
 # ## Summary
 #
 # - **LayerNorm** normalises each token's C numbers to mean 0 and variance 1 (variance divided by C,
-#   ε inside the square root), then applies a learned gain and bias. Ours matches `nn.LayerNorm`
-#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not.
+#   ε inside the square root), then applies a learned gain and bias. Yours matches `nn.LayerNorm`
+#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not. **RMSNorm** drops the
+#   centring and β, and equals LayerNorm without β on a token of mean 0.
 # - **FeedForward** widens each token to 4C, applies ReLU or GELU (exact or GPT-2's tanh
 #   approximation, which differ by under $5 \cdot 10^{-4}$), and projects back, the same way at every
-#   position.
+#   position. A wrong constant in the GELU formula runs without complaint; only a comparison with a
+#   trusted implementation finds it.
 # - **Residual connections** add each sublayer's output to its input, so the gradient has a direct
 #   path down the stack: through 24 fresh blocks it arrives at the bottom with the size it started
 #   with, while a stack with neither residuals nor LayerNorms loses it entirely. **Pre-norm** (GPT-2)
 #   keeps that path free of LayerNorms; **post-norm** (2017) puts one on it after every sublayer.
 # - A block has $12C^2 + 13C$ parameters (7,087,872 for GPT-2 small).
 # - Using the first LayerNorm twice (seeds 000 and 004) is invisible at initialisation and wrong
-#   after training.
+#   after training, so checks of a block give its two LayerNorms different values first.
 #
 # Exported to `transformer_course/block.py`: `LayerNorm`, `FeedForward`, `TransformerBlock`,
 # `block_parameter_count`, `input_gradient_norms`, and the option lists `NORMS` and `ACTIVATIONS`.

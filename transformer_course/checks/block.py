@@ -1,9 +1,12 @@
 """Checks for chapter 05's exercises (the transformer block). Hand-written.
 
-Each check runs the learner's function against ``transformer_course.block`` (or PyTorch) on
-ordinary and edge inputs, and when the answer is wrong, tries the usual mistakes one by one to
-name the likely one. Checks build their own small modules under a forked random state, so they
-never disturb the notebook's random numbers.
+Each check runs the learner's code against ``transformer_course.block`` (or PyTorch) on ordinary and
+edge inputs, and when the answer is wrong, tries the usual mistakes one by one to name the likely one.
+Checks build their own small modules under a forked random state, so they never disturb the
+notebook's random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5
+``input_gradient_norms``) are declared with the package's version as ``reference``; 5.2 (debug) and
+5.6 (extend) with the small references below (:func:`gelu_tanh`, :func:`rms_norm`), so
+``check_x(x).use`` is what the chapter runs next.
 """
 
 from __future__ import annotations
@@ -13,7 +16,18 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._core import check, expect, expect_close
+from ._core import CheckFailed, check, expect, expect_close
+
+__all__ = [
+    "check_gelu_tanh",
+    "check_input_gradient_norms",
+    "check_layer_norm",
+    "check_predict_block_parameters",
+    "check_rms_norm",
+    "check_transformer_block",
+    "gelu_tanh",
+    "rms_norm",
+]
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -31,7 +45,7 @@ def _tensor(got, what: str) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.1 layer normalisation
+# 5.1 layer normalisation (build: the teaching path of LayerNorm.forward)
 
 
 def _ln_variants(x, weight, bias, eps):
@@ -64,7 +78,7 @@ def _expect_layer_norm(got, x, weight, bias, eps: float) -> None:
         return
     variants = _ln_variants(x, weight, bias, eps)
     if eps != 1e-5:
-        variants.insert(0, (f"with eps={eps} the result is wrong: use the eps argument instead of a fixed 1e-5",
+        variants.insert(0, (f"with eps={eps} the result is wrong: use self.eps instead of a fixed 1e-5",
                             F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
     for hint, variant in variants:
         expect(not _close(got, variant), hint)
@@ -72,37 +86,83 @@ def _expect_layer_norm(got, x, weight, bias, eps: float) -> None:
                             "over the last dimension")
 
 
-@check("5.1", "my_layer_norm")
-def check_layer_norm(fn):
-    """``fn(x [..., C], weight [C], bias [C], eps=1e-5) -> [..., C]``."""
+def _layer_norm(cls, C: int, seed: int, **kwargs):
+    """``cls(C, fast=False, **kwargs)`` with random gain (and bias), under a forked random state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        ln = cls(C, fast=False, **kwargs)
+        with torch.no_grad():
+            ln.weight.copy_(1.0 + 0.5 * torch.randn(C))
+            if ln.bias is not None:
+                ln.bias.copy_(0.5 * torch.randn(C))
+    return ln
+
+
+def _params(ln):
+    return ln.weight.detach(), None if ln.bias is None else ln.bias.detach()
+
+
+@check("5.1", "LayerNorm", reference="transformer_course.block:LayerNorm")
+def check_layer_norm(cls):
+    """``cls(C, eps, bias, fast=False)(x [..., C]) -> [..., C]``: the step-by-step formula."""
     g = _generator(51)
     x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
-    weight, bias = 1.0 + 0.5 * torch.randn(8, generator=g), 0.5 * torch.randn(8, generator=g)
+    ln = _layer_norm(cls, 8, seed=51)
+    weight, bias = _params(ln)
     x_before = x.clone()
-    got = _tensor(fn(x, weight, bias), "my_layer_norm")
+    with torch.no_grad():
+        got = _tensor(ln(x), "LayerNorm(fast=False)")
     expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
     expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
     _expect_layer_norm(got, x, weight, bias, 1e-5)
     # a token whose numbers are all equal: the variance is 0, eps keeps it finite
     flat = torch.full((2, 8), 3.0)
-    got_flat = _tensor(fn(flat, weight, bias), "my_layer_norm")
+    with torch.no_grad():
+        got_flat = _tensor(ln(flat), "LayerNorm(fast=False)")
     expect(bool(torch.isfinite(got_flat).all()),
            "a token whose numbers are all equal (variance 0) gave NaN or inf: add eps inside the square root")
     expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5),
                  "a token whose numbers are all equal normalises to 0, so the output must equal bias")
     # a large eps makes eps's place in the formula visible (seed 002's (std + eps))
-    _expect_layer_norm(_tensor(fn(x, weight, bias, eps=0.5), "my_layer_norm"), x, weight, bias, 0.5)
+    wide_eps = _layer_norm(cls, 8, seed=51, eps=0.5)
+    with torch.no_grad():
+        _expect_layer_norm(_tensor(wide_eps(x), "LayerNorm(fast=False)"), x, weight, bias, 0.5)
+    # without a bias: self.bias is None
+    no_bias = _layer_norm(cls, 8, seed=52, bias=False)
+    try:
+        with torch.no_grad():
+            got_nb = no_bias(x)
+    except TypeError as error:
+        raise CheckFailed(f"with bias=False, self.bias is None: add it only when it exists ({error})") from None
+    expect_close(got_nb, F.layer_norm(x, (8,), no_bias.weight.detach(), None, eps=1e-5),
+                 "with bias=False the output is the normalised x times weight, with nothing added")
     # another width and a 2-D input
     wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
-    expect_close(fn(wide, torch.ones(64), torch.zeros(64)), F.layer_norm(wide, (64,)),
+    with torch.no_grad():
+        got_wide = cls(64, fast=False)(wide)
+    expect_close(got_wide, F.layer_norm(wide, (64,)),
                  "a [4, 64] input is normalised wrongly: work over the last dimension for any shape")
+    # the output must stay connected to γ and β, or they never learn
+    ln.zero_grad()
+    out = ln(x)
+    expect(isinstance(out, torch.Tensor) and out.requires_grad,
+           "the output is cut off from weight and bias, so they could never learn: no .detach(), .item() or "
+           "torch.no_grad() inside forward")
+    out.sum().backward()
+    expect(ln.weight.grad is not None and ln.bias.grad is not None and bool(ln.weight.grad.abs().sum() > 0),
+           "weight (γ) and bias (β) get no gradient: use self.weight and self.bias in the formula")
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.2 GPT-2's tanh GELU
+# 5.2 GPT-2's tanh GELU (debug)
 
 
-@check("5.2", "my_gelu_tanh")
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's tanh approximation of GELU, elementwise: what the chapter uses when 5.2 is not done."""
+    return F.gelu(x, approximate="tanh")
+
+
+@check("5.2", "my_gelu_tanh", reference="transformer_course.checks.block:gelu_tanh")
 def check_gelu_tanh(fn):
     """``fn(x) -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise."""
     x = torch.linspace(-5.0, 5.0, 201).reshape(3, 67)
@@ -129,54 +189,22 @@ def check_gelu_tanh(fn):
         for hint, variant in variants:
             expect(not _close(got, variant), hint)
         expect_close(got, want, "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))")
+    x64 = torch.linspace(-6.0, 6.0, 101, dtype=torch.float64)
+    got64 = _tensor(fn(x64), "my_gelu_tanh")
+    expect(got64.dtype == torch.float64, f"a float64 input should give float64 output, got {got64.dtype}")
+    expect_close(got64, F.gelu(x64, approximate="tanh"), "in float64 the values differ from PyTorch's tanh GELU",
+                 atol=1e-10, rtol=1e-10)
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.3 parameter count
+# 5.3 the block's forward pass (build)
 
 
-@check("5.3", "my_block_parameter_count")
-def check_block_parameter_count(fn):
-    """``fn(d_model, bias=True) -> int``: the parameters of one TransformerBlock."""
-    from transformer_course.block import block_parameter_count
-
-    for bias in (True, False):
-        for C in (64, 4, 768):
-            got = fn(C, bias=bias)
-            expect(isinstance(got, int) and not isinstance(got, bool),
-                   f"return a whole number (int), got {type(got).__name__} {got!r}")
-            want = block_parameter_count(C, bias=bias)
-            if got == want:
-                continue
-            b = 1 if bias else 0
-            known = {
-                12 * C * C + 2 * C: "count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, "
-                                    "and each LayerNorm's β)",
-                12 * C * C + 13 * C: "with bias=False the Linear layers and LayerNorms have no bias vectors",
-                12 * C * C + b * 9 * C: "include the two LayerNorms: each has a gain γ of C numbers (and a bias β of C "
-                                        "when bias=True)",
-                12 * C * C: "with bias=False the LayerNorms still have their gains γ (C numbers each)",
-                11 * C * C + b * 12 * C + 2 * C: "attention has an output projection proj (C -> C, plus C biases) "
-                                                 "besides qkv",
-                6 * C * C + b * 7 * C + 2 * C: "the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C",
-                9 * C * C + b * 10 * C + 2 * C: "qkv maps C to 3C (queries, keys and values): 3C² weights, not C²",
-            }
-            hint = known.get(got, f"for d_model={C}, bias={bias} expected {want:,}, got {got:,}: add up attention "
-                                  "(qkv and proj), feed-forward (fc and proj) and the two LayerNorms")
-            expect(False, hint)
-
-
-# ---------------------------------------------------------------------------------------------
-# 5.4 the block's forward pass
-
-
-def _distinct_block(norm: str, seed: int):
-    """A small TransformerBlock whose two LayerNorms differ (so using the wrong one shows)."""
-    from transformer_course.block import TransformerBlock
-
+def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 2):
+    """A small ``cls`` block whose two LayerNorms differ (so using the wrong one shows)."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        block = TransformerBlock(16, n_head=2, norm=norm).eval()
+        block = cls(d_model, n_head=n_head, norm=norm).eval()
         with torch.no_grad():
             for ln in (block.ln1, block.ln2):
                 ln.weight.normal_(1.0, 0.5)
@@ -213,24 +241,81 @@ def _block_variants(block, x):
     ]
 
 
-@check("5.4", "my_block_forward")
-def check_block_forward(fn):
-    """``fn(block, x [B, T, C]) -> [B, T, C]`` equal to ``block(x)`` for pre- and post-norm blocks."""
+def _package_copy(block):
+    """The package's TransformerBlock holding ``block``'s weights (the reference output)."""
+    from transformer_course.block import TransformerBlock
+
+    with torch.random.fork_rng(devices=[]):
+        ref = TransformerBlock(block.d_model, n_head=block.attn.n_head, norm=block.norm).eval()
+    ref.load_state_dict(block.state_dict())
+    return ref
+
+
+@check("5.3", "TransformerBlock", reference="transformer_course.block:TransformerBlock")
+def check_transformer_block(cls):
+    """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the package's block."""
+    from transformer_course.multihead import KVCache
+
     x = torch.randn(2, 5, 16, generator=_generator(54))
+    keep = torch.ones(2, 5, dtype=torch.bool)
+    keep[0, :2] = False  # sequence 0 is left-padded with 2 pads
+    pad_mask = keep[:, None, None, :]  # [B, 1, 1, T]
     for seed, norm in enumerate(("pre", "post")):
-        block = _distinct_block(norm, seed)
+        block = _distinct_block(cls, norm, seed)
+        ref = _package_copy(block)
         with torch.no_grad():
-            got = _tensor(fn(block, x.clone()), "my_block_forward")
+            x_before = x.clone()
+            got = _tensor(block(x), "TransformerBlock.forward")
+            expect(torch.equal(x, x_before), "do not change x in place (x += ...): the caller's tensor changes; "
+                                             "write x = x + ... instead")
             expect(tuple(got.shape) == tuple(x.shape), f"keep the shape [B, T, C] = {tuple(x.shape)}, got {tuple(got.shape)}")
-            want = block(x)
+            want = ref(x)
             if not _close(got, want):
                 for hint, variant in _block_variants(block, x):
                     expect(not _close(got, variant), hint)
-                expect_close(got, want, f"with norm={norm!r} the output differs from block(x)")
+                expect_close(got, want, f"with norm={norm!r} the output differs from the block's definition")
+            got_masked = _tensor(block(x, mask=pad_mask), "TransformerBlock.forward")
+            want_masked = ref(x, mask=pad_mask)
+            expect(_close(got_masked, want_masked) or not _close(got_masked, want),
+                   "the padding mask made no difference: pass mask=mask on to self.attn")
+            expect_close(got_masked, want_masked, f"with a padding mask (norm={norm!r}) the output differs")
+            cache = KVCache()
+            steps = [_tensor(block(x[:, t:t + 1], cache=cache), "TransformerBlock.forward") for t in range(x.shape[1])]
+            expect(cache.length == x.shape[1],
+                   "the KV cache stayed empty: pass cache=cache on to self.attn, so generation (chapter 07) can use it")
+            expect_close(torch.cat(steps, dim=1), want,
+                         f"token by token with a cache (norm={norm!r}) the output differs from the whole sequence at once")
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.5 gradient reaching each layer
+# 5.4 the size of one GPT-2 small block (predict)
+
+
+@check("5.4", "my_prediction")
+def check_predict_block_parameters(fn):
+    """``fn() -> int``: the parameters of ``TransformerBlock(768, 12)`` with biases."""
+    from transformer_course.block import block_parameter_count
+
+    got = fn()
+    expect(isinstance(got, (int, float)) and not isinstance(got, bool) and float(got).is_integer(),
+           f"return a whole number (int), got {type(got).__name__} {got!r}")
+    got, C = int(got), 768
+    want = block_parameter_count(C)
+    known = {
+        12 * C * C + 2 * C: "count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, and each LayerNorm's β)",
+        12 * C * C + 9 * C: "include the two LayerNorms: each has a gain γ and a bias β of C numbers",
+        12 * C * C: "count the biases and the two LayerNorms (γ and β, C numbers each) too",
+        11 * C * C + 12 * C + 2 * C: "attention has an output projection proj (C -> C, plus C biases) besides qkv",
+        6 * C * C + 7 * C + 4 * C: "the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C",
+        10 * C * C + 11 * C + 4 * C: "qkv maps C to 3C (queries, keys and values): 3C² weights, not C²",
+        12 * want: "that is GPT-2 small's 12 blocks together; the question asks for one block",
+    }
+    expect(got == want, known.get(got, f"not {got:,}: add up attention (qkv and proj), the feed-forward network (fc "
+                                       "and proj) and the two LayerNorms, weights and biases"))
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.5 gradient reaching each layer (build)
 
 
 def _gradient_stack(seed: int):
@@ -248,7 +333,7 @@ def _gradient_stack(seed: int):
     return layers
 
 
-@check("5.5", "my_input_gradient_norms")
+@check("5.5", "input_gradient_norms", reference="transformer_course.block:input_gradient_norms")
 def check_input_gradient_norms(fn):
     """``fn(layers, x, grad_output) -> Tensor[len(layers)]``: norm of dL/d(input of each layer)."""
     from transformer_course.block import input_gradient_norms
@@ -256,10 +341,16 @@ def check_input_gradient_norms(fn):
     layers = _gradient_stack(55)
     g = _generator(55)
     x, grad_out = torch.randn(3, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
-    got = _tensor(fn(layers, x.clone(), grad_out.clone()), "my_input_gradient_norms")
+    x_arg = x.clone()
+    got = _tensor(fn(layers, x_arg, grad_out.clone()), "input_gradient_norms")
+    expect(not x_arg.requires_grad,
+           "your code switched on requires_grad of the caller's x: work on a copy, x.detach().requires_grad_(True)")
+    expect(all(p.grad is None for layer in layers for p in layer.parameters()),
+           "the layers' parameters got a .grad: leave them untouched, with torch.autograd.grad(out, inputs, "
+           "grad_outputs=grad_output) instead of .backward()")
     expect(got.ndim == 1 and got.numel() == len(layers),
            f"return one number per layer: shape [{len(layers)}], got {tuple(got.shape)}")
-    got = got.detach()
+    expect(not got.requires_grad, "return the norms without autograd history (.detach())")
     want = input_gradient_norms(layers, x, grad_out)
     if not _close(got, want, atol=1e-4):
         with torch.enable_grad():
@@ -268,27 +359,92 @@ def check_input_gradient_norms(fn):
             ("put the bottom layer first: entry 0 belongs to layers[0], the layer that receives x", want.flip(0)),
             ("record the gradient at each layer's input, not its output: entry 0 is the gradient at x itself",
              outputs_side),
-            ("start the backward pass from grad_output (out.backward(grad_output) or "
-             "torch.autograd.grad(out, inputs, grad_outputs=grad_output)), not from out.sum()",
+            ("start the backward pass from grad_output (torch.autograd.grad(out, inputs, grad_outputs=grad_output)), "
+             "not from out.sum()",
              input_gradient_norms(layers, x, torch.ones_like(grad_out))),
             ("return the norm of each gradient, not its square", want.pow(2)),
         ]
         for hint, variant in variants:
             expect(not _close(got, variant, atol=1e-4), hint)
         expect_close(got, want, "the gradient norms differ from the reference", atol=1e-4)
-    # a stack of transformer blocks works too
+    # a stack of transformer blocks works too, and a stack of one
     from transformer_course.block import TransformerBlock
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(56)
         blocks = [TransformerBlock(16, n_head=2) for _ in range(3)]
     xb, gb = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
-    got = _tensor(fn(blocks, xb, gb), "my_input_gradient_norms").detach()
+    got = _tensor(fn(blocks, xb, gb), "input_gradient_norms").detach()
     expect_close(got, input_gradient_norms(blocks, xb, gb),
                  "on a stack of 3 TransformerBlocks the norms differ from the reference", atol=1e-4)
+    one = _tensor(fn(layers[:1], x, grad_out), "input_gradient_norms").detach()
+    expect_close(one, input_gradient_norms(layers[:1], x, grad_out), "a stack of one layer gives a wrong norm", atol=1e-4)
 
 
 def _through(layers, x):
     for layer in layers:
         x = layer(x)
     return x.detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# 5.6 RMSNorm (extend)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """RMSNorm (Zhang and Sennrich, 2019): x [..., C] over its root mean square, times weight [C]."""
+    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def _rms_variants(x, weight, eps):
+    """(hint, output) for the usual mistakes in writing RMSNorm."""
+    ms = x.pow(2).mean(-1, keepdim=True)
+    centred = x - x.mean(-1, keepdim=True)
+    return [
+        ("RMSNorm does not subtract the mean (that is LayerNorm): divide x itself by its root mean square",
+         centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight),
+        ("eps belongs inside the square root: sqrt(mean(x²) + eps)", x / (ms.sqrt() + eps) * weight),
+        ("divide by the root of the mean square, not by the mean square itself", x / (ms + eps) * weight),
+        ("take the mean of the squares over the C channels (divide by C), not their sum",
+         x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight),
+        ("average over the last dimension (one token's C numbers), not over the batch",
+         x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * weight),
+        ("the normalised values are right, but then multiply by weight (γ)", x * torch.rsqrt(ms + eps)),
+        ("the mean of the squares is not the square of the mean: square first, then average",
+         x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * weight),
+    ]
+
+
+@check("5.6", "my_rms_norm", reference="transformer_course.checks.block:rms_norm")
+def check_rms_norm(fn):
+    """``fn(x [..., C], weight [C], eps=1e-6) -> [..., C]``."""
+    g = _generator(56)
+    x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
+    weight = 1.0 + 0.5 * torch.randn(8, generator=g)
+    x_before = x.clone()
+    got = _tensor(fn(x, weight), "my_rms_norm")
+    expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
+    expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
+    want = rms_norm(x, weight)
+    if not _close(got, want):
+        for hint, variant in _rms_variants(x, weight, 1e-6):
+            expect(not _close(got, variant), hint)
+        expect_close(got, want, "the values differ from x / sqrt(mean(x²) + eps) * weight over the last dimension")
+    # a large eps makes its place visible, and shows whether the argument is used
+    got_eps = _tensor(fn(x, weight, eps=0.5), "my_rms_norm")
+    if not _close(got_eps, rms_norm(x, weight, eps=0.5)):
+        expect(not _close(got_eps, rms_norm(x, weight)), "with eps=0.5 nothing changed: use the eps argument")
+        for hint, variant in _rms_variants(x, weight, 0.5):
+            expect(not _close(got_eps, variant), hint)
+        expect_close(got_eps, rms_norm(x, weight, eps=0.5), "with eps=0.5 the values are wrong")
+    # a token of zeros: eps keeps it finite (0, not NaN)
+    zeros = torch.zeros(2, 8)
+    got_zeros = _tensor(fn(zeros, weight), "my_rms_norm")
+    expect(bool(torch.isfinite(got_zeros).all()), "a token of zeros gave NaN or inf: add eps inside the square root")
+    expect_close(got_zeros, torch.zeros(2, 8), "a token of zeros must stay zeros")
+    # the worked example and another width
+    expect_close(fn(torch.tensor([[3.0, 4.0]]), torch.ones(2)), torch.tensor([[0.8485, 1.1314]]),
+                 "the token (3, 4) should become (0.8485, 1.1314)", atol=1e-4)
+    wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
+    expect_close(fn(wide, torch.ones(64)), rms_norm(wide, torch.ones(64)),
+                 "a [4, 64] input is normalised wrongly: work over the last dimension for any shape")

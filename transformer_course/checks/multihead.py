@@ -1,21 +1,31 @@
 """Checks for chapter 04's exercises (multi-head attention). Hand-written.
 
 Each check runs the learner's function next to the package's reference on ordinary and edge inputs
-and names the likely mistake in words. See ``transformer_course.checks`` for how checks report.
+and names the likely mistake in words. See ``transformer_course.checks`` for how checks report. The
+build exercises (4.1 split_heads, 4.3 merge_heads, 4.4 causal_mask_with_past, 4.5 pack_heads) are
+declared with the package's version as ``reference``, so ``check_x(x).use`` is what the chapter runs.
 """
 
 import torch
 import torch.nn.functional as F
 
-from ..attention import AttentionHead, causal_mask
-from ..multihead import LoopedMultiHeadAttention, causal_mask_with_past, merge_heads, split_heads
+from ..attention import causal_mask
+from ..multihead import (
+    LoopedMultiHeadAttention,
+    MultiHeadAttention,
+    causal_mask_with_past,
+    merge_heads,
+    split_heads,
+)
 from ._core import CheckFailed, check, expect, expect_close
 
 __all__ = [
     "check_causal_mask_with_past",
     "check_grouped_query_attention",
+    "check_heads_attention",
     "check_merge_heads",
-    "check_pack_qkv_weight",
+    "check_pack_heads",
+    "check_predict_scores_shape",
     "check_split_heads",
     "grouped_query_attention_reference",
 ]
@@ -42,10 +52,10 @@ def _call(fn, *args, what: str):
         raise
 
 
-def _other_size(fn, *args, hint: str):
+def _other_size(fn, *args, hint: str, **kwargs):
     """Run ``fn`` on a second size of input; a crash there means something was hard-coded."""
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except NotImplementedError:
         raise
     except Exception as error:
@@ -59,10 +69,10 @@ def _expect_same(got, want: torch.Tensor, hint: str) -> None:
     expect_close(got, want, hint)
 
 
-# ---------------------------------------------------------------- 4.1 split heads
+# ---------------------------------------------------------------- 4.1 split heads (build)
 
 
-@check("4.1", "my_split_heads")
+@check("4.1", "split_heads", reference="transformer_course.multihead:split_heads")
 def check_split_heads(fn):
     """``fn(x [B, T, C], n_head) -> [B, nh, T, hs]``, head h holding channels h*hs .. (h+1)*hs - 1."""
     x = torch.arange(12.0).view(1, 3, 4)  # B=1, T=3, C=4: token t holds 4t .. 4t+3
@@ -70,29 +80,54 @@ def check_split_heads(fn):
     expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
     expect(
         got.shape != (1, 3, 2, 2) or not torch.equal(got, x.view(1, 3, 2, 2)),
-        "you returned [B, T, nh, hs]: move the head axis next to the batch with .transpose(1, 2)",
+        "you returned [B, T, nh, hs]: the head axis must come before the time axis, [B, nh, T, hs]",
     )
     expect(got.shape == (1, 2, 3, 2), f"[B, T, C] = [1, 3, 4] with 2 heads should give [1, 2, 3, 2], got {tuple(got.shape)}")
     expect(
         not torch.equal(got, x.view(1, 2, 3, 2)),
         "you reshaped straight to [B, nh, T, hs]: the right shape, but head 0's row 1 is (2, 3), the second "
-        "half of token 0, so rows are no longer tokens; view as [B, T, nh, hs] first, then transpose(1, 2)",
+        "half of token 0, so rows are no longer tokens; cut C into [nh, hs] first, then move the head axis",
     )
     expect(
         not torch.equal(got, x.view(1, 3, 2, 2).transpose(-1, -2).transpose(1, 2)),
         "head 0 got channels 0, 2 (every nh-th channel): head h must own the block h*hs .. (h+1)*hs - 1, "
-        "so view as [B, T, nh, hs], not [B, T, hs, nh]",
+        "so cut C as [nh, hs], not [hs, nh]",
     )
     expect(torch.equal(got, split_heads(x, 2)), f"head 0 should be [[0, 1], [4, 5], [8, 9]], got {got[0, 0].tolist()}")
-    xb = _randn(2, 5, 12, seed=0)
-    hint = "right for the small example but not for B=2, T=5, C=12, 3 heads: read B, T, C from x.shape"
-    _expect_same(_other_size(fn, xb, 3, hint=hint), split_heads(xb, 3), hint)
+    for shape, n_head in (((2, 5, 12), 3), ((3, 1, 8), 1), ((1, 4, 6), 6)):  # ordinary, nh = 1 and T = 1, hs = 1
+        xb = _randn(*shape, seed=sum(shape))
+        hint = (f"right for the small example but not for [B, T, C] = {list(shape)} with {n_head} heads: "
+                "read B, T, C from x.shape and hs from C // n_head")
+        _expect_same(_other_size(fn, xb, n_head, hint=hint), split_heads(xb, n_head), hint)
 
 
-# ---------------------------------------------------------------- 4.2 merge heads
+# ---------------------------------------------------------------- 4.2 the scores' shape (predict)
 
 
-@check("4.2", "my_merge_heads")
+@check("4.2", "my_prediction")
+def check_predict_scores_shape(fn):
+    """``fn() -> (B, nh, T, T)`` for B = 4, T = 10, C = 64, 4 heads: the attention scores' shape."""
+    got = fn()
+    try:
+        got = tuple(int(n) for n in got)
+    except (TypeError, ValueError):
+        raise CheckFailed(f"return the shape as a tuple of ints, such as (2, 3), got {got!r}") from None
+    known = {
+        (4, 4, 10, 16): "that is source 003's label, and the shape of q, k and v per head; the scores compare every "
+                        "query with every key, so the last axis runs over the T keys, not over hs",
+        (4, 4, 16, 16): "T is 10 here (16 is the head size hs, and the longer sequence of the example above)",
+        (4, 10, 4, 10): "split_heads puts the head axis before the time axis: [B, nh, T_q, T_k]",
+        (4, 10, 10): "each head has its own table of scores: [B, nh, T_q, T_k]",
+        (4, 10, 64): "that is the shape of the layer's output; the scores are one [T, T] table per head and sequence",
+        (4, 4, 10, 64): "the scores compare every query with every key: one [T_q, T_k] table per head",
+    }
+    expect(got == (4, 4, 10, 10), known.get(got, f"{got} is not it: one score per (sequence, head, query, key)"))
+
+
+# ---------------------------------------------------------------- 4.3 merge heads (build)
+
+
+@check("4.3", "merge_heads", reference="transformer_course.multihead:merge_heads")
 def check_merge_heads(fn):
     """``fn(y [B, nh, T, hs]) -> [B, T, C]``, the inverse of split_heads."""
     y = torch.arange(12.0).view(1, 2, 3, 2)  # B=1, nh=2, T=3, hs=2
@@ -101,8 +136,9 @@ def check_merge_heads(fn):
     expect(got.shape == (1, 3, 4), f"[B, nh, T, hs] = [1, 2, 3, 2] should merge to [B, T, C] = [1, 3, 4], got {tuple(got.shape)}")
     expect(
         not torch.equal(got, y.reshape(1, 3, 4)),
-        "you merged without undoing the head transpose: token 0 came out as (0, 1, 2, 3), all from head 0; "
-        "transpose(1, 2) back to [B, T, nh, hs] before merging the last two axes",
+        "you merged without undoing the head transpose: token 0 came out as (0, 1, 2, 3), all from head 0 "
+        "(positions mixed into one token); bring the time axis back before the head axis ([B, T, nh, hs]), "
+        "then merge the last two axes",
     )
     expect(
         not torch.equal(got, y.permute(0, 2, 3, 1).reshape(1, 3, 4)),
@@ -110,54 +146,20 @@ def check_merge_heads(fn):
         "hs channels come first, then head 1's",
     )
     expect(torch.equal(got, merge_heads(y)), f"token 0 should be (0, 1, 6, 7), got {tuple(got[0, 0].tolist())}")
-    x = _randn(2, 5, 12, seed=1)
-    hint = "merging split_heads(x) should give x back (B=2, T=5, C=12, 3 heads): read sizes from y.shape"
-    _expect_same(_other_size(fn, split_heads(x, 3), hint=hint), x, hint)
+    for shape, n_head in (((2, 5, 12), 3), ((3, 1, 8), 1), ((1, 4, 6), 6)):
+        x = _randn(*shape, seed=sum(shape) + 1)
+        hint = (f"merging split_heads(x) should give x back ([B, T, C] = {list(shape)}, {n_head} heads): "
+                "read the sizes from y.shape")
+        _expect_same(_other_size(fn, split_heads(x, n_head), hint=hint), x, hint)
 
 
-# ---------------------------------------------------------------- 4.3 pack the heads' weights
+# ---------------------------------------------------------------- 4.4 causal mask with a past (build)
 
 
-def _heads(d_model: int, n_head: int, seed: int) -> list[AttentionHead]:
-    torch.manual_seed(seed)
-    return list(LoopedMultiHeadAttention(d_model, n_head).heads)
-
-
-@check("4.3", "my_pack_qkv_weight")
-def check_pack_qkv_weight(fn):
-    """``fn(heads: list[AttentionHead]) -> qkv.weight [3C, C]``: [W_q; W_k; W_v], heads in order in each."""
-    heads = _heads(8, 2, seed=0)
-    got = fn(heads)
-    expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
-    ref = torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
-    expect(
-        got.shape != (8, 24),
-        "got [C, 3C]: nn.Linear stores weight as [out_features, in_features], so stack the heads' [hs, C] "
-        "weights along dim 0 into [3C, C]",
-    )
-    expect(got.shape == (24, 8), f"qkv.weight for C=8 should be [3C, C] = [24, 8], got {tuple(got.shape)}")
-    by_head = torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads])
-    expect(
-        not _same(got, by_head),
-        "you grouped by head ([q0; k0; v0; q1; ...]); qkv is grouped by kind: every head's query weights "
-        "first (head 0, head 1, ...), then all key weights, then all value weights",
-    )
-    by_kind_reversed = torch.cat([torch.cat([getattr(h, n).weight for h in heads[::-1]]) for n in ("query", "key", "value")])
-    expect(not _same(got, by_kind_reversed), "the heads are in reverse order inside each block: head 0 comes first")
-    expect_close(got, ref, "qkv.weight should be [W_q; W_k; W_v] with W_q the heads' query.weight stacked in order")
-    heads3 = _heads(12, 3, seed=1)  # another size: nothing hard-coded
-    ref3 = torch.cat([torch.cat([getattr(h, n).weight for h in heads3]) for n in ("query", "key", "value")])
-    hint = "right for 2 heads but not for 3 heads of C=12: loop over all the heads"
-    _expect_same(_other_size(fn, heads3, hint=hint), ref3, hint)
-
-
-# ---------------------------------------------------------------- 4.4 causal mask with a past
-
-
-@check("4.4", "my_causal_mask_with_past")
+@check("4.4", "causal_mask_with_past", reference="transformer_course.multihead:causal_mask_with_past")
 def check_causal_mask_with_past(fn):
-    """``fn(T, past) -> Bool [T, past + T]``: new query t (position past + t) sees keys 0 .. past + t."""
-    for T, past in ((2, 3), (1, 4), (3, 0), (4, 2)):
+    """``fn(T, past, device=None) -> Bool [T, past + T]``: new query t (position past + t) sees keys 0 .. past + t."""
+    for T, past in ((2, 3), (1, 4), (3, 0), (4, 2), (1, 0)):
         got = fn(T, past)
         expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
         expect(got.shape == (T, past + T),
@@ -178,9 +180,111 @@ def check_causal_mask_with_past(fn):
             expect(j != past + t, f"new query {t} cannot see itself (key {j} = position past + t): include the diagonal")
             expect(False, f"new query {t} (position {past + t}) cannot see the earlier key {j}")
     expect(torch.equal(fn(5, 0), causal_mask(5)), "with past=0 the mask should be chapter 03's causal_mask(T)")
+    on = _other_size(fn, 2, 3, device=torch.device("cpu"),
+                     hint="the layer calls causal_mask_with_past(T, past, device=...): accept device and build the mask there")
+    expect(isinstance(on, torch.Tensor) and on.device.type == "cpu" and torch.equal(on, causal_mask_with_past(2, 3)),
+           "with device= given, return the same mask on that device")
 
 
-# ---------------------------------------------------------------- 4.5 grouped-query attention (stretch)
+# ---------------------------------------------------------------- 4.5 pack the heads (build)
+
+
+def _looped(d_model: int, n_head: int, seed: int, bias: bool = True) -> LoopedMultiHeadAttention:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        looped = LoopedMultiHeadAttention(d_model, n_head, bias=bias)
+        if bias:
+            with torch.no_grad():
+                looped.proj.bias.normal_()  # a bias that matters
+    return looped
+
+
+def _packed_weight(heads) -> torch.Tensor:
+    return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
+
+
+@check("4.5", "pack_heads", reference="transformer_course.multihead:pack_heads")
+def check_pack_heads(fn):
+    """``fn(looped, fast=True) -> MultiHeadAttention`` computing the same function as ``looped``."""
+    looped = _looped(8, 2, seed=0)
+    heads = list(looped.heads)
+    mha = fn(looped)
+    # the notebook defines its own MultiHeadAttention class: check what it has, not which class it is
+    expect(isinstance(mha, torch.nn.Module) and hasattr(mha, "qkv") and hasattr(mha, "proj"),
+           f"return the new MultiHeadAttention (made for you above the region), got {type(mha).__name__}")
+    got = mha.qkv.weight.detach()
+    expect(got.shape == (24, 8), f"qkv.weight for C=8 should be [3C, C] = [24, 8], got {tuple(got.shape)}")
+    by_head = torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads])
+    expect(
+        not _same(got, by_head),
+        "you grouped by head ([q0; k0; v0; q1; ...]); qkv is grouped by kind: every head's query weights "
+        "first (head 0, head 1, ...), then all key weights, then all value weights",
+    )
+    expect(not _same(got, _packed_weight(heads[::-1])), "the heads are in reverse order inside each block: head 0 comes first")
+    expect_close(got, _packed_weight(heads),
+                 "qkv.weight should be [W_q; W_k; W_v] with W_q the heads' query.weight stacked in order")
+    expect(torch.count_nonzero(mha.qkv.bias.detach()) == 0,
+           "qkv.bias still holds its random start: the heads have no bias, so set qkv.bias to zero")
+    expect(_same(mha.proj.weight.detach(), looped.proj.weight.detach()) and _same(mha.proj.bias.detach(), looped.proj.bias.detach()),
+           "proj (W_o) should be a copy of the loop's proj: its weight and its bias")
+    x = _randn(2, 5, 8, seed=11)
+    with torch.no_grad():
+        expect_close(mha(x), looped(x), "the packed layer should compute what the loop computes", atol=1e-5)
+    expect(fn(looped, fast=False).fast is False, "pass fast on to the new layer (it is made for you above the region)")
+    for C, n_head, bias in ((12, 3, True), (8, 4, False)):  # another size; a layer without biases (qkv.bias is None)
+        other = _looped(C, n_head, seed=C + n_head, bias=bias)
+        hint = (f"right for 2 heads of C=8 but not for {n_head} heads of C={C}{'' if bias else ' without biases (qkv.bias is None)'}: "
+                "loop over all the heads" + ("" if bias else ", and only touch qkv.bias when it exists"))
+        packed = _other_size(fn, other, hint=hint)
+        xo = _randn(2, 5, C, seed=C)
+        with torch.no_grad():
+            _expect_same(packed(xo), other(xo), hint)
+
+
+# ---------------------------------------------------------------- 4.6 the scale of multi-head scores (debug)
+
+
+def _layer(d_model: int, n_head: int, seed: int, bias: bool = True) -> MultiHeadAttention:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MultiHeadAttention(d_model, n_head, bias=bias).eval()
+
+
+@check("4.6", "my_heads_attention")
+def check_heads_attention(fn):
+    """``fn(layer, x [B, T, C]) -> [B, T, C]`` equal to ``layer(x)``: causal, scores scaled by 1/√hs."""
+    layer, x = _layer(32, 4, seed=6), _randn(2, 6, 32, seed=6)  # hs = 8: √hs, √C and hs all differ
+    with torch.no_grad():
+        got = fn(layer, x)
+        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
+        expect(got.shape != (2, 4, 6, 8), "you returned [B, nh, T, hs]: merge the heads and apply layer.proj (W_o)")
+        want = layer(x)
+        if not _same(got, want):
+            q, k, v = (split_heads(t, 4) for t in layer.qkv(x).split(32, dim=-1))
+            mask = causal_mask(6)
+
+            def attend(**kw):
+                return layer.proj(merge_heads(F.scaled_dot_product_attention(q, k, v, **kw)))
+
+            variants = [
+                ("the scores are divided by √C = √d_model (sources 001 and 004); each head's q·k sums only hs "
+                 "products, so divide by √hs = √(C / nh), layer.head_size (chapter 03's default)",
+                 attend(attn_mask=mask, scale=32**-0.5)),
+                ("the scores are not scaled at all: divide q kᵀ by √hs (layer.head_size)", attend(attn_mask=mask, scale=1.0)),
+                ("the scores are divided by hs instead of √hs", attend(attn_mask=mask, scale=1 / 8)),
+                ("position 0 attends to later positions: keep the causal mask", attend(scale=8**-0.5)),
+                ("the heads are not mixed: apply layer.proj (W_o) to the merged heads",
+                 merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))),
+            ]
+            for hint, variant in variants:
+                expect(not _same(got, variant), hint)
+            _expect_same(got, want, "differs from layer(x)")
+        layer3, x3 = _layer(12, 3, seed=7, bias=False), _randn(1, 7, 12, seed=7)
+        hint = "right for 4 heads of C=32 but not for 3 heads of C=12: read sizes from x and the layer"
+        _expect_same(_other_size(fn, layer3, x3, hint=hint), layer3(x3), hint)
+
+
+# ---------------------------------------------------------------- 4.7 grouped-query attention (extend)
 
 
 def grouped_query_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -194,7 +298,7 @@ def grouped_query_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
-@check("4.5", "my_grouped_query_attention")
+@check("4.7", "my_grouped_query_attention")
 def check_grouped_query_attention(fn):
     """``fn(q [B, nh, T, hs], k [B, n_kv, T, hs], v [B, n_kv, T, hs]) -> [B, nh, T, hs]``, causal."""
     q, k, v = _randn(2, 4, 5, 8, seed=2), _randn(2, 2, 5, 8, seed=3), _randn(2, 2, 5, 8, seed=4)
