@@ -9,7 +9,8 @@ pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a
 
 # %% auto #0
 __all__ = ['GPT2_SPLIT_PATTERN', 'GPT4_SPLIT_PATTERN', 'ENDOFTEXT', 'FORMAT', 'FORMAT_VERSION', 'CharTokenizer',
-           'get_pair_counts', 'merge_pair', 'train_merges', 'BPETokenizer', 'get_encoding', 'tokenizer_from_dict']
+           'get_pair_counts', 'merge_pair', 'train_merges_simple', 'train_merges', 'apply_merges', 'BPETokenizer',
+           'get_encoding', 'tokenizer_from_dict']
 
 # %% ../chapters/01_tokenization.ipynb #f30e8d7b
 import functools
@@ -112,7 +113,8 @@ class CharTokenizer:
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
-# %% ../chapters/01_tokenization.ipynb #c6dba80a
+# %% ../chapters/01_tokenization.ipynb #9f97172f
+# Your turn - Exercise 1.1 (★☆☆, build): count neighbouring pairs.
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
     """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
 
@@ -123,7 +125,8 @@ def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int 
         counts[pair] = counts.get(pair, 0) + weight
     return counts
 
-# %% ../chapters/01_tokenization.ipynb #b9bd1beb
+# %% ../chapters/01_tokenization.ipynb #b4c85457
+# Your turn - Exercise 1.2 (★★☆, build): replace every occurrence of one pair.
 def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
 
@@ -140,68 +143,69 @@ def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[i
             i += 1
     return out
 
-# %% ../chapters/01_tokenization.ipynb #beab149a
+# %% ../chapters/01_tokenization.ipynb #19ce607d
+# Your turn - Exercise 1.4 (★★☆, build): the training loop.
+def train_merges_simple(chunks: Counter, n_merges: int) -> list[tuple[int, int]]:
+    """Learn up to ``n_merges`` merges from byte chunks with counts, recounting before every merge.
+
+    Merge k creates id 256 + k; the most frequent pair (each chunk weighted by its count) wins,
+    ties going to the smallest pair; stops early when no chunk has a pair left.
+    """
+    words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
+    merges = []
+    while len(merges) < n_merges:
+        counts = {}
+        for ids, f in zip(words, freqs, strict=True):
+            get_pair_counts(ids, counts, f)
+        if not counts:
+            break  # every chunk is a single token
+        pair = min(counts, key=lambda p: (-counts[p], p))  # most frequent; ties: the smallest pair
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        words = [merge_pair(ids, pair, new_id) for ids in words]
+    return merges
+
+# %% ../chapters/01_tokenization.ipynb #836cbd8e
 def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
     """``merge_pair`` plus the pairs it destroyed and the pairs it created (each with multiplicity).
 
-    Only pairs touching a merge change, so the diff costs O(number of merges), not O(len(ids)).
+    ``new_id`` must not occur in ``ids`` (training always makes a fresh id), so every ``new_id`` in
+    the result marks one merge. Only pairs touching a merge change: the diff costs O(merges made).
     """
-    a, b = pair
-    out, hits, made, i, n = [], [], [], 0, len(ids)
-    while i < n:
-        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-            hits.append(i)
-            made.append(len(out))
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
+    out, n = merge_pair(ids, pair, new_id), len(ids)
+    made = [j for j, t in enumerate(out) if t == new_id]  # where the merged tokens sit in the result
+    hits = [j + k for k, j in enumerate(made)]  # ... and in ids: each earlier merge removed one id
     old_at = {p for i in hits for p in (i - 1, i, i + 1) if 0 <= p < n - 1}  # pairs that touched (a, b)
     new_at = {p for j in made for p in (j - 1, j) if 0 <= p < len(out) - 1}  # pairs that touch new_id
     return out, [(ids[p], ids[p + 1]) for p in old_at], [(out[p], out[p + 1]) for p in new_at]
 
-# %% ../chapters/01_tokenization.ipynb #2586bf8d
-def _best_pair_naive(words, freqs):
-    """Recount every pair of every chunk; the most frequent, ties to the smallest pair."""
-    counts: dict = {}
-    for ids, f in zip(words, freqs, strict=True):
-        get_pair_counts(ids, counts, f)
-    return min((-c, p) for p, c in counts.items())[1] if counts else None
-
-
+# %% ../chapters/01_tokenization.ipynb #5c5e4a3c
 def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> list[tuple[int, int]]:
     """Learn up to ``n_merges`` merges from byte chunks with counts; merge k creates id 256 + k.
 
-    ``incremental=False`` recounts all pairs before every merge. ``incremental=True`` counts once,
-    then updates only the chunks holding the merged pair; a heap (with stale entries skipped when
-    popped) yields the most frequent pair. Both choose exactly the same merges, ties going to the
-    smallest pair.
+    ``incremental=False`` recounts all pairs before every merge (``train_merges_simple``).
+    ``incremental=True`` counts once, then updates only the chunks holding the merged pair; a heap
+    (with stale entries skipped when popped) yields the most frequent pair. Both choose exactly the
+    same merges, ties going to the smallest pair.
     """
+    if not incremental:
+        return train_merges_simple(chunks, n_merges)
     words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
+    counts, where = {}, defaultdict(set)  # pair -> count, pair -> chunks that may hold it
+    for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
+        get_pair_counts(ids, counts, f)
+        for p in pairwise(ids):
+            where[p].add(w)
+    heap = [(-c, p) for p, c in counts.items()]
+    heapq.heapify(heap)
     merges = []
-    counts, where, heap = {}, defaultdict(set), []  # pair -> count, pair -> chunks that may hold it
-    if incremental:
-        for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
-            for p in pairwise(ids):
-                counts[p] = counts.get(p, 0) + f
-                where[p].add(w)
-        heap = [(-c, p) for p, c in counts.items()]
-        heapq.heapify(heap)
     while len(merges) < n_merges:
-        if incremental:
-            while heap and counts.get(heap[0][1]) != -heap[0][0]:
-                heapq.heappop(heap)  # stale: the count changed since this entry was pushed
-            pair = heap[0][1] if heap else None
-        else:
-            pair = _best_pair_naive(words, freqs)
-        if pair is None:
+        while heap and counts.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)  # stale: the count changed since this entry was pushed
+        if not heap:
             break  # no pairs left: every chunk is a single token
-        new_id = 256 + len(merges)
+        pair, new_id = heap[0][1], 256 + len(merges)
         merges.append(pair)
-        if not incremental:
-            words = [merge_pair(ids, pair, new_id) for ids in words]
-            continue
         changed = set()
         for w in where.pop(pair):
             words[w], destroyed, created = _merge_and_diff(words[w], pair, new_id)
@@ -218,6 +222,22 @@ def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> li
                 del counts[p]
     return merges
 
+# %% ../chapters/01_tokenization.ipynb #6f55778a
+# Your turn - Exercise 1.5 (★★☆, debug): apply the merges in the order they were learned.
+def apply_merges(ids: Sequence[int], merges: dict) -> list[int]:
+    """Encode one chunk: ``ids`` (its byte ids) merged with ``merges`` ((a, b) -> new id, the rank).
+
+    Gives the same ids as replaying every merge in learned order, but only looks up the pairs
+    present in ``ids``. Returns a new list.
+    """
+    ids = list(ids)
+    while len(ids) > 1:
+        pair = min(pairwise(ids), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge_pair(ids, pair, merges[pair])
+    return ids
+
 # %% ../chapters/01_tokenization.ipynb #7c6fcfcf
 def _split_special(text: str, specials) -> list[str]:
     """Cut ``text`` around occurrences of the special-token strings; the specials stay as pieces."""
@@ -226,7 +246,7 @@ def _split_special(text: str, specials) -> list[str]:
     alternatives = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
     return [piece for piece in regex.split(f"({alternatives})", text) if piece]
 
-# %% ../chapters/01_tokenization.ipynb #d6928517
+# %% ../chapters/01_tokenization.ipynb #10968a54
 class BPETokenizer:
     """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
 
@@ -299,12 +319,7 @@ class BPETokenizer:
         if data in self._id_of_bytes:  # the chunk is one token (tiktoken's shortcut too)
             ids = [self._id_of_bytes[data]]
         else:
-            ids = [self.byte_ids[b] for b in data]
-            while len(ids) > 1:  # merge the lowest-ranked pair present, until none is a merge
-                pair = min(pairwise(ids), key=lambda p: self.merges.get(p, float("inf")))
-                if pair not in self.merges:
-                    break
-                ids = merge_pair(ids, pair, self.merges[pair])
+            ids = apply_merges([self.byte_ids[b] for b in data], self.merges)
         if len(self._cache) < 200_000:
             self._cache[chunk] = ids
         return ids

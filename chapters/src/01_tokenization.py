@@ -20,6 +20,11 @@
 #   OpenAI's `tiktoken` that gives *identical* ids;
 # - `get_encoding`: real tokenizers; GPT-4's `cl100k_base` works offline.
 #
+# The heart of BPE is yours to write: counting neighbouring pairs (`get_pair_counts`), merging one
+# pair (`merge_pair`), the training loop (`train_merges_simple`) and, after finding a bug in a first
+# attempt, the encoder that applies learned merges (`apply_merges`). The tokenizer you train on
+# Shakespeare then runs on your code. Six exercises in all: four build, predict, debug and extend.
+#
 # **What you will be able to do:** turn any Unicode text into ids and back exactly, explain why
 # models use subwords rather than characters or words, train your own BPE on Shakespeare, and read
 # what a production tokenizer does with a sentence.
@@ -45,7 +50,7 @@ print(f"Shakespeare corpus: {len(shakespeare):,} characters")
 
 # %% [markdown]
 # The exported module starts here (its docstring is the quoted summary above): imports and the two
-# pre-split patterns we will meet in section 6.
+# pre-split patterns we will meet in section 7.
 
 # %%
 #| export
@@ -241,29 +246,8 @@ for s in ("A", "é", "世", "👋", "👋🏽"):
 # %% [markdown]
 # The price: one token no longer means one character. A token may hold *part* of a character, and a
 # byte sequence cut in the wrong place is not valid UTF-8. Decoding therefore joins **all** the
-# bytes first and converts to text once, at the end.
-#
-# **Your turn - Exercise 1.1 (★☆☆).** Write `my_decode(ids, vocab)`, where `vocab` maps each id to
-# its `bytes`. Join the bytes of every id, then decode the result as UTF-8, using
-# `errors="replace"` so that an incomplete character shows up as "�" instead of crashing.
-
-# %%
-from transformer_course.checks.tokenization import (  # noqa: E402
-    check_count_pairs,
-    check_decode_bytes,
-    check_encode_chunk,
-    check_merge_pair,
-)
-
-# %%
-# Your turn - Exercise 1.1 (★☆☆): decode ids to text through their bytes.
-def my_decode(ids: list[int], vocab: dict[int, bytes]) -> str:
-    """ids: list of T ids; vocab: id -> bytes. Returns the UTF-8 text (invalid bytes become '�')."""
-    ### BEGIN SOLUTION
-    return b"".join(vocab[i] for i in ids).decode("utf-8", errors="replace")
-    ### END SOLUTION
-
-check_decode_bytes(my_decode)
+# bytes first and converts to text once, at the end; section 8 shows what goes wrong otherwise, and
+# you will build a decoder that copes with it as the ids arrive one at a time.
 
 # %% [markdown]
 # ## 4. Byte-pair encoding: the merge loop on a tiny example
@@ -274,54 +258,87 @@ check_decode_bytes(my_decode)
 # Each repetition adds one entry to the vocabulary and shortens the text. Frequent words end up as a
 # single token; rare words stay spelled out in pieces, so nothing is ever unknown.
 #
-# The first tool counts neighbouring pairs. Pairs overlap: in `[1, 1, 1]` the pair `(1, 1)` occurs
-# twice, at positions 0 and 1.
+# You build the three pieces of that loop yourself, in this order: counting pairs, merging a pair,
+# and the training loop that uses both. Each exercise cell is also the package's code: your version
+# is checked, and when it passes, the rest of the chapter runs on it (the check line says so). Until
+# then the chapter carries on with the package's own version, so you can read on and come back.
+
+# %%
+from transformer_course.checks.tokenization import (  # noqa: E402
+    check_apply_merges,
+    check_get_pair_counts,
+    check_merge_pair,
+    check_predict_tiny_merges,
+    check_stream_decode,
+    check_train_merges_simple,
+)
+
+tiny = list("aaabdaaabac".encode("utf-8"))  # the bytes: a=97, b=98, c=99, d=100
+print(tiny)
+
+# %% [markdown]
+# ### Counting neighbouring pairs
+#
+# A **pair** is two ids that stand next to each other, written as a tuple `(left, right)`. A
+# sequence of T ids has T - 1 neighbouring positions, and pairs **overlap**: in `[1, 1, 1]` the pair
+# `(1, 1)` sits at positions 0 and 1, so it is counted twice. `[1, 2, 3]` holds `(1, 2)` and `(2, 3)`
+# once each; the last id has no right-hand neighbour, and nothing wraps around to the start.
+#
+# Training counts many chunks of text into one table, and a chunk that occurs 500 times is stored
+# once with the count 500. So the function takes two optional extras: `counts`, a dict that already
+# holds counts (add to it, and return that same dict), and `weight`, how much each occurrence adds.
+# Worked numbers: `[1, 2]` added into `{(1, 2): 3}` with weight 5 gives `{(1, 2): 8}`.
+#
+# **Your turn - Exercise 1.1 (★☆☆, build).** Write the body of `get_pair_counts`.
 
 # %%
 #| export
+# Your turn - Exercise 1.1 (★☆☆, build): count neighbouring pairs.
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
     """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
 
     Adds ``weight`` per occurrence into ``counts`` (a new dict by default) and returns it.
     """
+    ### BEGIN SOLUTION
     counts = {} if counts is None else counts
     for pair in pairwise(ids):
         counts[pair] = counts.get(pair, 0) + weight
     return counts
-
-# %%
-tiny = list("aaabdaaabac".encode("utf-8"))  # bytes: a=97, b=98, c=99, d=100
-print(tiny)
-print(get_pair_counts(tiny))
-
-# %% [markdown]
-# **Your turn - Exercise 1.2 (★☆☆).** Write `my_pair_counts(ids)`, returning a dict from each
-# adjacent pair (a tuple of two ids) to how often it occurs. Remember that pairs overlap.
-
-# %%
-# Your turn - Exercise 1.2 (★☆☆): count adjacent pairs.
-def my_pair_counts(ids: list[int]) -> dict[tuple[int, int], int]:
-    """ids: list of T ids -> {(a, b): number of positions t with ids[t] == a and ids[t+1] == b}."""
-    ### BEGIN SOLUTION
-    counts = {}
-    for pair in zip(ids, ids[1:]):  # (ids[0], ids[1]), (ids[1], ids[2]), ...
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
     ### END SOLUTION
 
-check_count_pairs(my_pair_counts)
+# %%
+get_pair_counts = check_get_pair_counts(get_pair_counts).use
 
 # %% [markdown]
-# The second tool replaces one pair by a new id. It scans left to right and uses each symbol at most
-# once, so `[1, 1, 1]` with the merge `(1, 1) -> 9` becomes `[9, 1]`, not `[9, 9]`.
+# On the tiny text, `aa` is the most frequent pair: "aaab" appears twice, and each holds `aa` twice.
+
+# %%
+tiny_counts = get_pair_counts(tiny)
+print(tiny_counts)
+assert tiny_counts[(97, 97)] == 4 and sum(tiny_counts.values()) == len(tiny) - 1
+
+# %% [markdown]
+# ### Merging one pair
+#
+# A merge replaces every occurrence of one pair by a new id. Scan from the left; where the pair
+# starts, write the new id and step over **both** of its ids; anywhere else, copy the id and step
+# over one. Each id is used at most once, so `[1, 1, 1]` with `(1, 1) -> 9` becomes `[9, 1]` (the
+# scan takes positions 0 and 1, and the last 1 has no partner left), never `[9, 9]`. Other worked
+# numbers: `[5, 6, 7, 5, 6]` with `(5, 6) -> 99` is `[99, 7, 99]` (mind the pair at the very end);
+# `[1, 2, 1, 2]` with `(1, 2) -> 9` is `[9, 9]`. Return a new list and leave the input as it was:
+# training keeps the old sequences around while it works.
+#
+# **Your turn - Exercise 1.2 (★★☆, build).** Write the body of `merge_pair`.
 
 # %%
 #| export
+# Your turn - Exercise 1.2 (★★☆, build): replace every occurrence of one pair.
 def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
 
     Each id is used at most once: [1, 1, 1] with (1, 1) -> 9 gives [9, 1]. Returns a new list.
     """
+    ### BEGIN SOLUTION
     a, b = pair
     out, i, n = [], 0, len(ids)
     while i < n:
@@ -332,84 +349,128 @@ def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[i
             out.append(ids[i])
             i += 1
     return out
-
-# %% [markdown]
-# **Your turn - Exercise 1.3 (★★☆).** Write `my_merge(ids, pair, new_id)` without changing the
-# input list. Mind the overlap rule and the last position.
-
-# %%
-# Your turn - Exercise 1.3 (★★☆): apply one merge.
-def my_merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Return a new list where each left-to-right occurrence of pair is replaced by new_id."""
-    ### BEGIN SOLUTION
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
     ### END SOLUTION
 
-check_merge_pair(my_merge)
-
-# %% [markdown]
-# With the two tools, the whole training loop fits in a few lines. This is a scaffold to see the
-# idea; the package's trainer (next section) does the same thing much faster. Work it by hand on
-# "aaabdaaabac" first: `aa` occurs four times and becomes 256, giving `256 a b d 256 a b a c`. Now
-# `(256, a)` and `(a, b)` both occur twice; ties go to the smaller pair, a rule we keep everywhere so
-# results are reproducible, so `ab` = (97, 98) becomes 257. Then `(256, 257)` occurs twice and
-# becomes 258 ("aaab"): `258 d 258 a c`, 11 bytes in 5 tokens.
+# %%
+merge_pair = check_merge_pair(merge_pair).use
 
 # %%
-def train_tiny(ids: list[int], n_merges: int) -> tuple[list[int], dict]:
-    merges = {}
-    for k in range(n_merges):
-        counts = get_pair_counts(ids)
-        pair = min(counts, key=lambda p: (-counts[p], p))  # most frequent, then smallest
-        merges[pair] = 256 + k
-        ids = merge_pair(ids, pair, 256 + k)
-        print(f"merge {k}: {pair} -> {256 + k}   sequence: {ids}")
-    return ids, merges
-
-tiny_ids, tiny_merges = train_tiny(tiny, 3)
-assert tiny_ids == [258, 100, 258, 97, 99]  # worked out by hand above
+once = merge_pair(tiny, (97, 97), 256)
+print(once)
+assert len(once) == len(tiny) - 2 and tiny == list(b"aaabdaaabac")  # two merges; the input is unchanged
 
 # %% [markdown]
+# ### The training loop, by hand first
+#
+# Training repeats one step. Count the pairs of the current sequence; take the most frequent one;
+# give it the next free id (the first merge makes 256, the second 257, and so on, since 0..255 are
+# the bytes); replace it everywhere with `merge_pair`; then count again, because the merge changed
+# the neighbours. When two pairs are equally frequent, the **smaller pair** wins, comparing the
+# tuples as Python does (`(97, 98) < (256, 97)`); any fixed rule would do, but a fixed rule makes
+# every run give the same merges.
+#
+# **Your turn - Exercise 1.3 (★☆☆, predict).** Run three merges on "aaabdaaabac" with pencil and
+# paper. Which list of ids is left? (Careful with overlaps in "aaa", and recount after each merge.)
+
+# %%
+# Your turn - Exercise 1.3 (★☆☆, predict): the tiny text after three merges.
+def my_prediction() -> list[int]:
+    """The ids of "aaabdaaabac" after three merges (new ids 256, 257, 258)."""
+    ### BEGIN SOLUTION
+    return [258, 100, 258, 97, 99]
+    ### END SOLUTION
+
+
+check_predict_tiny_merges(my_prediction)
+
+# %% [markdown]
+# Now the loop itself. Real training does not see one long sequence: the text is first cut into
+# chunks (words with their leading space, numbers, punctuation; section 7), and no pair may cross
+# from one chunk into the next. Each distinct chunk is kept once, with its count. So the input is a
+# `Counter` from chunk (`bytes`) to count, for example `Counter({b" the": 520, b" and": 310, ...})`;
+# the function turns it into `words` (one list of ids per chunk) and `freqs` (their counts) for you.
+#
+# Each round: count the pairs of **all** the words into one table, each word weighted by its count;
+# stop early if the table is empty (every word is a single token); otherwise pick the winner as
+# above, give it id `256 + k` for the k-th merge, and merge it in every word. Return the list of
+# chosen pairs, in order: `merges[k]` made id `256 + k`.
+#
+# **Your turn - Exercise 1.4 (★★☆, build).** Write the body of `train_merges_simple`, using your
+# `get_pair_counts` and `merge_pair`.
+
+# %%
+#| export
+# Your turn - Exercise 1.4 (★★☆, build): the training loop.
+def train_merges_simple(chunks: Counter, n_merges: int) -> list[tuple[int, int]]:
+    """Learn up to ``n_merges`` merges from byte chunks with counts, recounting before every merge.
+
+    Merge k creates id 256 + k; the most frequent pair (each chunk weighted by its count) wins,
+    ties going to the smallest pair; stops early when no chunk has a pair left.
+    """
+    words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
+    ### BEGIN SOLUTION
+    merges = []
+    while len(merges) < n_merges:
+        counts = {}
+        for ids, f in zip(words, freqs, strict=True):
+            get_pair_counts(ids, counts, f)
+        if not counts:
+            break  # every chunk is a single token
+        pair = min(counts, key=lambda p: (-counts[p], p))  # most frequent; ties: the smallest pair
+        new_id = 256 + len(merges)
+        merges.append(pair)
+        words = [merge_pair(ids, pair, new_id) for ids in words]
+    return merges
+    ### END SOLUTION
+
+# %%
+train_merges_simple = check_train_merges_simple(train_merges_simple).use
+
+# %% [markdown]
+# Your trainer on the tiny text, with the sequence after each of its merges: the answer to 1.3.
+
+# %%
+tiny_merges = train_merges_simple(Counter([bytes(tiny)]), 3)
+tiny_ids = tiny
+for k, pair in enumerate(tiny_merges):
+    tiny_ids = merge_pair(tiny_ids, pair, 256 + k)
+    print(f"merge {k}: {pair} -> {256 + k}   sequence: {tiny_ids}")
+print(f"{len(tiny)} bytes in {len(tiny_ids)} tokens")
+assert tiny_ids == [258, 100, 258, 97, 99]
+
+# %% [markdown]
+# `aa` occurs four times and becomes 256. Then `(256, 97)` and `(97, 98)` both occur twice, and the
+# smaller pair `(97, 98)`, "ab", becomes 257. Then `(256, 257)` occurs twice and becomes 258, "aaab".
+# (Had the tie gone the other way, 257 would be "aaa" and 258 "aaab": other merges, the same five
+# tokens.)
+#
 # ## 5. Training fast: count once, then update
 #
-# The scaffold recounts every pair of the whole text before each merge. For a vocabulary of 1,024
-# that is 768 full passes. Two observations make training much faster:
+# Your trainer recounts every pair of every chunk before each merge. For a vocabulary of 1,024 that
+# is 768 full passes. Two observations make training much faster:
 #
-# 1. **Most of the text repeats.** After pre-splitting into words (section 6), "the" occurs tens of
-#    thousands of times. We keep each distinct chunk once, with its count as a weight.
+# 1. **Most of the text repeats.** After pre-splitting into words (section 7), "the" occurs tens of
+#    thousands of times. Each distinct chunk is kept once, with its count as a weight (your trainer
+#    already does this).
 # 2. **A merge changes few counts.** Replacing `(a, b)` by `z` only touches the pairs *next to* each
 #    occurrence: `(x, a)` and `(b, y)` disappear, `(x, z)` and `(z, y)` appear. So we count once, keep
 #    an index from each pair to the chunks that contain it, and after a merge update only those
 #    chunks, only at the merged spots. A heap gives the most frequent pair without scanning them all.
 #
-# `_merge_and_diff` is `merge_pair` that also reports which pairs it destroyed and created.
+# `_merge_and_diff` runs your `merge_pair` and also reports which pairs the merge destroyed and which
+# it created. The new id is always fresh, so each place it appears in the result is a merge.
 
 # %%
 #| export
 def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
     """``merge_pair`` plus the pairs it destroyed and the pairs it created (each with multiplicity).
 
-    Only pairs touching a merge change, so the diff costs O(number of merges), not O(len(ids)).
+    ``new_id`` must not occur in ``ids`` (training always makes a fresh id), so every ``new_id`` in
+    the result marks one merge. Only pairs touching a merge change: the diff costs O(merges made).
     """
-    a, b = pair
-    out, hits, made, i, n = [], [], [], 0, len(ids)
-    while i < n:
-        if i + 1 < n and ids[i] == a and ids[i + 1] == b:
-            hits.append(i)
-            made.append(len(out))
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
+    out, n = merge_pair(ids, pair, new_id), len(ids)
+    made = [j for j, t in enumerate(out) if t == new_id]  # where the merged tokens sit in the result
+    hits = [j + k for k, j in enumerate(made)]  # ... and in ids: each earlier merge removed one id
     old_at = {p for i in hits for p in (i - 1, i, i + 1) if 0 <= p < n - 1}  # pairs that touched (a, b)
     new_at = {p for j in made for p in (j - 1, j) if 0 <= p < len(out) - 1}  # pairs that touch new_id
     return out, [(ids[p], ids[p + 1]) for p in old_at], [(out[p], out[p + 1]) for p in new_at]
@@ -423,51 +484,38 @@ for p in set(before) | set(after):
     assert after.get(p, 0) - before.get(p, 0) == created.count(p) - destroyed.count(p)
 
 # %% [markdown]
-# The trainer below has both strategies behind one flag, `incremental`, so they can be compared
-# directly, and the tests can check that they always choose the same merges.
+# `train_merges` is the package's trainer. Its flag `incremental` picks the strategy: `False` runs
+# the recounting loop you wrote, `True` the update scheme above. The tests check that both always
+# choose the same merges.
 
 # %%
 #| export
-def _best_pair_naive(words, freqs):
-    """Recount every pair of every chunk; the most frequent, ties to the smallest pair."""
-    counts: dict = {}
-    for ids, f in zip(words, freqs, strict=True):
-        get_pair_counts(ids, counts, f)
-    return min((-c, p) for p, c in counts.items())[1] if counts else None
-
-
 def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> list[tuple[int, int]]:
     """Learn up to ``n_merges`` merges from byte chunks with counts; merge k creates id 256 + k.
 
-    ``incremental=False`` recounts all pairs before every merge. ``incremental=True`` counts once,
-    then updates only the chunks holding the merged pair; a heap (with stale entries skipped when
-    popped) yields the most frequent pair. Both choose exactly the same merges, ties going to the
-    smallest pair.
+    ``incremental=False`` recounts all pairs before every merge (``train_merges_simple``).
+    ``incremental=True`` counts once, then updates only the chunks holding the merged pair; a heap
+    (with stale entries skipped when popped) yields the most frequent pair. Both choose exactly the
+    same merges, ties going to the smallest pair.
     """
+    if not incremental:
+        return train_merges_simple(chunks, n_merges)
     words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
+    counts, where = {}, defaultdict(set)  # pair -> count, pair -> chunks that may hold it
+    for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
+        get_pair_counts(ids, counts, f)
+        for p in pairwise(ids):
+            where[p].add(w)
+    heap = [(-c, p) for p, c in counts.items()]
+    heapq.heapify(heap)
     merges = []
-    counts, where, heap = {}, defaultdict(set), []  # pair -> count, pair -> chunks that may hold it
-    if incremental:
-        for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
-            for p in pairwise(ids):
-                counts[p] = counts.get(p, 0) + f
-                where[p].add(w)
-        heap = [(-c, p) for p, c in counts.items()]
-        heapq.heapify(heap)
     while len(merges) < n_merges:
-        if incremental:
-            while heap and counts.get(heap[0][1]) != -heap[0][0]:
-                heapq.heappop(heap)  # stale: the count changed since this entry was pushed
-            pair = heap[0][1] if heap else None
-        else:
-            pair = _best_pair_naive(words, freqs)
-        if pair is None:
+        while heap and counts.get(heap[0][1]) != -heap[0][0]:
+            heapq.heappop(heap)  # stale: the count changed since this entry was pushed
+        if not heap:
             break  # no pairs left: every chunk is a single token
-        new_id = 256 + len(merges)
+        pair, new_id = heap[0][1], 256 + len(merges)
         merges.append(pair)
-        if not incremental:
-            words = [merge_pair(ids, pair, new_id) for ids in words]
-            continue
         changed = set()
         for w in where.pop(pair):
             words[w], destroyed, created = _merge_and_diff(words[w], pair, new_id)
@@ -485,27 +533,118 @@ def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> li
     return merges
 
 # %% [markdown]
-# Both strategies on the chunks of 30,000 characters, 150 merges each. The timings vary from machine
-# to machine, so this cell's output is not compared; `benchmarks/bench_bpe.py` measures the
-# full-size case (1 MB, vocabulary 1,024).
+# Your recounting trainer against the incremental one on the chunks of 30,000 characters, 150 merges
+# each. The timings vary from machine to machine, so this cell's output is not compared;
+# `benchmarks/bench_bpe.py` measures the full-size case (1 MB, vocabulary 1,024).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 sample_chunks = Counter(c.encode("utf-8") for c in regex.findall(GPT4_SPLIT_PATTERN, shakespeare[:30_000]))
 learned, seconds = {}, {}
-for incremental in (False, True):
+for name, trainer in (("yours", train_merges_simple), ("incremental", train_merges)):
     start = time.perf_counter()
-    learned[incremental] = train_merges(sample_chunks, 150, incremental=incremental)
-    seconds[incremental] = time.perf_counter() - start
-print(f"recount every merge: {seconds[False]:.2f} s, incremental: {seconds[True]:.3f} s, "
-      f"{seconds[False] / seconds[True]:.0f}x faster")
+    learned[name] = trainer(sample_chunks, 150)
+    seconds[name] = time.perf_counter() - start
+print(f"recount every merge: {seconds['yours']:.2f} s, incremental: {seconds['incremental']:.3f} s, "
+      f"{seconds['yours'] / seconds['incremental']:.0f}x faster")
 
 # %%
-assert learned[True] == learned[False]
-print(f"{len(sample_chunks):,} distinct chunks; both trainers learned the same {len(learned[True])} merges")
+assert learned["yours"] == learned["incremental"]
+print(f"{len(sample_chunks):,} distinct chunks; both trainers learned the same {len(learned['yours'])} merges")
 
 # %% [markdown]
-# ## 6. Pre-splitting: where merges may not cross
+# ## 6. Encoding new text: which merge goes first?
+#
+# Training leaves a list of merges, and merge k made id `256 + k`; that id is also the merge's
+# **rank**. To encode a chunk of new text, start from its bytes and apply the merges. The definition
+# is simple: replay every merge in the order it was learned, exactly as training did. That is
+# correct, and slow: one pass over the chunk per merge, 150 passes here, 100,000 for GPT-4's
+# vocabulary. A chunk of a few bytes only holds a few pairs, so an encoder should look at the pairs
+# the chunk actually contains and ask the merge table about those.
+#
+# Here is a first attempt that does just that, and has a bug. It looks up the neighbouring pairs
+# from left to right and merges the first one that is in the table, until none is.
+
+# %%
+def apply_merges_leftmost(ids: Sequence[int], merges: dict) -> list[int]:
+    """First try: merge the leftmost neighbouring pair that has a merge, until no pair has one."""
+    ids = list(ids)
+    while True:
+        for i in range(len(ids) - 1):
+            pair = (ids[i], ids[i + 1])
+            if pair in merges:
+                ids = merge_pair(ids, pair, merges[pair])
+                break
+        else:
+            return ids
+
+# %% [markdown]
+# The symptom: the 150 merges learned above, and every distinct chunk they were learned from. For
+# each chunk, compare the attempt with a replay of the merges in learned order (what training made of
+# that chunk).
+
+# %%
+sample_merges = {pair: 256 + k for k, pair in enumerate(learned["yours"])}  # (a, b) -> new id
+sample_vocab = {i: bytes([i]) for i in range(256)}  # id -> the bytes it stands for
+for (a, b), new_id in sample_merges.items():
+    sample_vocab[new_id] = sample_vocab[a] + sample_vocab[b]
+
+
+def replay(ids: Sequence[int]) -> list[int]:
+    """The definition of encoding: every merge in learned order (one pass per merge)."""
+    for k, pair in enumerate(learned["yours"]):
+        ids = merge_pair(ids, pair, 256 + k)
+    return list(ids)
+
+
+differ = [c for c in sample_chunks if apply_merges_leftmost(list(c), sample_merges) != replay(list(c))]
+print(f"the attempt disagrees with training on {len(differ)} of {len(sample_chunks):,} distinct chunks")
+for chunk in (b" or", b" bring"):
+    pieces = {name: [sample_vocab[i].decode() for i in f(list(chunk))]
+              for name, f in (("training", replay), ("attempt", lambda c: apply_merges_leftmost(c, sample_merges)))}
+    print(f"{chunk.decode()!r:9} training: {pieces['training']}, attempt: {pieces['attempt']}")
+print({sample_vocab[i].decode(): i for i in (sample_merges[(111, 114)], sample_merges[(32, 111)])})
+
+# %% [markdown]
+# " or" is a single token of the vocabulary, yet the attempt never reaches it. The last line gives
+# the ids of two merges: "or" is 269 and " o" is 281, so training joined `o` and `r` *before* it
+# joined the space and the `o`, and the token " or" was then made from " " and "or". Think about
+# which merge the attempt applies first to the bytes of " or", and what that leaves for later.
+#
+# **Your turn - Exercise 1.5 (★★☆, debug).** Write `apply_merges` so that it gives the same ids as
+# the replay, still looking up only the pairs the chunk contains (the check hands you a merge table
+# that refuses to be walked through, as a table of 100,000 merges should be). The tokenizer in
+# section 8 encodes every chunk with your `apply_merges`.
+
+# %%
+#| export
+# Your turn - Exercise 1.5 (★★☆, debug): apply the merges in the order they were learned.
+def apply_merges(ids: Sequence[int], merges: dict) -> list[int]:
+    """Encode one chunk: ``ids`` (its byte ids) merged with ``merges`` ((a, b) -> new id, the rank).
+
+    Gives the same ids as replaying every merge in learned order, but only looks up the pairs
+    present in ``ids``. Returns a new list.
+    """
+    ### BEGIN SOLUTION
+    ids = list(ids)
+    while len(ids) > 1:
+        pair = min(pairwise(ids), key=lambda p: merges.get(p, float("inf")))
+        if pair not in merges:
+            break
+        ids = merge_pair(ids, pair, merges[pair])
+    return ids
+    ### END SOLUTION
+
+# %%
+apply_merges = check_apply_merges(apply_merges).use
+
+# %%
+assert all(apply_merges(list(c), sample_merges) == replay(list(c)) for c in sample_chunks)
+print(f"apply_merges agrees with training on all {len(sample_chunks):,} distinct chunks;",
+      "' or' ->", [sample_vocab[i].decode() for i in apply_merges(list(b" or"), sample_merges)])
+
+# %% [markdown]
+# ## 7. Pre-splitting: where merges may not cross
 #
 # Run BPE on raw text and it happily merges across word boundaries: "e t" (end of "the", space,
 # start of "time") can become one token, and "dog." "dog!" "dog?" become three unrelated tokens.
@@ -540,7 +679,7 @@ def _split_special(text: str, specials) -> list[str]:
 print(_split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 
 # %% [markdown]
-# ## 7. The BPETokenizer
+# ## 8. The BPETokenizer
 #
 # Everything comes together in one class. The state is small:
 # - `merges`: pair of ids -> new id. The new id is also the merge's **rank**: lower ids were learned
@@ -549,8 +688,8 @@ print(_split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 #   vocabularies number bytes differently), so `vocab` (id -> bytes) follows from the merges;
 # - `pattern` for pre-splitting and `special_tokens` (string -> id).
 #
-# Encoding a chunk repeats "find the neighbouring pair with the lowest rank, merge it" until no pair
-# has a rank. A chunk that is already a whole token becomes that token at once; tiktoken takes the
+# Encoding a chunk maps its bytes to their ids and hands them to `apply_merges` (yours, when it
+# passed 1.5). A chunk that is already a whole token becomes that token at once; tiktoken takes the
 # same shortcut, and we need identical ids. A cache remembers chunks already encoded, because words
 # repeat. `vocab_size` is the largest id + 1: the number of rows an embedding table needs.
 
@@ -628,12 +767,7 @@ class BPETokenizer:
         if data in self._id_of_bytes:  # the chunk is one token (tiktoken's shortcut too)
             ids = [self._id_of_bytes[data]]
         else:
-            ids = [self.byte_ids[b] for b in data]
-            while len(ids) > 1:  # merge the lowest-ranked pair present, until none is a merge
-                pair = min(pairwise(ids), key=lambda p: self.merges.get(p, float("inf")))
-                if pair not in self.merges:
-                    break
-                ids = merge_pair(ids, pair, self.merges[pair])
+            ids = apply_merges([self.byte_ids[b] for b in data], self.merges)
         if len(self._cache) < 200_000:
             self._cache[chunk] = ids
         return ids
@@ -834,6 +968,51 @@ except ValueError as e:
     print(f"ValueError: {e}")
 
 # %% [markdown]
+# This matters as soon as text arrives one token at a time, as it does when a model writes
+# (chapter 07 prints each new token as it is generated). Decoding each id on its own prints a "�"
+# for every fragment; decoding all the ids so far again at every step gives the right text but
+# repeats the work, and still shows a "�" whenever the newest token ends in the middle of a
+# character.
+#
+# **Your turn - Exercise 1.6 (★★★, extend).** Write `stream_decode(ids, vocab)`, a decoder for ids
+# that arrive one by one. It returns one string per id: the text that id **completes**. Keep the bytes
+# of an unfinished character until the rest arrives (that id's string is then `""`, or just the
+# characters before it); a byte that can never belong to a character, such as `0xff`, becomes "�"
+# straight away; if the ids run out in the middle of a character, its bytes end the last string as
+# "�". Joined together, the strings are exactly what `decode` gives for all the ids at once. Worked
+# numbers: "👋" split into two tokens of two bytes each gives `["", "👋"]`; the tokens `b"h"`,
+# `b"i\xc3"`, `b"\xa9!"` give `["h", "i", "é!"]`. A `UnicodeDecodeError` says where the trouble
+# starts (`.start`) and why (`.reason`).
+
+# %%
+# Your turn - Exercise 1.6 (★★★, extend): decode ids as they arrive.
+def stream_decode(ids: Sequence[int], vocab: dict[int, bytes]) -> list[str]:
+    """One str per id: the text completed by that id ('' while a character is unfinished)."""
+    ### BEGIN SOLUTION
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # keeps unfinished bytes
+    pieces = [decoder.decode(vocab[i]) for i in ids]
+    if pieces:
+        pieces[-1] += decoder.decode(b"", final=True)  # an unfinished character at the end: "�"
+    return pieces
+    ### END SOLUTION
+
+
+stream_decode = check_stream_decode(stream_decode).use
+
+# %% [markdown]
+# A sentence with accents and an emoji, as it would appear token by token: first each id decoded on
+# its own, then your stream (`|` separates what each id prints).
+
+# %%
+speech = "Naïve 👋🏽, quoth she"
+speech_ids = bpe.encode(speech)
+print("one id at a time:", "|".join(bpe.decode([i]) for i in speech_ids))
+print("stream_decode:   ", "|".join(stream_decode(speech_ids, bpe.vocab)))
+assert "".join(stream_decode(speech_ids, bpe.vocab)) == speech
+
+# %% [markdown]
 # `<|endoftext|>` got the last id. In text it is only encoded as that id when you allow it; otherwise
 # the tokenizer refuses rather than guess (a document that *mentions* the string must not silently
 # end). `encode_ordinary` treats it as ordinary characters.
@@ -875,30 +1054,7 @@ print("\n".join(lines[:3] + ["  ..."] + lines[8:12] + ["  ..."]))
 assert loaded.encode(stress) == bpe.encode(stress) and loaded.special_tokens == bpe.special_tokens
 
 # %% [markdown]
-# **Your turn - Exercise 1.4 (★★★).** Write `my_encode_chunk(data, merges)`: encode the bytes of one
-# chunk with a `merges` dict (pair -> new id, lower ids learned first). Start from the byte values,
-# then repeatedly merge the neighbouring pair with the lowest new id, until no neighbouring pair is
-# in `merges`. (Merging the leftmost pair first, or in the order the dict happens to list the merges,
-# gives different tokens: the check shows you where.)
-
-# %%
-# Your turn - Exercise 1.4 (★★★): encode one chunk with learned merges.
-def my_encode_chunk(data: bytes, merges: dict[tuple[int, int], int]) -> list[int]:
-    """data: the UTF-8 bytes of one chunk; merges: (a, b) -> new id. Returns the chunk's ids."""
-    ### BEGIN SOLUTION
-    ids = list(data)
-    while len(ids) > 1:
-        pair = min(zip(ids, ids[1:]), key=lambda p: merges.get(p, float("inf")))
-        if pair not in merges:
-            break
-        ids = merge_pair(ids, pair, merges[pair])
-    return ids
-    ### END SOLUTION
-
-check_encode_chunk(my_encode_chunk)
-
-# %% [markdown]
-# ## 8. Why subwords: sequence length against vocabulary size
+# ## 9. Why subwords: sequence length against vocabulary size
 #
 # Now the central trade-off, measured on 500,000 characters of the held-out text:
 # - **characters**: V = 76, but one token per character;
@@ -960,7 +1116,7 @@ plt.show()
 # plenty.
 
 # %% [markdown]
-# ## 9. Real tokenizers with tiktoken
+# ## 10. Real tokenizers with tiktoken
 #
 # GPT-4's `cl100k_base` on a chapter title:
 
@@ -1014,7 +1170,7 @@ except RuntimeError as e:
     print(f"RuntimeError: {e}")
 
 # %% [markdown]
-# ## 10. Our encoder, tiktoken's ids
+# ## 11. Our encoder, tiktoken's ids
 #
 # `BPETokenizer.from_tiktoken("cl100k_base")` rebuilds GPT-4's 100,000 merges from tiktoken's rank
 # table and encodes in pure Python, with the code you wrote above. It must agree with tiktoken's
@@ -1053,7 +1209,7 @@ rust_s = time.perf_counter() - start
 print(f"pure Python: {megabytes / python_s:.1f} MB/s, tiktoken: {megabytes / rust_s:.1f} MB/s ({python_s / rust_s:.0f}x)")
 
 # %% [markdown]
-# ## 11. See the tokens
+# ## 12. See the tokens
 #
 # Type into the box to watch three tokenizers cut the same text: characters, the BPE you trained
 # (V = 1,024) and GPT-4's cl100k. Each coloured box is one token; hover to see its id. Spaces show as
@@ -1145,14 +1301,18 @@ quiz([
 # - BPE training repeats "merge the most frequent neighbouring pair". Keeping pair counts and
 #   updating only what a merge touches makes it many times faster than recounting, with the very same
 #   merges.
-# - Encoding applies learned merges lowest rank first within regex pre-split chunks; special tokens
-#   are cut out first and only encoded as themselves when allowed.
+# - Encoding applies learned merges lowest rank first (the leftmost pair first gives other, wrong
+#   tokens) within regex pre-split chunks; special tokens are cut out first and only encoded as
+#   themselves when allowed.
+# - Decoding joins the bytes of all the ids before turning them into text; a stream decoder keeps the
+#   bytes of an unfinished character until the rest arrives.
 # - Our pure-Python encoder reproduces tiktoken's `cl100k_base` ids exactly, and `to_tiktoken()`
 #   gives our own tokenizer Rust speed with identical ids.
 #
 # **Exported to `transformer_course.tokenization`:** `CharTokenizer`, `BPETokenizer` (`train`,
 # `encode`, `encode_ordinary`, `decode`, `decode_bytes`, `save`, `load`, `to_dict`, `from_dict`,
 # `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`, `get_pair_counts`,
-# `merge_pair`, `train_merges`, `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`.
+# `merge_pair`, `train_merges_simple`, `train_merges`, `apply_merges`, `GPT2_SPLIT_PATTERN`,
+# `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`.
 #
 # Next, chapter 02 turns these ids into vectors.

@@ -1,44 +1,22 @@
 """Checks for chapter 01's exercises (tokenization). Hand-written.
 
-Each check runs the learner's function against ``transformer_course.tokenization`` on ordinary and
-edge inputs and names the likely mistake.
+Each check runs the learner's function against ``transformer_course.tokenization`` (or, for the
+extend exercise, a reference kept here) on ordinary and edge inputs and names the likely mistake.
 """
 
 from __future__ import annotations
 
-from itertools import pairwise
+import random
+from collections import Counter
 
 from ._core import check, expect
 
-
-@check("1.1", "decode")
-def check_decode_bytes(fn):
-    """``fn(ids, vocab: id -> bytes) -> str``, joining all bytes before one UTF-8 decode."""
-    vocab = {i: bytes([i]) for i in range(256)}
-    vocab.update({256: b"th", 257: b"e ", 258: "é".encode()[:1], 259: "👋".encode()[:2], 260: "👋".encode()[2:]})
-    got = fn([256, 257, 99, 97, 116], dict(vocab))
-    expect(isinstance(got, str), f"return a str (decode the joined bytes with .decode('utf-8')), got {type(got).__name__}")
-    expect(got == "the cat", f"[256, 257, 99, 97, 116] should give 'the cat', got {got!r}: look up each id's bytes in vocab")
-    expect(fn([], dict(vocab)) == "", "no ids should decode to the empty string")
-    try:
-        wave = fn([259, 260], dict(vocab))
-    except UnicodeDecodeError:
-        wave = None
-    expect(wave is not None and "\ufffd" not in wave,
-           "the emoji's 4 bytes are split over two tokens: join the bytes of all ids first, then decode once")
-    expect(wave == "👋", f"ids [259, 260] hold the 4 UTF-8 bytes of '👋', got {wave!r}: decode the joined bytes as UTF-8")
-    expect(fn([195, 169], dict(vocab)) == "é", "bytes [195, 169] are 'é' in UTF-8: decode with 'utf-8', not latin-1")
-    try:
-        half = fn([104, 258], dict(vocab))
-    except UnicodeDecodeError:
-        half = None
-    expect(half is not None, "a token that is half a character raised UnicodeDecodeError: pass errors='replace' to .decode")
-    expect(half == "h\ufffd", f"[104, 258] ends in half of 'é' and should give 'h\ufffd' (errors='replace'), got {half!r}")
+# ---------------------------------------------------------------- 1.1 get_pair_counts
 
 
-@check("1.2", "pair_counts")
-def check_count_pairs(fn):
-    """``fn(ids) -> {(a, b): count}`` over adjacent, overlapping pairs."""
+@check("1.1", "get_pair_counts", reference="transformer_course.tokenization:get_pair_counts")
+def check_get_pair_counts(fn):
+    """``fn(ids, counts=None, weight=1) -> {(a, b): count}`` over adjacent, overlapping pairs."""
     from transformer_course.tokenization import get_pair_counts
 
     for ids in ([], [7]):
@@ -57,9 +35,25 @@ def check_count_pairs(fn):
     expect(got.keys() == want.keys(), f"wrong set of pairs for 'aaabdaaabac': missing {sorted(want.keys() - got.keys())}, extra {sorted(got.keys() - want.keys())}")
     expect(got[(97, 97)] != 1, "count every occurrence: (97, 97) occurs 4 times in 'aaabdaaabac', not just once")
     expect(got == want, f"wrong counts for 'aaabdaaabac': expected {want}, got {got}")
+    # the two extras training needs: add into a given table, with a weight per occurrence
+    table = {(1, 2): 3, (8, 9): 1}
+    got = fn([1, 2], table, weight=5)
+    expect(got is table, "when a counts dict is passed in, add into that very dict and return it (do not start a new one)")
+    expect(table.get((1, 2)) != 5, "[1, 2] added into {(1, 2): 3} should keep the 3 already there and add to it")
+    expect(table.get((1, 2)) != 4, "each occurrence adds weight, not 1: [1, 2] with weight=5 adds 5")
+    expect(table == {(1, 2): 8, (8, 9): 1}, f"[1, 2] added into {{(1, 2): 3, (8, 9): 1}} with weight=5 should give "
+           f"{{(1, 2): 8, (8, 9): 1}}, got {table}")
+    got = dict(fn([4, 4, 4, 5], None, 3))
+    expect(got == {(4, 4): 6, (4, 5): 3}, f"[4, 4, 4, 5] with weight=3 should give {{(4, 4): 6, (4, 5): 3}}, got {got}")
+    fresh = fn([1, 2])
+    expect(fresh == {(1, 2): 1}, f"without a counts dict, start from an empty one each call: [1, 2] gave {fresh} "
+           "(a default argument `counts={}` is shared between calls)")
 
 
-@check("1.3", "merge")
+# ---------------------------------------------------------------- 1.2 merge_pair
+
+
+@check("1.2", "merge_pair", reference="transformer_course.tokenization:merge_pair")
 def check_merge_pair(fn):
     """``fn(ids, pair, new_id) -> list`` replacing each left-to-right occurrence, input unchanged."""
     from transformer_course.tokenization import merge_pair
@@ -81,38 +75,223 @@ def check_merge_pair(fn):
     got = fn([1, 1, 1], (1, 1), 9)
     expect(got != [9, 9], "[1, 1, 1] has room for one (1, 1) only: after merging positions 0 and 1, the last 1 stays alone")
     expect(got == [9, 1], f"[1, 1, 1] with (1, 1) -> 9 should give [9, 1], got {got}")
-    for ids, pair in (([], (1, 2)), ([4], (4, 4)), (list(b"mississippi"), (115, 115))):
+    for ids, pair in (([], (1, 2)), ([4], (4, 4)), (list(b"mississippi"), (115, 115)), ([1, 1, 1, 1, 1], (1, 1))):
         expect(fn(list(ids), pair, 300) == merge_pair(ids, pair, 300), f"wrong result for {ids} with {pair}")
 
 
-@check("1.4", "encode_chunk")
-def check_encode_chunk(fn):
-    """``fn(data: bytes, merges: (a, b) -> new id) -> list`` applying the lowest new id first."""
-    from transformer_course.tokenization import merge_pair
+# ---------------------------------------------------------------- 1.3 predict three merges
 
-    def reference(data: bytes, merges: dict) -> list[int]:
-        ids = list(data)
-        while len(ids) > 1:
-            pair = min(pairwise(ids), key=lambda p: merges.get(p, float("inf")))
-            if pair not in merges:
-                return ids
-            ids = merge_pair(ids, pair, merges[pair])
-        return ids
+
+@check("1.3", "prediction")
+def check_predict_tiny_merges(fn):
+    """``fn() -> list[int]``: "aaabdaaabac" after three merges."""
+    from transformer_course.tokenization import merge_pair, train_merges
+
+    tiny = list(b"aaabdaaabac")
+    steps = [tiny]
+    for k, pair in enumerate(train_merges(Counter([bytes(tiny)]), 3)):
+        steps.append(merge_pair(steps[-1], pair, 256 + k))
+    got = fn()
+    expect(isinstance(got, list | tuple) and all(isinstance(i, int) for i in got),
+           f"return the ids as a list of ints, e.g. [256, 97, ...], got {got!r}")
+    got = list(got)
+    expect(got != steps[1], "that is the sequence after the first merge; carry on for two more (recount after each)")
+    expect(got != steps[2], "that is the sequence after two merges; one more to go")
+    expect(len(got) == len(steps[3]), f"three merges leave {len(steps[3])} ids, you have {len(got)}: recount the pairs after each merge")
+    expect(got == steps[3], "the right length, but not the right ids: the merges make 256, 257, 258 in turn, and the "
+           "third merge joins the two tokens the first two made")
+
+
+# ---------------------------------------------------------------- 1.4 the training loop
+
+
+@check("1.4", "train_merges_simple", reference="transformer_course.tokenization:train_merges_simple")
+def check_train_merges_simple(fn):
+    """``fn(chunks: Counter[bytes], n_merges) -> list of pairs``, merge k making id 256 + k."""
+    from transformer_course.tokenization import train_merges
+
+    def run(chunks, n):
+        given = Counter(chunks)
+        got = fn(given, n)
+        expect(isinstance(got, list), f"return the list of merged pairs, got {type(got).__name__}")
+        expect(given == Counter(chunks), "do not change the chunks Counter you were given")
+        return [tuple(p) for p in got]
+
+    expect(run({b"ab": 1}, 0) == [], "n_merges=0 asks for no merges: return []")
+    tiny = {b"aaabdaaabac": 1}
+    got = run(tiny, 1)
+    expect(len(got) == 1, f"n_merges=1 should give one merge, got {len(got)}")
+    expect(got == [(97, 97)], f"the first merge of 'aaabdaaabac' is its most frequent pair, (97, 97) (4 times), got {got}")
+    got = run({b"a": 3, b"b": 2}, 4)
+    expect(got == [], f"pairs never cross from one chunk into the next: {{b'a': 3, b'b': 2}} has no pair at all, got {got}")
+    expect(run({}, 2) == [], "no chunks: no pairs, so no merges")
+    got = run({b"ab": 1, b"cd": 5}, 1)
+    expect(got == [(99, 100)], "each chunk counts as often as it occurs: b'cd' occurs 5 times, so (99, 100) wins "
+           f"(pass its count as the weight), got {got}")
+    got = run({b"ba": 1, b"ab": 1}, 1)
+    expect(got == [(97, 98)], f"(98, 97) and (97, 98) are equally frequent: ties go to the smaller pair, (97, 98); got {got}")
+    got = run(tiny, 3)
+    expect(len(got) == 3, f"n_merges=3 should give three merges, got {len(got)}")
+    expect(got[1] != (97, 97), "the same pair was chosen twice: after choosing a pair, merge it in every chunk "
+           "(merge_pair) and count the merged chunks again")
+    expect((257, 258) not in got and (255, 256) not in got,
+           f"merge k makes id 256 + k (the first merge is 256, the second 257): got {got}")
+    expect(got == [(97, 97), (97, 98), (256, 257)], f"'aaabdaaabac' should give [(97, 97), (97, 98), (256, 257)], got {got}")
+    got = run({b"abab": 2}, 10)
+    expect(got == [(97, 98), (256, 256)], "stop as soon as no chunk has a pair left (b'abab' allows two merges), "
+           f"got {got}")
+    text = "the cat sat on the mat, the rat ate the hat; that cat, that rat " * 3
+    chunks = Counter(w.encode() for w in text.replace(",", " ,").replace(";", " ;").split(" ") if w)
+    chunks.update([b" the", b" the", b"aaaa", b"abab"])
+    want = train_merges(Counter(chunks), 25)
+    got = run(chunks, 25)
+    expect(got == want, f"25 merges on a small text differ from the package's: first difference at merge "
+           f"{next((k for k, (g, w) in enumerate(zip(got, want, strict=False)) if g != w), min(len(got), len(want)))}")
+
+
+# ---------------------------------------------------------------- 1.5 apply_merges (debug)
+
+
+class _LookupOnlyMerges(dict):
+    """A merge table that notes any attempt to walk through all of it (100,000 merges for cl100k)."""
+
+    walked = False
+
+    def _walk(self):
+        self.walked = True
+
+    def __iter__(self):
+        self._walk()
+        return super().__iter__()
+
+    def keys(self):
+        self._walk()
+        return super().keys()
+
+    def values(self):
+        self._walk()
+        return super().values()
+
+    def items(self):
+        self._walk()
+        return super().items()
+
+
+@check("1.5", "apply_merges", reference="transformer_course.tokenization:apply_merges")
+def check_apply_merges(fn):
+    """``fn(ids, merges: (a, b) -> new id) -> list`` applying the lowest new id first, as training did."""
+    from transformer_course.tokenization import apply_merges
 
     a, b, c = b"abc"
     # (b, c) was learned before (a, b); the dict lists them in the other order on purpose
     merges = {(a, b): 257, (b, c): 256, (256, 256): 258, (a, 256): 259}
-    got = fn(b"x", dict(merges))
+    got = fn([120], dict(merges))
     expect(isinstance(got, list), f"return a list of ids, got {type(got).__name__}")
-    expect(got == [120], f"a single byte b'x' should give [120], got {got}")
-    expect(fn(b"", dict(merges)) == [], "empty bytes should give an empty list")
-    expect(fn(b"xyz", dict(merges)) == [120, 121, 122], "with no applicable merge, the ids are the byte values")
-    got = fn(b"abc", dict(merges))
-    expect(got != [257, c], "for b'abc' you merged (a, b) because it comes first (left to right, or first in the dict): "
-           "apply the pair with the LOWEST new id first; (b, c) -> 256 was learned before (a, b) -> 257")
-    expect(got != [a, 256], "b'abc' becomes [97, 256] after one merge, but (97, 256) -> 259 applies too: keep merging until no pair is in merges")
-    expect(got == [259], f"b'abc' should give [259], got {got}")
-    for data in (b"bcbc", b"abcbc", b"bcbcabab", b"cab"):
-        want = reference(data, merges)
-        got = fn(data, dict(merges))
-        expect(got == want, f"{data!r} should give {want}, got {got}: repeat 'merge the lowest-id pair present' until none applies")
+    expect(got == [120], f"a single id [120] should stay [120], got {got}")
+    expect(fn([], dict(merges)) == [], "no ids should give an empty list")
+    expect(fn([120, 121, 122], dict(merges)) == [120, 121, 122], "with no applicable merge, the ids come back unchanged")
+    ids = [a, b, c]
+    got = fn(ids, dict(merges))
+    expect(ids == [a, b, c], "do not change the input list: work on a copy")
+    expect(got != [257, c], "for [97, 98, 99] you merged (97, 98) because it comes first (from the left, or first in the "
+           "dict): apply the pair with the LOWEST new id first; (98, 99) -> 256 was learned before (97, 98) -> 257")
+    expect(got != [a, 256], "[97, 98, 99] becomes [97, 256] after one merge, but (97, 256) -> 259 applies too: keep "
+           "merging until no neighbouring pair is in merges")
+    expect(got == [259], f"[97, 98, 99] should give [259], got {got}")
+    for data in (b"bcbc", b"abcbc", b"bcbcabab", b"cab", b"ababab"):
+        want = apply_merges(list(data), merges)
+        got = fn(list(data), dict(merges))
+        expect(got == want, f"{list(data)} should give {want}, got {got}: repeat 'merge the lowest-id pair present' until none applies")
+    # the symptom the chapter shows: " or", with "or" (269) learned before " o" (281)
+    shaped = {(111, 114): 269, (32, 111): 281, (32, 269): 389}
+    got = fn([32, 111, 114], dict(shaped))
+    expect(got == [389], f"' or' = [32, 111, 114] with (111, 114) -> 269, (32, 111) -> 281, (32, 269) -> 389 should give "
+           f"[389], got {got}: the lowest new id goes first, wherever it sits in the chunk")
+    guarded = _LookupOnlyMerges(merges)
+    got = fn([a, b, c, b, c], guarded)
+    expect(not guarded.walked, "your code walks through the whole merge table (sorting it, iterating over "
+           "it, or copying it) for every chunk; cl100k has 100,000 merges: look up only the pairs the ids contain "
+           "(merges.get(pair), pair in merges)")
+    expect(got == apply_merges([a, b, c, b, c], merges), f"[97, 98, 99, 98, 99] gave {got}")
+
+
+# ---------------------------------------------------------------- 1.6 stream_decode (extend)
+
+
+def _stream_decode(ids, vocab) -> list[str]:
+    """Reference: one str per id, the text that id completes; unfinished bytes wait, invalid ones are '�'."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(vocab[i]) for i in ids]
+    if pieces:
+        pieces[-1] += decoder.decode(b"", final=True)
+    return pieces
+
+
+def _cut(data: bytes, rng: random.Random) -> list[bytes]:
+    """``data`` cut into tokens of 1 to 4 bytes at random places (across characters too)."""
+    tokens, i = [], 0
+    while i < len(data):
+        n = rng.randint(1, 4)
+        tokens.append(data[i:i + n])
+        i += n
+    return tokens
+
+
+@check("1.6", "stream_decode", reference="transformer_course.checks.tokenization:_stream_decode")
+def check_stream_decode(fn):
+    """``fn(ids, vocab: id -> bytes) -> list[str]``: one piece per id; the pieces join to the full decode."""
+    wave = "👋".encode()
+
+    def run(tokens: list[bytes]) -> list[str]:
+        vocab = {300 + k: t for k, t in enumerate(tokens)}
+        got = fn(list(vocab), dict(vocab))
+        expect(isinstance(got, list) and all(isinstance(p, str) for p in got),
+               f"return a list of str, one per id, got {type(got).__name__}")
+        expect(len(got) == len(tokens), f"return one string per id ({len(tokens)} ids), got {len(got)}: an id that "
+               "completes nothing gives ''")
+        return got
+
+    expect(run([]) == [], "no ids should give an empty list")
+    got = run([b"to", b" be"])
+    expect(got == ["to", " be"], f"complete text comes out at once: [b'to', b' be'] should give ['to', ' be'], got {got}")
+    got = run([wave[:2], wave[2:]])
+    expect("\ufffd" not in "".join(got),
+           "you decoded each token on its own: keep the bytes of an unfinished character until the rest arrives")
+    expect(got == ["", "👋"], f"'👋' in two tokens of two bytes should give ['', '👋'], got {got}")
+    got = run([b"h", b"i\xc3", b"\xa9!"])
+    expect(got != ["h", "", "i\u00e9!"], "b'i\\xc3' completes the 'i': send the finished characters on at once and "
+           "keep back only the unfinished tail")
+    expect(got == ["h", "i", "\u00e9!"], f"[b'h', b'i\\xc3', b'\\xa9!'] should give ['h', 'i', 'é!'], got {got}")
+    got = run([b"a", b"\xff", b"b"])
+    expect("".join(got) == "a\ufffdb", f"0xff is never part of a character: it should become '\ufffd' (the whole text is "
+           f"'a\ufffdb'), got {got}")
+    expect(got == ["a", "\ufffd", "b"], f"0xff can never start a character, so it becomes '\ufffd' straight away, not "
+           f"later: expected ['a', '\ufffd', 'b'], got {got}")
+    got = run([b"ok", "é".encode()[:1]])
+    expect(got == ["ok", "\ufffd"], "when the ids run out in the middle of a character, its bytes end the last piece "
+           f"as '\ufffd' (the pieces must join to what decode gives): expected ['ok', '\ufffd'], got {got}")
+    rng = random.Random(0)
+    text = "Naïve café 👋🏽 こんにちは 🇫🇷 x²+y² ≠ ∞ — fin"
+    for _ in range(6):
+        tokens = _cut(text.encode(), rng)
+        got = run(tokens)
+        expect("".join(got) == text, f"the pieces should join to the whole text, got {''.join(got)!r}")
+        want = _stream_decode(range(len(tokens)), tokens)
+        expect(got == want, f"each piece should hold the characters completed by its id: expected {want}, got {got}")
+    for tokens in ([b"\xe2\x82", b"A"], [b"\xff\xf0\x9f", wave[2:]], [b"\xed\xa0", b"\x80z"], [b"\x80\x80", b"\xc3"]):
+        got = run(tokens)
+        want = "".join(_stream_decode(range(len(tokens)), tokens))
+        expect("".join(got) == want, f"{tokens} should decode to {want!r} in all (as bytes.decode('utf-8', "
+               f"errors='replace') gives), got {''.join(got)!r}")
+
+
+__all__ = [
+    "check_apply_merges",
+    "check_get_pair_counts",
+    "check_merge_pair",
+    "check_predict_tiny_merges",
+    "check_stream_decode",
+    "check_train_merges_simple",
+]
