@@ -25,11 +25,23 @@ def test_reference_passes():
     assert check_char_frequencies(reference, quiet=True).passed
 
 
+def test_reference_is_what_the_chapter_falls_back_to():
+    from transformer_course.checks.welcome import char_frequencies
+
+    def stub(text):
+        raise NotImplementedError
+
+    assert check_char_frequencies(stub, quiet=True).use is char_frequencies
+    assert check_char_frequencies(reference, quiet=True).use is reference
+
+
 def test_planted_bugs_get_their_hint():
     assert "order is not" in check_char_frequencies(unsorted, quiet=True).message
     assert "keys should be every distinct character" in check_char_frequencies(skips_spaces, quiet=True).message
     assert "ties alphabetical" in check_char_frequencies(ties_reversed, quiet=True).message
     assert "return a dict" in check_char_frequencies(lambda t: list(t), quiet=True).message
+    # the slip chapter 00 shows: every character counted once
+    assert "some counts are wrong" in check_char_frequencies(lambda t: dict.fromkeys(t, 1), quiet=True).message
 
 
 def test_stub_is_not_done():

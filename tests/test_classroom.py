@@ -103,6 +103,9 @@ def test_student_exercise_cells_are_stubbed_and_cleared(student_dir):
         assert exercises
         for cell in exercises:
             assert "raise NotImplementedError(" in cell.source and cell.outputs == []
+        verdicts = [c for c in nb.cells if c.cell_type == "code" and "✅ Exercise" in json.dumps(c.get("outputs", []),
+                                                                                              ensure_ascii=False)]
+        assert not verdicts, f"{path.name}: a stored 'passed' verdict is left in the student edition"
 
 
 def test_instructor_notebooks_grade_all_passed():

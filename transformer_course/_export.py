@@ -7,7 +7,8 @@ When the second module belongs to the same chapter (chapter 06 exports ``model``
 every ``nbdev-export`` would append another copy. This processor, registered as ``export_procs`` in
 pyproject.toml so plain ``nbdev-export`` uses it too, resets each such module to an empty header
 before nbdev appends the chapter's cells, so exporting twice gives the same files. It also drops the ``### BEGIN/END SOLUTION`` marker lines
-of exported cells that are exercises (the package keeps the reference code between them). Such a module
+and the "# Your turn - Exercise N.M" line of exported cells that are exercises (the package keeps the
+reference code between the markers). Such a module
 opens with ``from __future__ import annotations`` and ``__all__``; its cells describe it in comments
 (a string literal after ``__all__`` would not be the module docstring).
 """
@@ -15,9 +16,11 @@ opens with ``from __future__ import annotations`` and ``__all__``; its cells des
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")  # as in classroom.BEGIN / END
+EXERCISE_LABEL = re.compile(r"^# Your turn - Exercise \d+\.\d+\b")  # the exercise's name line
 
 
 class ResetSecondaryModules:
@@ -30,8 +33,10 @@ class ResetSecondaryModules:
     def _export_(self, cell, exp_to=None):
         # an exported cell may be an exercise: the package gets its code without the solution markers
         lines = cell.source.split("\n")
-        if any(line.strip() in SOLUTION_MARKERS for line in lines):
-            cell.source = "\n".join(line for line in lines if line.strip() not in SOLUTION_MARKERS)
+        if any(line.strip() in SOLUTION_MARKERS or EXERCISE_LABEL.match(line) for line in lines):
+            cell.source = "\n".join(
+                line for line in lines if line.strip() not in SOLUTION_MARKERS and not EXERCISE_LABEL.match(line)
+            )
         if exp_to is None or exp_to in self.done or self.nb_path is None:
             return
         from nbdev.config import get_config

@@ -280,9 +280,13 @@ def find_leaks(instructor_nb, student_nb) -> list[str]:
 
 
 def student_notebook(nb):
-    """A copy of notebook ``nb`` with every solution stubbed and exercise outputs cleared."""
+    """A copy of notebook ``nb`` with every solution stubbed, and the outputs of exercise cells and of
+    cells that print a check's verdict cleared."""
     out = copy.deepcopy(nb)
     for index, cell in enumerate(out.cells):
+        if cell.cell_type == "code" and BEGIN not in _source(cell) and _outcomes(cell):
+            cell.outputs = []  # a check cell after an exported exercise: its stored "passed" is the key's
+            cell.execution_count = None
         if cell.cell_type != "code" or BEGIN not in _source(cell):
             continue
         cell.source = stub_solutions(_source(cell), _exercise_label(out.cells, index))

@@ -18,7 +18,7 @@ import torch
 
 # %% auto #0
 __all__ = ['check_sampling_args', 'apply_temperature', 'top_k_filter', 'top_p_filter', 'next_token_probs', 'sample_next',
-           'encode_prompt', 'stream', 'generate', 'run_generate_command']
+           'encode_prompt', 'decode_with_cache', 'stream', 'generate', 'run_generate_command']
 
 # %% ../chapters/07_generation.ipynb #7dcd0849
 def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
@@ -48,7 +48,8 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
         raise ValueError("temperature 0 means greedy decoding: take logits.argmax(-1) instead of dividing by 0")
     return logits / temperature
 
-# %% ../chapters/07_generation.ipynb #a151fb29
+# %% ../chapters/07_generation.ipynb #25c5584c
+# Your turn - Exercise 7.2 (★★☆, build): top-k filtering.
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the ``k`` largest logits of each row [..., V]; set the rest to -inf.
 
@@ -60,7 +61,8 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     values, indices = torch.topk(logits, k, dim=-1)
     return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
 
-# %% ../chapters/07_generation.ipynb #47b9cc69
+# %% ../chapters/07_generation.ipynb #9a1aead6
+# Your turn - Exercise 7.3 (★★☆, build): top-p (nucleus) filtering.
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep, in each row [..., V], the smallest set of most likely tokens whose probability reaches ``p``.
 
@@ -138,6 +140,24 @@ def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
             )
     return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
 
+# %% ../chapters/07_generation.ipynb #639af57c
+# Your turn - Exercise 7.5 (★★★, build): the cached generation loop.
+def decode_with_cache(model, window: torch.Tensor, n: int, choose) -> Iterator[torch.Tensor]:
+    """Generate ``n`` tokens after ``window`` [B, T] with a KV cache; yields each step's tokens, LongTensor [B].
+
+    The first pass runs the whole window through the model with a fresh ``model.new_cache()`` (prefill);
+    each later pass feeds only the token chosen last, [B, 1]. ``choose(logits [B, V]) -> LongTensor [B]``
+    picks the next tokens from the last position's logits; what it returns is yielded and fed back.
+    Needs T + n - 1 <= block_size. The caller decides about ``torch.no_grad()``.
+    """
+    cache = model.new_cache()
+    new = window  # what the cache has not seen yet: the whole window at first
+    for _ in range(n):
+        logits, _ = model(new, cache=cache, last_only=True)  # [B, 1, V]
+        nxt = choose(logits[:, -1, :])  # [B]
+        yield nxt
+        new = nxt[:, None]  # [B, 1]: the next pass feeds only this token
+
 # %% ../chapters/07_generation.ipynb #9e5d5c1f
 def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | None, crop_to: int | None) -> int:
     """Validate a generation request; return the window kept when the context outgrows block_size."""
@@ -165,42 +185,66 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
         raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
     return crop_to
 
-# %% ../chapters/07_generation.ipynb #a5dcacd8
+# %% ../chapters/07_generation.ipynb #dbba7534
 def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
+    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [B, V] -> the next token of every row [B]."""
+        nonlocal finished
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        if eos_id is not None:
+            nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
+            finished = finished | (nxt == eos_id)
+        return nxt
+
     seq = idx  # [B, L]: the prompt and everything generated so far
     start = 0  # the window the model sees is seq[:, start:], never longer than block_size
-    cache, cache_start = None, None
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     was_training = model.training
     model.eval()  # dropout off: the same settings and seed must give the same text
     try:
-        for _ in range(max_new_tokens):
-            with torch.no_grad():
-                if seq.size(1) - start > block:  # the context outgrew block_size: crop it
-                    start = seq.size(1) - crop_to
-                window = seq[:, start:]  # [B, T_w], T_w <= block_size
-                # last_only: sampling needs the last position's logits [B, 1, V] only
-                if not use_cache:
-                    logits, _ = model(window, last_only=True)  # recompute every position
-                elif cache is None or cache_start != start:
-                    # positions are counted from the window's start, so cropping shifted every
-                    # position: the cached keys and values are stale. Rebuild from the window.
-                    cache, cache_start = model.new_cache(), start
-                    logits, _ = model(window, cache=cache, last_only=True)
-                else:
-                    logits, _ = model(window[:, cache[0].length :], cache=cache, last_only=True)  # only the new token
-                nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
-                if eos_id is not None:
-                    nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
-                    finished = finished | (nxt == eos_id)
+        while seq.size(1) - idx.size(1) < max_new_tokens:
+            if seq.size(1) - start > block:  # the context outgrew block_size: crop it
+                start = seq.size(1) - crop_to
+            window = seq[:, start:]  # [B, T_w], T_w <= block_size
+            left = max_new_tokens - (seq.size(1) - idx.size(1))
+            if use_cache:
+                # positions are counted from the window's start, so a crop shifts every position and makes
+                # the cached keys and values stale: each window gets its own cache, filled by one prefill,
+                # and serves until the window is full
+                steps = decode_with_cache(model, window, min(left, block - window.size(1) + 1), choose)
+            else:
+                steps = _recompute(model, window, choose)  # one step, every position of the window again
+            before = seq.size(1)
+            for nxt in _without_grad(steps):
                 seq = torch.cat([seq, nxt[:, None]], dim=1)
-            yield nxt
-            if eos_id is not None and bool(finished.all()):
-                return
+                yield nxt
+                if eos_id is not None and bool(finished.all()):
+                    return
+            if seq.size(1) == before:
+                raise RuntimeError("decode_with_cache yielded no token: it must yield one tensor [B] per step")
     finally:
         model.train(was_training)
+
+
+def _recompute(model, window: torch.Tensor, choose) -> Iterator[torch.Tensor]:
+    """One step without a cache: the whole window [B, T_w] through the model, one token [B] out."""
+    logits, _ = model(window, last_only=True)  # last_only: sampling reads the last position only
+    yield choose(logits[:, -1, :])
+
+
+def _without_grad(steps) -> Iterator[torch.Tensor]:
+    """Iterate ``steps`` with autograd off while each step runs (``no_grad`` must not stay on across a yield,
+    where the caller's code runs)."""
+    steps = iter(steps)
+    while True:
+        with torch.no_grad():
+            nxt = next(steps, None)
+        if nxt is None:
+            return
+        yield nxt
 
 # %% ../chapters/07_generation.ipynb #f3313017
 def stream(

@@ -75,20 +75,39 @@ print("device ", pick_device(), f"({torch.get_num_threads()} CPU threads)")
 # suite re-runs every chapter and fails if a single output changes.
 #
 # ### Exercises and their checks
-# "Your turn" cells ask you to write one function. Each is marked ★☆☆ (warm-up), ★★☆ (core) or
-# ★★★ (stretch), and is followed by a **check** that runs your function on ordinary and tricky
-# inputs and, when something is wrong, tells you the likely mistake in words. A check never stops
-# the notebook: if you skip an exercise, the rest of the chapter carries on with the package's own
-# version. Here is a warm-up to see one in action.
-
-# %% [markdown]
-# **Your turn - Exercise 0.1 (★☆☆).** Write `char_frequencies(text)`: a dictionary from each
-# character to how often it appears, most frequent first (ties in alphabetical order).
+# "Your turn" cells ask you to write code before the chapter shows any. Each names its number, its
+# difficulty, ★☆☆ (warm-up, about 5 minutes), ★★☆ (core, about 15) or ★★★ (stretch, about 30), and
+# its kind:
+#
+# - **build**: write a component the chapter exists to build (its function body is yours to fill);
+# - **predict**: write down a shape, a number or a behaviour before the cell that shows it;
+# - **debug**: a short implementation above has one realistic bug; write the fixed version;
+# - **extend**: build something the chapter did not show.
+#
+# After each exercise a **check** runs your code on ordinary and tricky inputs and, when something is
+# wrong, names the likely mistake in words. A check never stops the notebook. When your code passes,
+# the rest of the chapter runs *your* version: your functions draw the pictures and write the text.
+# When it is missing or wrong, the chapter carries on with the package's own version and the check's
+# line says so.
+#
+# A check prints one line: ✅ when it passes, ❌ with a hint when it does not, ⏳ when the exercise is
+# not done yet. Here is the check of the warm-up below, run on a version with a slip (it counts every
+# character once), to show what a hint looks like:
 
 # %%
 from transformer_course.checks.welcome import check_char_frequencies
 
+check_char_frequencies(lambda text: dict.fromkeys(text, 1))
 
+# %% [markdown]
+# **Your turn.** Write `char_frequencies(text)`: a dictionary from each character of `text` to the
+# number of times it appears, most frequent first; characters that appear equally often go in
+# alphabetical order (the order of their code points, so `"B"` before `"a"`). For `"abca"` that is
+# `{"a": 2, "b": 1, "c": 1}`; for `"Hello"` it is `{"l": 2, "H": 1, "e": 1, "o": 1}`. (A Python
+# dictionary remembers the order in which its keys were inserted.)
+
+# %%
+# Your turn - Exercise 0.1 (★☆☆, build): count the characters of a text.
 def char_frequencies(text: str) -> dict[str, int]:
     """Map each character of ``text`` to its count, most frequent first, ties alphabetical."""
     ### BEGIN SOLUTION
@@ -98,15 +117,8 @@ def char_frequencies(text: str) -> dict[str, int]:
     return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
     ### END SOLUTION
 
-
-check_char_frequencies(char_frequencies)
-
-# %% [markdown]
-# A check prints one line: ✅ when it passes, ❌ with a hint when it does not, ⏳ when the exercise
-# is not done yet. To see a hint, here is a version with a classic slip (it forgets to sort):
-
 # %%
-check_char_frequencies(lambda text: {c: text.count(c) for c in text})
+char_frequencies = check_char_frequencies(char_frequencies).use
 
 # %% [markdown]
 # ## The data: Shakespeare, offline
@@ -133,15 +145,14 @@ print(len(chars), "distinct characters:")
 print(repr("".join(chars)))
 
 # %% [markdown]
-# Which characters are most common? Spaces and `e` dominate, as in any English text; capital letters
-# are rarer except in the speakers' names.
+# Which characters are most common? Your `char_frequencies` counts them (until yours passes its check,
+# the course's own version does). Spaces and `e` dominate, as in any English text; capital letters are
+# rarer except in the speakers' names.
 
 # %%
-from collections import Counter
-
 import matplotlib.pyplot as plt
 
-top = Counter(text).most_common(30)  # what Exercise 0.1 computes, from the standard library
+top = list(char_frequencies(text).items())[:30]  # your char_frequencies, once its check has passed
 fig, ax = plt.subplots(figsize=(10, 3))
 ax.bar([repr(c)[1:-1] for c, _ in top], [n / len(text) for _, n in top], color="tab:blue")
 ax.set_ylabel("share of characters")
@@ -153,6 +164,8 @@ plt.show()
 # the text has structure (a name in capitals, a colon, a newline, then verse).
 
 # %%
+from collections import Counter
+
 speakers = Counter(block.split(":\n", 1)[0] for block in text.strip().split("\n\n"))
 for name, n in speakers.most_common(8):
     print(f"{name:<16} {n:>5} speeches")
@@ -183,7 +196,7 @@ quiz([
         "You skip an exercise. What happens to the rest of the chapter?",
         ["It stops with an error", "It carries on with the package's reference implementation", "It skips every later cell"],
         answer=1,
-        explain="Checks never raise; later cells always use the package's version.",
+        explain="Checks never raise; later cells use your version once it passes, the package's until then.",
     ),
     Question(
         "Does the course need an internet connection once installed?",
@@ -198,7 +211,8 @@ quiz([
 #
 # - Your environment has what the course needs, and `pick_device()` says where PyTorch will run.
 # - Chapters explain, check every claim, and export their code into `transformer_course`.
-# - Exercises come with checks that name the mistake; skipping one never breaks a chapter.
+# - Exercises (build, predict, debug, extend) come with checks that name the mistake; a passing answer
+#   drives the rest of the chapter, and skipping one never breaks it.
 # - The training data is about 4.8 million characters of Shakespeare in plain "SPEAKER:" form.
 #
 # Names used here: `load_shakespeare`, `pick_device` (hand-written support code; this chapter exports

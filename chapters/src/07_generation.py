@@ -8,13 +8,18 @@
 #
 # **You will build**
 # - the path from logits to probabilities, greedy decoding, and sampling with a seeded `torch.Generator`;
-# - three ways to reshape the distribution before sampling: **temperature**, **top-k** and **top-p**
-#   (nucleus) sampling;
+# - three ways to reshape the distribution before sampling: **temperature** (you fix a version that
+#   quietly does nothing), and **top-k** and **top-p** (nucleus) filtering, which you write yourself;
 # - the autoregressive loop itself: feed each sample back, stop at an end token, crop the context when it
 #   outgrows `block_size`, and run several prompts as one batch;
-# - a **KV cache** that stops the loop from recomputing the past, proven to change no output;
+# - the **cached generation loop**, yours: the prompt goes through the model once, then one token per
+#   step, with a **KV cache** that stops the loop from recomputing the past, proven to change no output;
 # - weights laid out (and, if you choose, rounded to bf16) for fast decoding, with the quality measured;
-# - `stream`, an iterator that yields tokens as they are made, and a playground widget.
+# - `stream`, an iterator that yields tokens as they are made, a fourth knob of your own (**min-p**) and
+#   a playground widget.
+#
+# Your top-k, top-p and cached loop are exported cells: once their checks pass, every text this chapter
+# writes from then on goes through them.
 #
 # **You will be able to** sample text from the model chapter 06 trains (the course ships it, trained) with any of these settings,
 # explain what each one does to the distribution, and say what the cache saves and what it costs.
@@ -156,6 +161,60 @@ assert five_draws(1) == five_draws(1)
 # largest logit: that limit is greedy decoding, which is why this chapter's functions read
 # `temperature=0` as "greedy". Dividing by zero itself would give `inf - inf = nan`, so the code never
 # does it.
+#
+# ### Your turn: a temperature that changes nothing
+#
+# Here is a first attempt at the formula. It runs, every row sums to 1, and it looks reasonable: take
+# the probabilities, divide them by the temperature, and normalise again. Try it on five made-up logits
+# at a low and a high temperature.
+
+# %%
+from transformer_course.checks.generation import (
+    check_decode_with_cache,
+    check_min_p_filter,
+    check_predict_cached_work,
+    check_probs_at_temperature,
+    check_top_k_filter,
+    check_top_p_filter,
+)
+
+
+def probs_at_temperature_with_a_bug(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits [..., V] -> probabilities [..., V] at a temperature (meant to follow the formula above)."""
+    probs = torch.softmax(logits, dim=-1)
+    scaled = probs / temperature
+    return scaled / scaled.sum(dim=-1, keepdim=True)  # a distribution again
+
+
+z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+cold, hot = probs_at_temperature_with_a_bug(z, 0.25), probs_at_temperature_with_a_bug(z, 2.0)
+print("rows sum to 1:", bool(torch.isclose(cold.sum(), torch.tensor(1.0))), bool(torch.isclose(hot.sum(), torch.tensor(1.0))))
+print("the same distribution at temperature 0.25 and 2:", torch.allclose(cold, hot))
+
+# %% [markdown]
+# At a quarter and at twice the temperature it gives the same distribution: the knob is connected to
+# nothing. Find why (compare with the formula: where does $\tau$ act?) and write the fixed version.
+# It takes one row of logits `[V]` or a batch `[B, V]` and returns probabilities of the same shape.
+
+# %%
+# Your turn - Exercise 7.1 (★☆☆, debug): a temperature that changes nothing.
+def probs_at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Logits [..., V] and a temperature > 0 -> probabilities [..., V]: sharper below 1, flatter above."""
+    ### BEGIN SOLUTION
+    return torch.softmax(logits / temperature, dim=-1)
+    ### END SOLUTION
+
+# %%
+probs_at_temperature = check_probs_at_temperature(probs_at_temperature).use
+
+# %% [markdown]
+# Dividing every probability by the same number changes none of their ratios, so normalising undoes it.
+# The temperature has to act where it changes the *gaps*: on the logits, before the exponential. (Raising
+# the probabilities to the power $1/\tau$ and normalising would have been right, since
+# $(e^{z_i})^{1/\tau} = e^{z_i/\tau}$.)
+#
+# The package checks the knobs once, with messages that say what is wrong, and divides the logits by the
+# temperature in `apply_temperature`:
 
 # %%
 #| export
@@ -187,11 +246,10 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 # %% [markdown]
-# Here is one distribution over five tokens under four temperatures (the logits are made up, the
-# probabilities are computed):
+# Here is the same distribution over five tokens under four temperatures, through your
+# `probs_at_temperature` (the logits are made up, the probabilities are computed):
 
 # %%
-z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 temps = [0.25, 0.5, 1.0, 2.0]
 
 def entropy_bits(p):
@@ -200,14 +258,14 @@ def entropy_bits(p):
     return float(-(p * p.log2()).sum())
 
 for t in temps:
-    p_t = torch.softmax(apply_temperature(z, t), -1)
+    p_t = probs_at_temperature(z, t)
     print(f"T={t:<4}  p={[round(x, 3) for x in p_t.tolist()]}  entropy={entropy_bits(p_t):.3f} bits")
 print(f"uniform over 5 tokens: {math.log2(5):.3f} bits")
 
 # %%
 fig, axes = plt.subplots(1, len(temps), figsize=(12, 2.6), sharey=True)
 for ax, t in zip(axes, temps):
-    ax.bar(range(5), torch.softmax(apply_temperature(z, t), -1).numpy(), color="tab:blue")
+    ax.bar(range(5), probs_at_temperature(z, t).numpy(), color="tab:blue")
     ax.set_title(f"temperature {t}")
     ax.set_xticks(range(5), [f"tok{i}" for i in range(5)])
 axes[0].set_ylabel("probability")
@@ -220,37 +278,12 @@ plt.show()
 
 # %%
 for t in temps:
-    assert torch.softmax(apply_temperature(z, t), -1).argmax() == z.argmax()
+    assert probs_at_temperature(z, t).argmax() == z.argmax()
 for bad in (-0.5, 0):
     try:
         apply_temperature(z, bad)
     except ValueError as e:
         print(e)
-
-# %% [markdown]
-# ### Your turn
-# Write the softmax with a temperature yourself. The check compares your function with the package's on
-# several temperatures and a batch of rows.
-
-# %%
-from transformer_course.checks.generation import (
-    check_cached_generate,
-    check_greedy_generate,
-    check_temperature_probs,
-    check_top_k,
-    check_top_p,
-)
-
-# %%
-# Your turn - Exercise 7.1 (★☆☆): probabilities at a temperature.
-def my_probs_with_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logits [B, V] and a temperature > 0 -> probabilities [B, V] (each row sums to 1)."""
-    ### BEGIN SOLUTION
-    return torch.softmax(logits / temperature, dim=-1)
-    ### END SOLUTION
-
-
-check_temperature_probs(my_probs_with_temperature)
 
 # %% [markdown]
 # ## 5. Top-k: keep only the k most likely tokens
@@ -260,11 +293,28 @@ check_temperature_probs(my_probs_with_temperature)
 # **Top-k sampling** keeps the `k` largest logits, sets the others to $-\infty$ (so softmax gives them
 # exactly 0) and samples from what is left.
 #
-# Ties need care: if several logits equal the k-th largest, comparing against that value would keep all
-# of them. Taking the indices from `topk` and scattering the values back keeps exactly `k`.
+# ### Your turn: top-k
+#
+# Write `top_k_filter(logits, k)`. It takes logits of any leading shape, one row `[V]` or a batch
+# `[B, V]`, and returns a tensor of the same shape and dtype: in each row the `k` largest logits keep
+# their values, every other entry becomes `-inf`. Worked numbers, for the five logits above:
+#
+# | logits | `[2.0, 1.0, 0.5, 0.0, -1.0]` |
+# |---|---|
+# | k = 2 | `[2.0, 1.0, -inf, -inf, -inf]` |
+# | k = 4 | `[2.0, 1.0, 0.5, 0.0, -inf]` |
+# | k = 9 (more than V) | all five, unchanged |
+#
+# Two traps. **Ties**: for `[1, 3, 2, 2, 2]` and k = 2, "keep every logit at least as large as the 2nd
+# largest" keeps four tokens. Exactly `k` must survive (which of the tied 2s does not matter). So work
+# with the *positions* of the k largest, which `torch.topk` returns, rather than with a threshold value.
+# **-inf, not 0**: a removed token's logit must be minus infinity, so that softmax gives it probability
+# exactly 0; a logit of 0 can still be a likely token. The first line of the function checks `k` (a whole
+# number >= 1) and is not part of the exercise.
 
 # %%
 #| export
+# Your turn - Exercise 7.2 (★★☆, build): top-k filtering.
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the ``k`` largest logits of each row [..., V]; set the rest to -inf.
 
@@ -272,9 +322,14 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     keeps everything.
     """
     check_sampling_args(top_k=k)
+    ### BEGIN SOLUTION
     k = min(k, logits.size(-1))
     values, indices = torch.topk(logits, k, dim=-1)
     return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
+    ### END SOLUTION
+
+# %%
+top_k_filter = check_top_k_filter(top_k_filter).use
 
 # %%
 print(top_k_filter(z, 2))
@@ -285,21 +340,6 @@ print("with ties at the 2nd place, tokens kept:", kept)
 assert kept == 2
 
 # %% [markdown]
-# ### Your turn
-
-# %%
-# Your turn - Exercise 7.2 (★★☆): top-k filtering.
-def my_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Logits [B, V] -> the same logits with all but the k largest of each row set to -inf."""
-    ### BEGIN SOLUTION
-    values, indices = torch.topk(logits, min(k, logits.size(-1)), dim=-1)
-    return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
-    ### END SOLUTION
-
-
-check_top_k(my_top_k)
-
-# %% [markdown]
 # ## 6. Top-p (nucleus): keep the smallest set that holds mass p
 #
 # A fixed `k` suits some distributions and not others. When the model is sure (one token holds 95%),
@@ -308,13 +348,33 @@ check_top_k(my_top_k)
 # Degeneration") adapts: sort the tokens by probability and keep the smallest prefix whose total
 # probability reaches `p`.
 #
-# A token stays when the mass *before* it (in sorted order) is still below `p`. That rule always keeps the
-# most likely token (nothing comes before it), and it keeps the token that carries the running total
-# across `p`, so the kept mass is at least `p`. The running total is summed in float64, so rounding
-# cannot push it to `p` a token too early; `p = 1` means the whole distribution and returns at once.
+# The rule, in words: a token stays when the probability mass *before* it (in sorted order) is still
+# below `p`. That always keeps the most likely token (nothing comes before it), and it keeps the token
+# that carries the running total across `p`, so the kept mass is at least `p`. A worked row, already
+# sorted, with p = 0.6:
+#
+# | sorted probabilities | 0.40 | 0.30 | 0.20 | 0.10 |
+# |---|---|---|---|---|
+# | mass before the token | 0.00 | 0.40 | 0.70 | 0.90 |
+# | kept (mass before < 0.6)? | yes | yes | no | no |
+#
+# The two kept tokens hold 0.7 >= 0.6, and the first alone (0.4) would not be enough. Comparing the
+# running total *including* each token with `p` instead looks almost the same, but it drops the token
+# that crosses `p`; when the top token alone holds more than `p`, nothing at all is left to sample.
+#
+# ### Your turn: top-p
+#
+# Write `top_p_filter(logits, p)`: logits `[V]` or `[B, V]` in, the same shape out, every token outside
+# its row's nucleus at `-inf`, the others unchanged. The logits arrive in vocabulary order, not sorted:
+# sort each row's probabilities largest first, decide there, and put the decision back in vocabulary
+# order (`torch.sort` returns the permutation it applied). Two details keep it exact: sum the running
+# total in float64, so rounding cannot make it reach `p` a token too early; and treat `p = 1` as the
+# whole distribution, nothing to drop (a long tail of tiny probabilities can make even a float64 running
+# total round to 1 before the tail ends). The first line checks `p` and is not part of the exercise.
 
 # %%
 #| export
+# Your turn - Exercise 7.3 (★★☆, build): top-p (nucleus) filtering.
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep, in each row [..., V], the smallest set of most likely tokens whose probability reaches ``p``.
 
@@ -322,6 +382,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     that has a non-zero probability.
     """
     check_sampling_args(top_p=p)
+    ### BEGIN SOLUTION
     if p >= 1.0:  # the whole distribution: nothing to drop (and no rounding to drop it by accident)
         return logits.clone()
     probs = torch.softmax(logits.double(), dim=-1)
@@ -330,6 +391,10 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     drop_sorted = mass_before >= p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
     return logits.masked_fill(drop, float("-inf"))
+    ### END SOLUTION
+
+# %%
+top_p_filter = check_top_p_filter(top_p_filter).use
 
 # %%
 p5 = torch.softmax(z, -1)
@@ -363,24 +428,6 @@ for _ in range(200):
     if (~keep).any():
         assert pr[keep].min() >= pr[~keep].max()  # and they are the most likely ones
 print("top-p keeps the smallest set reaching p on 200 random rows")
-
-# %% [markdown]
-# ### Your turn
-
-# %%
-# Your turn - Exercise 7.3 (★★☆): top-p (nucleus) filtering.
-def my_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
-    """Logits [B, V] -> logits with every token outside the nucleus of mass p set to -inf."""
-    ### BEGIN SOLUTION
-    probs = torch.softmax(logits, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
-    return logits.masked_fill(drop, float("-inf"))
-    ### END SOLUTION
-
-
-check_top_p(my_top_p)
 
 # %% [markdown]
 # ## 7. One sampling step
@@ -460,7 +507,7 @@ assert (freq - target).abs().max() < tolerance and counts[target == 0].sum() == 
 # model, its tokenizer and the history of its run. Loading a file, unlike training again, gives the same
 # model on every machine; the manifest records the machine it was trained on, and
 # `tools/build_course_model.py` trains it again. (The checkpoint that `transformer-course train` writes
-# works just as well: see section 14.)
+# works just as well: see section 15.)
 
 # %%
 from transformer_course import load_shakespeare, train_val_split
@@ -510,11 +557,13 @@ def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
 
 # %%
-def naive_generate(model, idx, max_new_tokens, temperature=1.0, generator=None):
-    """Scaffold: idx [B, T] -> [B, T + max_new_tokens], recomputing everything at every step."""
+def naive_generate(model, idx, max_new_tokens, generator=None, **knobs):
+    """Scaffold: idx [B, T] -> [B, T + max_new_tokens], recomputing everything at every step.
+
+    knobs: temperature, top_k, top_p, as sample_next takes them."""
     for _ in range(max_new_tokens):
         logits, _ = model(idx[:, -model.cfg.block_size:])  # [B, T, V]
-        nxt = sample_next(logits[:, -1, :], temperature, generator=generator)  # [B]
+        nxt = sample_next(logits[:, -1, :], generator=generator, **knobs)  # [B]
         idx = torch.cat([idx, nxt[:, None]], dim=1)  # feed the sample back
     return idx
 
@@ -525,13 +574,14 @@ print(greedy_text)
 
 # %% [markdown]
 # Greedy decoding soon repeats itself: once a phrase is the most likely continuation of itself, nothing
-# breaks the cycle. Sampling at temperature 1 and 0.7, with a seeded generator:
+# breaks the cycle. Sampling, with a seeded generator: at temperature 1, and at 0.8 with your top-k and
+# top-p filters (`sample_next` calls them, through `next_token_probs`):
 
 # %%
-for t in (1.0, 0.7):
+for knobs in (dict(temperature=1.0), dict(temperature=0.8, top_k=20, top_p=0.9)):
     with torch.no_grad():
-        out = naive_generate(model, prompt, 120, temperature=t, generator=torch.Generator().manual_seed(1))
-    print(f"--- temperature {t}\n{tok.decode(out[0].tolist())}")
+        out = naive_generate(model, prompt, 120, generator=torch.Generator().manual_seed(1), **knobs)
+    print(f"--- {', '.join(f'{k} {v}' for k, v in knobs.items())}\n{tok.decode(out[0].tolist())}")
 
 # %% [markdown]
 # Seed 004 adds a worry: it would like $P(\text{next} \mid \text{the cat sat on})$ to be the same whether
@@ -576,25 +626,6 @@ except ValueError as e:
 # without limit; what the model sees at each step cannot.
 
 # %% [markdown]
-# ### Your turn
-# Write the greedy loop yourself, without a cache, cropping the context as above. The check runs it on a
-# small random model, within `block_size` and past it, against the package.
-
-# %%
-# Your turn - Exercise 7.4 (★★☆): the greedy generation loop.
-def my_greedy_generate(model, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """idx [B, T] -> [B, T + max_new_tokens]: always append the most likely next token."""
-    ### BEGIN SOLUTION
-    for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -model.cfg.block_size:])
-        idx = torch.cat([idx, logits[:, -1, :].argmax(-1, keepdim=True)], dim=1)
-    return idx
-    ### END SOLUTION
-
-
-check_greedy_generate(my_greedy_generate)
-
-# %% [markdown]
 # ## 11. The KV cache
 #
 # Look at what the loop recomputes. At step $t$ it runs the whole window through every layer, although
@@ -629,23 +660,117 @@ print("sum of the window lengths:", sum(min(T0 + i, cfg.block_size) for i in ran
 # `MultiHeadAttention(x, cache=...)` appends the new keys and values and attends over all of them). The
 # loop then becomes:
 #
-# 1. **prefill**: run the whole prompt once with an empty cache; the cache now holds its keys and values;
-# 2. **decode**: feed only the newest token; its query attends to the cached keys, and its own key and
-#    value are appended.
+# 1. **prefill**: run the whole prompt once with an empty cache; the cache now holds its keys and values,
+#    and the last position's logits give the first new token;
+# 2. **decode**: feed only the newest token; its query attends to the cached keys, its own key and value
+#    are appended, and its logits give the next token.
 #
-# Chapter 06's `GPT.forward(idx, cache=...)` numbers the new positions from `cache[0].length`, so the
-# newest token gets the right position embedding. Watch the cache grow:
+# What the model offers for this (chapter 06):
+#
+# - `model.new_cache()`: an empty cache, a list with one `KVCache` per layer; `cache[0].length` is the
+#   number of positions it holds;
+# - `model(x, cache=cache, last_only=True)` with new tokens `x` `[B, T_new]`: numbers them from position
+#   `cache[0].length` on (so the newest token gets the right position embedding), appends their keys and
+#   values to every layer's cache, and returns logits `[B, 1, V]` for the last new position only
+#   (`last_only` skips the LM head at positions whose logits nobody reads).
+#
+# ### Your turn: predict the work
+#
+# Before you write the loop: with the cache, how many forward passes does it take to generate 40 new
+# tokens after our 7-token prompt `"ROMEO:\n"`, and how many token positions do those passes feed the
+# model in all? (Without the cache, the count above was 40 passes and over a thousand positions.)
 
 # %%
-cache = model.new_cache()
+# Your turn - Exercise 7.4 (★☆☆, predict): the work of a cached generation.
+def my_prediction() -> tuple[int, int]:
+    """A 7-token prompt, 40 new tokens, with a KV cache: (forward passes, positions fed in all)."""
+    ### BEGIN SOLUTION
+    return (40, 46)
+    ### END SOLUTION
+
+
+check_predict_cached_work(my_prediction)
+
+# %% [markdown]
+# ### Your turn: the cached generation loop
+#
+# Now write the loop. `decode_with_cache(model, window, n, choose)` generates `n` tokens after `window`
+# `[B, T]` and **yields** each step's tokens, a LongTensor `[B]`, as soon as they are chosen (it is a
+# generator: `yield` inside the loop; `stream` below passes each token on to you while the next one is
+# being computed). `choose` decides which token comes next: it takes the last position's logits `[B, V]`
+# and returns the tokens `[B]`, by argmax, by sampling, or by whatever rule the caller wants; the loop
+# neither samples nor looks at the logits itself. What `choose` returns is what you yield and what you
+# feed to the model next.
+#
+# - Start from a fresh `model.new_cache()`; the first pass feeds the whole window (the prefill);
+# - every later pass feeds only the token chosen last, shaped `[B, 1]`, with the same cache;
+# - one pass per new token, `choose` called once per pass (a sampling rule draws a random number at each
+#   call), and no pass after the last token: nothing needs its key and value;
+# - `T + n - 1 <= block_size`: the window and the new tokens fit in the context (the caller sees to
+#   that, and to `torch.no_grad()`).
+#
+# The check runs your loop on a small random model against the plain loop (the whole text every step),
+# with a greedy `choose` and with one that picks the second most likely token, and counts the positions
+# it feeds. Once it passes, `generate` and `stream` run your loop for every cached text in the rest of
+# the chapter.
+
+# %%
+#| export
+# Your turn - Exercise 7.5 (★★★, build): the cached generation loop.
+def decode_with_cache(model, window: torch.Tensor, n: int, choose) -> Iterator[torch.Tensor]:
+    """Generate ``n`` tokens after ``window`` [B, T] with a KV cache; yields each step's tokens, LongTensor [B].
+
+    The first pass runs the whole window through the model with a fresh ``model.new_cache()`` (prefill);
+    each later pass feeds only the token chosen last, [B, 1]. ``choose(logits [B, V]) -> LongTensor [B]``
+    picks the next tokens from the last position's logits; what it returns is yielded and fed back.
+    Needs T + n - 1 <= block_size. The caller decides about ``torch.no_grad()``.
+    """
+    ### BEGIN SOLUTION
+    cache = model.new_cache()
+    new = window  # what the cache has not seen yet: the whole window at first
+    for _ in range(n):
+        logits, _ = model(new, cache=cache, last_only=True)  # [B, 1, V]
+        nxt = choose(logits[:, -1, :])  # [B]
+        yield nxt
+        new = nxt[:, None]  # [B, 1]: the next pass feeds only this token
+    ### END SOLUTION
+
+# %%
+decode_with_cache = check_decode_with_cache(decode_with_cache).use
+
+# %% [markdown]
+# Watch the cache grow. A forward hook sees every call your loop makes, with the cache it passes:
+
+# %%
+def greedy(logits):
+    """choose by argmax: logits [B, V] -> [B]."""
+    return logits.argmax(-1)
+
+
+def report(module, args, kwargs, output):
+    cache = kwargs["cache"] if "cache" in kwargs else args[2]
+    print(f"fed {args[0].shape[1]} position(s); the cache holds {cache[0].length}, keys {list(cache[0].k.shape)}")
+    caches_seen.append(cache)
+
+
+caches_seen = []
+handle = model.register_forward_hook(report, with_kwargs=True)
+try:
+    with torch.no_grad():
+        first_four = torch.stack(list(decode_with_cache(model, prompt, 4, greedy)), dim=1)  # [1, 4]
+finally:
+    handle.remove()
+print(repr(tok.decode(first_four[0].tolist())), "| one cache throughout:", all(c is caches_seen[0] for c in caches_seen))
+
+# %% [markdown]
+# And the work of 40 tokens after the 7-token prompt, the numbers of your prediction:
+
+# %%
 with torch.no_grad():
-    logits_prefill, _ = model(prompt, cache=cache)  # prefill: T0 positions
-    print("after prefill:", cache[0].length, "positions, keys", list(cache[0].k.shape))
-    nxt = logits_prefill[:, -1].argmax(-1, keepdim=True)
-    for _ in range(3):
-        logits_step, _ = model(nxt, cache=cache)  # decode: one position
-        nxt = logits_step[:, -1].argmax(-1, keepdim=True)
-        print("after one more token:", cache[0].length, "positions, keys", list(cache[0].k.shape))
+    work_cached = positions_processed(lambda: list(decode_with_cache(model, prompt, n_new, greedy)))
+print(f"{n_new} new tokens with the cache: {work_cached[0]} positions in {work_cached[1]} forward passes "
+      f"(without it: {work_naive[0]} positions)")
+assert work_cached == (T0 + n_new - 1, n_new)
 
 # %% [markdown]
 # The keys are `[B, n_head, L, head_size]` per layer, and the values the same. The cache's memory is
@@ -654,6 +779,7 @@ with torch.no_grad():
 # text, and for big models and long contexts it becomes the dominant cost of serving them.
 
 # %%
+cache = caches_seen[-1]  # the cache of the four-token run above
 L = cache[0].length
 formula = 2 * cfg.n_layer * 1 * L * cfg.d_model * 4
 measured = sum(layer.nbytes for layer in cache)
@@ -698,8 +824,8 @@ for layer in (0, cfg.n_layer - 1):
 # cheaply; but the deeper layers' keys still remember the dropped tokens, so that is an approximation
 # such models accept, not the exact result.)
 #
-# Here is the package's loop, in three parts. First, a request is checked before any work starts, so a
-# mistake gets a message that names it rather than an error from deep inside the model:
+# Here is the package's loop, built around yours, in three parts. First, a request is checked before any
+# work starts, so a mistake gets a message that names it rather than an error from deep inside the model:
 
 # %%
 #| export
@@ -730,50 +856,75 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
     return crop_to
 
 # %% [markdown]
-# Then the loop itself: crop the window when it outgrows `block_size`, run the model on the whole window
-# (no cache), on the whole window into a fresh cache (prefill or rebuild), or on the newest token only
-# (cached decode); sample; mark finished rows; append; yield. Every call passes `last_only=True`
-# (chapter 06's `GPT.forward`), so the LM head runs at the last position only: a prompt of T tokens
-# would otherwise compute T - 1 rows of logits, [V] numbers each, that nobody reads. For GPT-2 the
-# head is a third of a position's multiply-adds.
+# Then the loop itself. It crops the window when the context outgrows `block_size`, and hands each window
+# to your `decode_with_cache`: one prefill, then one token per pass until the window is full
+# (`block_size - T_w + 1` tokens from a window of `T_w`), then a crop and a fresh cache for the next
+# window. Without the cache (`use_cache=False`) every step runs the whole window again. The `choose` it
+# passes samples with the knobs and handles the end token: a row that has produced `eos_id` is finished,
+# and from then on gets `eos_id` again. The model is put in eval mode (dropout off) and each pass runs
+# without autograd.
 
 # %%
 #| export
 def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
+    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+
+    def choose(logits: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [B, V] -> the next token of every row [B]."""
+        nonlocal finished
+        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        if eos_id is not None:
+            nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
+            finished = finished | (nxt == eos_id)
+        return nxt
+
     seq = idx  # [B, L]: the prompt and everything generated so far
     start = 0  # the window the model sees is seq[:, start:], never longer than block_size
-    cache, cache_start = None, None
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
     was_training = model.training
     model.eval()  # dropout off: the same settings and seed must give the same text
     try:
-        for _ in range(max_new_tokens):
-            with torch.no_grad():
-                if seq.size(1) - start > block:  # the context outgrew block_size: crop it
-                    start = seq.size(1) - crop_to
-                window = seq[:, start:]  # [B, T_w], T_w <= block_size
-                # last_only: sampling needs the last position's logits [B, 1, V] only
-                if not use_cache:
-                    logits, _ = model(window, last_only=True)  # recompute every position
-                elif cache is None or cache_start != start:
-                    # positions are counted from the window's start, so cropping shifted every
-                    # position: the cached keys and values are stale. Rebuild from the window.
-                    cache, cache_start = model.new_cache(), start
-                    logits, _ = model(window, cache=cache, last_only=True)
-                else:
-                    logits, _ = model(window[:, cache[0].length :], cache=cache, last_only=True)  # only the new token
-                nxt = sample_next(logits[:, -1, :], temperature, top_k, top_p, generator)  # [B]
-                if eos_id is not None:
-                    nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
-                    finished = finished | (nxt == eos_id)
+        while seq.size(1) - idx.size(1) < max_new_tokens:
+            if seq.size(1) - start > block:  # the context outgrew block_size: crop it
+                start = seq.size(1) - crop_to
+            window = seq[:, start:]  # [B, T_w], T_w <= block_size
+            left = max_new_tokens - (seq.size(1) - idx.size(1))
+            if use_cache:
+                # positions are counted from the window's start, so a crop shifts every position and makes
+                # the cached keys and values stale: each window gets its own cache, filled by one prefill,
+                # and serves until the window is full
+                steps = decode_with_cache(model, window, min(left, block - window.size(1) + 1), choose)
+            else:
+                steps = _recompute(model, window, choose)  # one step, every position of the window again
+            before = seq.size(1)
+            for nxt in _without_grad(steps):
                 seq = torch.cat([seq, nxt[:, None]], dim=1)
-            yield nxt
-            if eos_id is not None and bool(finished.all()):
-                return
+                yield nxt
+                if eos_id is not None and bool(finished.all()):
+                    return
+            if seq.size(1) == before:
+                raise RuntimeError("decode_with_cache yielded no token: it must yield one tensor [B] per step")
     finally:
         model.train(was_training)
+
+
+def _recompute(model, window: torch.Tensor, choose) -> Iterator[torch.Tensor]:
+    """One step without a cache: the whole window [B, T_w] through the model, one token [B] out."""
+    logits, _ = model(window, last_only=True)  # last_only: sampling reads the last position only
+    yield choose(logits[:, -1, :])
+
+
+def _without_grad(steps) -> Iterator[torch.Tensor]:
+    """Iterate ``steps`` with autograd off while each step runs (``no_grad`` must not stay on across a yield,
+    where the caller's code runs)."""
+    steps = iter(steps)
+    while True:
+        with torch.no_grad():
+            nxt = next(steps, None)
+        if nxt is None:
+            return
+        yield nxt
 
 # %% [markdown]
 # Finally the two public entry points: `stream` yields one token per row and step, and `generate`
@@ -855,21 +1006,28 @@ for name, kw in runs.items():
 
 # %% [markdown]
 # The logits themselves agree to float32 rounding (the cached path multiplies matrices of different
-# shapes, so the last bits can differ):
+# shapes, so the last bits can differ). A `choose` that records what your loop hands it, compared with
+# one uncached pass over the finished text:
 
 # %%
-seq = generate(model, prompt, 40, temperature=0)  # within block_size
-cache = model.new_cache()
+step_logits = []
+
+
+def greedy_and_record(logits):
+    step_logits.append(logits)  # [B, V] at every step
+    return logits.argmax(-1)
+
+
 with torch.no_grad():
-    full_logits, _ = model(seq)
-    step_logits = [model(seq[:, : prompt.size(1)], cache=cache)[0][:, -1]]
-    step_logits += [model(seq[:, t : t + 1], cache=cache)[0][:, -1] for t in range(prompt.size(1), seq.size(1))]
-diff = (torch.stack(step_logits, 1) - full_logits[:, prompt.size(1) - 1 :]).abs().max()
+    new = torch.stack(list(decode_with_cache(model, prompt, 40, greedy_and_record)), dim=1)  # [1, 40]
+    full_logits, _ = model(torch.cat([prompt, new], dim=1))  # [1, 47, V], no cache
+diff = (torch.stack(step_logits, 1) - full_logits[:, prompt.size(1) - 1 : -1]).abs().max()
 print(f"cached logits = full recompute within 1e-4: {float(diff) < 1e-4}")
 assert diff < 1e-4
 
 # %% [markdown]
-# And the work: with the cache, the prompt is processed once and every later step processes one position.
+# And the work of `generate` itself: with the cache, the prompt is processed once and every later step
+# processes one position.
 
 # %%
 with torch.no_grad():
@@ -1589,29 +1747,6 @@ assert abs(loss_bf16 - loss_fp32) < 0.01
 # with its agreement.
 
 # %% [markdown]
-# ### Your turn
-# Write the cached greedy loop: prefill the prompt once, then feed one token per step. The check compares
-# your tokens with the package's and counts the positions your loop feeds the model (prompt plus
-# `max_new_tokens` stays within `block_size`, so no cropping is needed).
-
-# %%
-# Your turn - Exercise 7.5 (★★★): greedy generation with a KV cache.
-def my_cached_greedy(model, idx: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """idx [B, T] -> [B, T + max_new_tokens] (T + max_new_tokens <= block_size), using model.new_cache()."""
-    ### BEGIN SOLUTION
-    cache = model.new_cache()
-    new = idx  # what the cache has not seen yet: the whole prompt at first
-    for _ in range(max_new_tokens):
-        logits, _ = model(new, cache=cache)
-        new = logits[:, -1, :].argmax(-1, keepdim=True)  # [B, 1]
-        idx = torch.cat([idx, new], dim=1)
-    return idx
-    ### END SOLUTION
-
-
-check_cached_generate(my_cached_greedy)
-
-# %% [markdown]
 # ## 12. Several prompts at once, end tokens, streaming
 #
 # `generate` takes a batch `[B, T]`: B prompts of the same length run side by side, one forward pass per
@@ -1659,7 +1794,93 @@ same = generate(model, prompt, 80, temperature=0.8, generator=torch.Generator().
 assert "".join(pieces) == tok.decode(same[0, prompt.size(1):].tolist())
 
 # %% [markdown]
-# ## 13. Playground
+# ## 13. A knob of your own: min-p
+#
+# Top-k keeps a fixed number of tokens and top-p a fixed share of the mass. **Min-p** sampling (Nguyen
+# et al., 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM Outputs") sets the bar
+# relative to the favourite instead: keep every token whose probability is at least `min_p` times the
+# most likely token's probability. When the model is sure, the bar is high and few tokens pass; when it
+# hesitates, the bar drops and many do. Its authors' point is that this holds up at high temperatures,
+# where a flattened distribution lets top-p's nucleus fill with poor tokens.
+#
+# Worked numbers, with `min_p = 0.2`:
+#
+# | probabilities | top probability | bar (0.2 x top) | kept |
+# |---|---|---|---|
+# | `[0.60, 0.25, 0.10, 0.05]` | 0.60 | 0.12 | the first two |
+# | `[0.30, 0.25, 0.20, 0.15, 0.10]` | 0.30 | 0.06 | all five |
+#
+# ### Your turn: min-p
+#
+# Write `min_p_filter(logits, min_p)`: logits `[V]` or `[B, V]` in, the same shape out; in each row,
+# every token whose probability is below `min_p` times that row's top probability becomes `-inf`, the
+# others keep their logits. A token exactly at the bar stays, so `min_p = 1` keeps the tokens tied for the
+# top, and `min_p = 0` keeps everything. The package has no min-p: the check compares yours with a
+# reference of its own.
+
+# %%
+# Your turn - Exercise 7.6 (★★☆, extend): min-p filtering.
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Logits [..., V] -> the same logits, with every token whose probability is below ``min_p`` times its
+    row's top probability set to -inf (0 <= min_p <= 1)."""
+    ### BEGIN SOLUTION
+    probs = torch.softmax(logits.float(), dim=-1)
+    bar = min_p * probs.amax(dim=-1, keepdim=True)  # [..., 1]: one bar per row
+    return logits.masked_fill(probs < bar, float("-inf"))
+    ### END SOLUTION
+
+# %%
+min_p_filter = check_min_p_filter(min_p_filter).use
+
+# %% [markdown]
+# On a confident and a hesitant row of made-up logits, against top-p 0.9: top-p keeps a second token
+# where the model is sure, and drops a plausible one where it is not; min-p 0.1 does the opposite.
+
+# %%
+rows = {"confident": torch.tensor([5.0, 2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0]),
+        "hesitant": torch.tensor([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3])}
+for name, row in rows.items():
+    by_p, by_min_p = torch.isfinite(top_p_filter(row, 0.9)).sum(), torch.isfinite(min_p_filter(row, 0.1)).sum()
+    print(f"{name:<9}: top-p 0.9 keeps {int(by_p)} of 8, min-p 0.1 keeps {int(by_min_p)} of 8")
+
+# %% [markdown]
+# And on text. At temperature 2 plain sampling soon draws characters the model itself finds unlikely;
+# with min-p 0.2 on the same flattened distribution the text stays much closer to its Shakespeare. Your
+# `decode_with_cache` runs both, with a `choose` that applies the temperature, your filter, and draws. The
+# verdict scores each text by the model's own mean log-probability per character (at temperature 1):
+
+# %%
+def min_p_sampler(temperature, min_p=None, seed=0):
+    """A choose for decode_with_cache: logits [B, V] -> tokens [B], drawn from a seeded generator."""
+    g = torch.Generator().manual_seed(seed)
+
+    def choose(logits):
+        logits = apply_temperature(logits, temperature)
+        if min_p is not None:
+            logits = min_p_filter(logits, min_p)
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)[:, 0]
+
+    return choose
+
+
+def mean_log_prob(ids):
+    """The model's mean log-probability of the characters after the prompt: ids [1, L] -> float."""
+    with torch.no_grad():
+        log_probs = model(ids)[0].log_softmax(-1)[0, prompt.size(1) - 1 : -1]  # [L - T0, V]
+    return float(log_probs.gather(-1, ids[0, prompt.size(1):, None]).mean())
+
+
+scores = {}
+for label, min_p in (("temperature 2", None), ("temperature 2, min-p 0.2", 0.2)):
+    with torch.no_grad():
+        new = torch.stack(list(decode_with_cache(model, prompt, 57, min_p_sampler(2.0, min_p, seed=0))), dim=1)
+    ids = torch.cat([prompt, new], dim=1)
+    scores[label] = mean_log_prob(ids)
+    print(f"--- {label}\n{tok.decode(ids[0].tolist())}")
+print("\nthe min-p text is likelier, by more than 1 nat per character:", scores["temperature 2, min-p 0.2"] > scores["temperature 2"] + 1)
+
+# %% [markdown]
+# ## 14. Playground
 #
 # Type a prompt, set the knobs, press **Generate**. Below the text, the bars show the most likely next
 # tokens after the prompt *under the current settings* (temperature, top-k and top-p reshape them
@@ -1723,7 +1944,7 @@ text, top = show_generation("ROMEO:\n")  # the playground's starting settings, s
 print(top)
 
 # %% [markdown]
-# ## 14. Bad input, and the command line
+# ## 15. Bad input, and the command line
 #
 # The command line's `transformer-course generate` calls this function:
 
@@ -1847,16 +2068,18 @@ quiz([
 #   them into probabilities (seed 002's "softmax before the head" is a LayerNorm).
 # - **Greedy** takes the argmax: deterministic, and prone to loops. **Sampling** draws in proportion to the
 #   probabilities; a seeded `torch.Generator` makes it reproducible.
-# - **Temperature** divides the logits: below 1 sharper, above 1 flatter, 0 means greedy. **Top-k** keeps
-#   exactly the k most likely tokens; **top-p** keeps the smallest set whose mass reaches p. They apply
-#   in that order.
+# - **Temperature** divides the logits (not the probabilities: dividing those and normalising cancels
+#   out): below 1 sharper, above 1 flatter, 0 means greedy. **Top-k** keeps exactly the k most likely
+#   tokens; **top-p** keeps the smallest set whose mass reaches p. They apply in that order. **Min-p**
+#   keeps the tokens within a factor min_p of the favourite.
 # - The **autoregressive loop** appends each sample and runs again, stops at an end token (`eos_id`), and
 #   crops the context to `block_size` (learned positions end there). A decoder-only model cannot tell
 #   typed tokens from generated ones.
 # - The **KV cache** stores every layer's keys and values, so each step processes one new position instead
-#   of the whole window. It costs $2 \cdot n_\text{layer} \cdot B \cdot L \cdot d_\text{model}$ floats,
-#   changes no output, and must be rebuilt whenever the window is cropped.
+#   of the whole window: N new tokens take N passes and T + N - 1 positions (`decode_with_cache`: one
+#   prefill, then the token chosen last). It costs $2 \cdot n_\text{layer} \cdot B \cdot L \cdot d_\text{model}$
+#   floats, changes no output, and must be rebuilt whenever the window is cropped.
 #
 # **Exported to `transformer_course.generation`:** `check_sampling_args`, `apply_temperature`,
-# `top_k_filter`, `top_p_filter`, `next_token_probs`, `sample_next`, `stream`, `generate`, `encode_prompt`,
-# `run_generate_command`.
+# `top_k_filter`, `top_p_filter`, `next_token_probs`, `sample_next`, `encode_prompt`, `decode_with_cache`,
+# `stream`, `generate`, `run_generate_command`.

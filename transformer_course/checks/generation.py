@@ -1,7 +1,8 @@
 """Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
 
-Each check runs the learner's function against ``transformer_course.generation`` on ordinary and
-edge inputs and names the likely mistake.
+Each check runs the learner's function against ``transformer_course.generation`` (or, for the debug
+and extend exercises, against a reference kept here) on ordinary and edge inputs and names the
+likely mistake.
 """
 
 from __future__ import annotations
@@ -21,34 +22,63 @@ def _kept(filtered: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(filtered)
 
 
-@check("7.1", "probs_with_temperature")
-def check_temperature_probs(fn):
-    """``fn(logits [B, V], temperature > 0) -> probs [B, V]``."""
+def _call_filter(fn, logits: torch.Tensor, knob) -> torch.Tensor:
+    """Run a learner's filter on a copy; it must return a tensor of the same shape."""
+    got = fn(logits.clone(), knob)
+    expect(isinstance(got, torch.Tensor), f"return a tensor of logits, got {type(got).__name__}")
+    expect(
+        tuple(got.shape) == tuple(logits.shape),
+        f"keep the shape of the logits: {tuple(logits.shape)} in, {tuple(got.shape)} out",
+    )
+    return got
+
+
+# ------------------------------------------------------------------ 7.1 (debug): temperature
+def probs_at_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The fixed version of the chapter's buggy cell: logits [..., V] -> probabilities [..., V]."""
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+@check("7.1", "probs_at_temperature", reference="transformer_course.checks.generation:probs_at_temperature")
+def check_probs_at_temperature(fn):
+    """``fn(logits [..., V], temperature > 0) -> probs [..., V]``; rejects a temperature applied after softmax."""
     logits = _logits(rows=3, vocab=5)  # B != V catches a softmax over the wrong dimension
-    for t in (1.0, 0.5, 2.0):
+    for t in (1.0, 0.5, 2.0, 0.1):
         got = torch.as_tensor(fn(logits.clone(), t))
         expect(tuple(got.shape) == (3, 5), f"expected shape (3, 5) (one distribution per row), got {tuple(got.shape)}")
         expect(bool((got >= 0).all()), "probabilities cannot be negative: apply softmax to the scaled logits")
         expect(
             torch.allclose(got.sum(-1), torch.ones(3), atol=1e-5),
-            "each row must sum to 1: take the softmax over the last dimension (the vocabulary), dim=-1",
+            f"at temperature {t} the rows do not sum to 1: the result must be a distribution, so the softmax "
+            "over the last dimension (dim=-1) comes last",
         )
         want = torch.softmax(logits / t, dim=-1)
+        if t != 1.0 and torch.allclose(got, torch.softmax(logits, dim=-1), atol=1e-6):
+            expect(
+                False,
+                f"at temperature {t} you return the same distribution as at temperature 1: dividing the "
+                "probabilities by the temperature and renormalising cancels out; divide the LOGITS, before "
+                "the softmax",
+            )
         if t != 1.0 and torch.allclose(got, torch.softmax(logits * t, dim=-1), atol=1e-5):
             expect(False, f"with temperature {t} you multiplied the logits by it: divide by the temperature instead")
-        expect_close(got, want, f"wrong probabilities at temperature {t}: softmax(logits / temperature, dim=-1)")
+        expect_close(got, want, f"wrong probabilities at temperature {t}: softmax(logits / temperature) over the vocabulary")
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
+    got = torch.as_tensor(fn(row.clone(), 0.5))
+    expect(tuple(got.shape) == (5,), f"a single row of logits [V] should give [V] probabilities, got {tuple(got.shape)}")
+    expect_close(got, torch.softmax(row / 0.5, dim=-1), "wrong probabilities for a single row [V]")
 
 
-@check("7.2", "top_k")
-def check_top_k(fn):
-    """``fn(logits [B, V], k) -> logits [B, V]`` with all but the k largest of each row at -inf."""
+# ------------------------------------------------------------------ 7.2 (build): top-k
+@check("7.2", "top_k_filter", reference="transformer_course.generation:top_k_filter")
+def check_top_k_filter(fn):
+    """``fn(logits [..., V], k) -> logits [..., V]`` with all but the k largest of each row at -inf."""
     from transformer_course.generation import top_k_filter
 
     logits = _logits()
     vocab = logits.size(-1)
     for k in (1, 3, vocab):
-        got = torch.as_tensor(fn(logits.clone(), k))
-        expect(tuple(got.shape) == tuple(logits.shape), f"keep the shape [B, V] = {tuple(logits.shape)}, got {tuple(got.shape)}")
+        got = _call_filter(fn, logits, k)
         n_kept = _kept(got).sum(-1)
         if k < vocab and bool((n_kept == vocab).all()) and bool(((got == 0).sum(-1) >= vocab - k).all()):
             expect(False, "removed tokens must become -inf (softmax turns -inf into probability 0), not 0: a logit of 0 can still be likely")
@@ -58,31 +88,54 @@ def check_top_k(fn):
             f"with k={k} you kept the wrong tokens: keep the k LARGEST logits of each row (torch.topk)",
         )
         expect(torch.equal(got[_kept(got)], logits[_kept(got)]), "kept logits must keep their values unchanged")
+        expect(bool((got[~_kept(got)] == float("-inf")).all()), "removed tokens must be exactly -inf")
+    try:
+        big = _call_filter(fn, logits, vocab + 5)
+    except NotImplementedError:
+        raise
+    except (RuntimeError, IndexError) as error:
+        expect(False, f"k larger than the vocabulary must keep every token, but your code failed ({type(error).__name__}): "
+                      "use min(k, V) tokens")
+    expect(torch.equal(big, logits), "k larger than the vocabulary must keep every token, unchanged")
     ties = torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0]])
-    kept = int(_kept(torch.as_tensor(fn(ties.clone(), 2))).sum())
+    kept = int(_kept(_call_filter(fn, ties, 2)).sum())
     expect(
         kept == 2,
         f"with logits [1, 3, 2, 2, 2] and k=2 you kept {kept} tokens: comparing against the k-th value keeps every tie; "
-        "scatter the topk indices instead so exactly k survive",
+        "put the values of the k positions torch.topk returns back into a row of -inf, so exactly k survive",
     )
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
+    got = _call_filter(fn, row, 2)
+    expect(torch.equal(_kept(got), torch.tensor([True, True, False, False, False])),
+           "on a single row [V] = [2, 1, 0.5, 0, -1] with k=2 keep the first two: work along the last dimension (dim=-1)")
 
 
-@check("7.3", "top_p")
-def check_top_p(fn):
-    """``fn(logits [B, V], p) -> logits [B, V]`` with everything outside the nucleus at -inf."""
+# ------------------------------------------------------------------ 7.3 (build): top-p
+@check("7.3", "top_p_filter", reference="transformer_course.generation:top_p_filter")
+def check_top_p_filter(fn):
+    """``fn(logits [..., V], p) -> logits [..., V]`` with everything outside the nucleus at -inf."""
     from transformer_course.generation import top_p_filter
 
     logits = _logits(rows=4, vocab=12, seed=3)
     probs = torch.softmax(logits.double(), -1)
     top = logits.argmax(-1, keepdim=True)
-    ps = (0.9, 0.5, 0.3, 1.0, 0.05)
-    outputs = {}
-    for p in ps:
-        got = torch.as_tensor(fn(logits.clone(), p))
-        expect(tuple(got.shape) == tuple(logits.shape), f"keep the shape [B, V] = {tuple(logits.shape)}, got {tuple(got.shape)}")
-        outputs[p] = got
+    ps = (0.9, 0.5, 0.3, 0.05)
+    outputs = {p: _call_filter(fn, logits, p) for p in ps}
     # most specific mistakes first: each pass looks at every p before the next kind of mistake
+    sorted_probs = probs.sort(dim=-1, descending=True).values
     for p, got in outputs.items():
+        in_sorted_order = sorted_probs.cumsum(-1) - sorted_probs < p  # the decision, never put back
+        expect(
+            not torch.equal(_kept(got), in_sorted_order) or torch.equal(in_sorted_order, _kept(top_p_filter(logits, p))),
+            f"with p={p} you applied the decision made in SORTED order to the tokens in vocabulary order: put it back "
+            "where each token came from (the permutation torch.sort returns)",
+        )
+    for p, got in outputs.items():
+        expect(
+            bool(_kept(got).any(-1).all()),
+            f"with p={p} a row kept no token at all, so there is nothing to sample: keep the token that carries the "
+            "running total across p (compare the mass BEFORE each token with p, not the total including it)",
+        )
         mass = (probs * _kept(got)).sum(-1)
         expect(
             bool((mass >= p - 1e-6).all()),
@@ -102,10 +155,55 @@ def check_top_p(fn):
             f"with p={p} you kept {int(kept.sum())} tokens where the nucleus has {int(want.sum())}: stop at the first "
             "token where the running total reaches p",
         )
-        expect(torch.equal(kept, want), f"with p={p} you kept the wrong tokens: keep a prefix of the tokens sorted largest first")
+        expect(torch.equal(kept, want), f"with p={p} you kept the wrong tokens: keep a prefix of the tokens sorted "
+                                        "largest first, then put the decision back in vocabulary order")
         expect(torch.equal(got[kept], logits[kept]), "kept logits must keep their values unchanged")
+        expect(bool((got[~kept] == float("-inf")).all()), "removed tokens must be exactly -inf, not 0")
+    # p = 1: the whole distribution, even a tail whose running total rounds to 1 before it ends
+    tail = torch.tensor([[40.0, 0.0, -1.0, -2.0, -3.0]])  # the tail's probabilities are ~1e-18, below float64's eps
+    kept = int(_kept(_call_filter(fn, tail, 1.0)).sum())
+    expect(
+        kept == 5,
+        f"p = 1 must keep every token with a probability above 0, but you kept {kept} of 5 on a row whose tail is "
+        "tiny: the running total reaches 1.0 by rounding before the tail; treat p = 1 as 'nothing to drop'",
+    )
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
+    got = _call_filter(fn, row, 0.6)
+    expect(torch.equal(_kept(got), _kept(top_p_filter(row, 0.6))),
+           "on a single row [V] you kept the wrong tokens: sort, sum and softmax along the last dimension (dim=-1)")
 
 
+# ------------------------------------------------------------------ 7.4 (predict): the work of the cache
+PROMPT_TOKENS, NEW_TOKENS = 7, 40
+
+
+@check("7.4", "my_prediction")
+def check_predict_cached_work(fn):
+    """``fn() -> (forward passes, positions fed)`` for 40 new tokens after a 7-token prompt, with the cache."""
+    got = fn()
+    expect(
+        isinstance(got, tuple | list) and len(got) == 2,
+        "return a pair of whole numbers: (forward passes, positions fed to the model in all of them)",
+    )
+    passes, positions = got
+    expect(all(isinstance(x, int) and not isinstance(x, bool) for x in got), "both numbers are whole numbers (int)")
+    prefill_only = PROMPT_TOKENS + NEW_TOKENS - 1
+    expect(passes != NEW_TOKENS + 1, "one pass too many: the 40th token comes out of the 40th pass, and nothing "
+                                     "needs to feed it to the model afterwards")
+    expect(passes != 1 and passes != PROMPT_TOKENS + NEW_TOKENS,
+           "each forward pass yields the logits for ONE new token, so 40 new tokens need 40 passes")
+    expect(passes == NEW_TOKENS, f"{passes} passes? Each pass gives the next token's logits: one pass per new token")
+    uncached = sum(PROMPT_TOKENS + i for i in range(NEW_TOKENS))
+    expect(positions != uncached, f"{uncached} is the loop WITHOUT the cache (the whole text every pass); with it, "
+                                  "the prompt goes through once and each later pass feeds one position")
+    expect(positions != prefill_only + 1, "one position too many: the last token chosen is never fed to the model "
+                                          "(no later pass needs its key and value)")
+    expect(positions != NEW_TOKENS, "the first pass (the prefill) feeds the whole prompt, 7 positions, not one")
+    expect(positions == prefill_only, f"{positions} positions? Count the prefill (the prompt, once), then one "
+                                      "position for each later pass")
+
+
+# ------------------------------------------------------------------ 7.5 (build): the cached loop
 def _tiny_gpt(seed: int = 2):
     """A small random GPT (vocabulary 13, block_size 8) whose greedy output depends on its context.
 
@@ -126,94 +224,177 @@ def _prompts(batch: int = 2, length: int = 3, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 13, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-class _Counter:
-    """Counts the token positions fed to a model, per forward call (a forward pre-hook)."""
+class _Calls:
+    """Records every forward call of a model: positions fed, and the cache object passed (a pre-hook)."""
 
     def __init__(self, model):
         self.fed: list[int] = []
+        self.caches: list[object] = []
         self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs):
         idx = args[0] if args else kwargs.get("idx")
-        self.fed.append(int(idx.shape[1]))
+        self.fed.append(int(idx.shape[-1]))
+        self.caches.append(args[2] if len(args) > 2 else kwargs.get("cache"))
 
     def remove(self) -> None:
         self._handle.remove()
 
 
-def _run_counted(fn, model, idx, n):
-    counter = _Counter(model)
+def _greedy(logits: torch.Tensor) -> torch.Tensor:
+    return logits.argmax(-1)
+
+
+def _second_best(logits: torch.Tensor) -> torch.Tensor:
+    """A rule no loop would pick by itself: proves the loop feeds back what ``choose`` returned."""
+    return logits.topk(2, dim=-1).indices[..., 1]
+
+
+def _expected(model, window: torch.Tensor, n: int, rule) -> torch.Tensor:
+    """Tokens [B, n] of the plain loop (no cache: the whole text every step) with the same rule."""
+    seq = window
+    with torch.no_grad():
+        for _ in range(n):
+            seq = torch.cat([seq, rule(model(seq)[0][:, -1, :])[:, None]], dim=1)
+    return seq[:, window.size(1):]
+
+
+def _drive(fn, model, window: torch.Tensor, n: int, rule):
+    """Run the learner's loop as ``stream`` does; returns (tokens [B, n'], calls, logits shapes given to choose)."""
+    shapes: list[tuple[int, ...]] = []
+
+    def choose(logits):
+        shapes.append(tuple(logits.shape))
+        return rule(logits)
+
+    calls = _Calls(model)
+    tokens = []
     try:
         with torch.no_grad():
-            out = fn(model, idx.clone(), n)
+            steps = fn(model, window.clone(), n, choose)
+            expect(
+                not isinstance(steps, torch.Tensor) and hasattr(steps, "__iter__"),
+                "yield each step's tokens [B] as soon as they are chosen (a generator: `yield` inside the loop), "
+                "instead of returning them all at the end",
+            )
+            steps = iter(steps)
+            for step in steps:
+                if not tokens:
+                    expect(
+                        len(calls.fed) == 1,
+                        f"your loop ran the model {len(calls.fed)} times before yielding the first token: yield each "
+                        "token as soon as choose has picked it (stream prints it before the next step runs)",
+                    )
+                expect(
+                    isinstance(step, torch.Tensor) and tuple(step.shape) == (window.size(0),),
+                    f"yield what choose returned, one LongTensor [B] = [{window.size(0)}] per step, got "
+                    f"{tuple(step.shape) if isinstance(step, torch.Tensor) else type(step).__name__}",
+                )
+                tokens.append(step)
+                if len(tokens) > n:
+                    break
+    except NotImplementedError:
+        raise  # the student edition's stub: "not done"
+    except (ValueError, IndexError, RuntimeError) as error:
+        expect(len(tokens) < n, f"after yielding all {n} tokens your loop ran the model once more and failed "
+                                f"({type(error).__name__}: {error}): stop after the last token; no pass needs it, "
+                                "and when the window is full there is no room for it")
+        expect(False, f"your loop failed ({type(error).__name__}: {error}): after the prefill feed only the newest "
+                      "token, [B, 1], with the same cache; the cache already holds the keys and values of the rest")
     finally:
-        counter.remove()
-    return torch.as_tensor(out), counter.fed
+        calls.remove()
+    out = torch.stack(tokens, dim=1) if tokens else window.new_zeros(window.size(0), 0)
+    return out, calls, shapes
 
 
-@check("7.4", "greedy_generate")
-def check_greedy_generate(fn):
-    """``fn(model, idx [B, T], max_new_tokens) -> [B, T + max_new_tokens]``, greedy, no cache."""
-    from transformer_course.generation import generate
-
-    model = _tiny_gpt()
-    idx = _prompts()
-    n = 5  # 3 + 5 = 8 = block_size: no cropping needed yet
-    got, _ = _run_counted(fn, model, idx, n)
-    want = generate(model, idx, n, temperature=0, use_cache=False)
-    expect(
-        tuple(got.shape) == tuple(want.shape),
-        f"expected shape {tuple(want.shape)} (the prompt followed by {n} new tokens), got {tuple(got.shape)}",
-    )
-    expect(torch.equal(got[:, : idx.size(1)], idx), "the output must start with the prompt, unchanged")
-    with torch.no_grad():
-        first = model(idx)[0][:, 0].argmax(-1)
-    if not torch.equal(got[:, idx.size(1)], want[:, idx.size(1)]) and torch.equal(got[:, idx.size(1)], first):
-        expect(False, "you used the FIRST position's logits: the next token comes from the last one, logits[:, -1, :]")
-    expect(torch.equal(got, want), "within block_size your tokens differ from greedy decoding: append logits[:, -1, :].argmax(-1) each step")
-    long_n = 12  # 3 + 12 > block_size = 8
-    try:
-        got_long, fed = _run_counted(fn, model, idx, long_n)
-    except NotImplementedError:
-        raise
-    except (ValueError, IndexError, RuntimeError) as error:
-        expect(False, f"past block_size your loop failed ({type(error).__name__}): feed only the last block_size tokens, "
-                      "idx[:, -model.cfg.block_size:]")
-    expect(max(fed) <= 8, "you fed the model more than block_size positions: crop to idx[:, -model.cfg.block_size:]")
-    want_long = generate(model, idx, long_n, temperature=0, use_cache=False)
-    expect(
-        torch.equal(got_long, want_long),
-        "past block_size your tokens differ: crop the context to its LAST block_size tokens before every step "
-        "(and keep the whole text in the output)",
-    )
-
-
-@check("7.5", "cached_greedy")
-def check_cached_generate(fn):
-    """``fn(model, idx [B, T], max_new_tokens) -> [B, T + max_new_tokens]`` with a KV cache."""
-    from transformer_course.generation import generate
-
+@check("7.5", "decode_with_cache", reference="transformer_course.generation:decode_with_cache")
+def check_decode_with_cache(fn):
+    """``fn(model, window [B, T], n, choose)`` yields n tokens [B]: a prefill, then one position per step."""
     model = _tiny_gpt(seed=3)
-    idx = _prompts(seed=1)
-    n = 5
-    try:
-        got, fed = _run_counted(fn, model, idx, n)
-    except NotImplementedError:
-        raise
-    except (ValueError, IndexError, RuntimeError) as error:
-        expect(False, f"your loop failed ({type(error).__name__}: {error}): after the prefill feed only the newest token, "
-                      "model(new_token [B, 1], cache=cache); the cache already holds the keys and values of the rest")
-    want = generate(model, idx, n, temperature=0, use_cache=False)
-    expect(tuple(got.shape) == tuple(want.shape), f"expected shape {tuple(want.shape)}, got {tuple(got.shape)}")
-    if not torch.equal(got, want) and fed and fed[0] < idx.size(1):
-        expect(False, "the first forward pass must be the prefill: run the whole prompt through the model with the empty cache")
-    if not torch.equal(got, want) and sum(fed) > idx.size(1) + n - 1:
-        expect(False, "with a cache, feed only the tokens it has not seen (the newest one): feeding the whole sequence "
-                      "again appends its keys twice and numbers the positions wrongly")
-    expect(torch.equal(got, want), "your tokens differ from greedy decoding: prefill the prompt, then feed each new token with the cache")
-    expected_work = idx.size(1) + n - 1
+    window = _prompts(seed=1)  # [2, 3]
+    T, n = window.size(1), 6  # 3 + 6 - 1 = 8 = block_size: the window just fills the context
+    got, calls, shapes = _drive(fn, model, window, n, _greedy)
+    expect(len(calls.fed) > 0, "your loop never ran the model: run the window through it first (the prefill)")
+    expect(calls.fed[0] >= T, f"the first forward pass fed {calls.fed[0]} position(s): it must be the prefill, the "
+                              f"whole window ({T} positions) through the model with the empty cache")
+    expect(got.size(1) == n, f"with n={n} your loop yielded {got.size(1)} tokens: one per step, {n} in all")
     expect(
-        sum(fed) == expected_work,
-        f"the tokens are right, but your loop fed the model {sum(fed)} positions where a cached loop needs "
-        f"{expected_work} (the prompt once, then one token per step): pass cache= and feed only the newest token",
+        all(shape == (window.size(0), 13) for shape in shapes),
+        f"choose takes the LAST position's logits, [B, V] = [{window.size(0)}, 13] (logits[:, -1, :]), got {shapes[:1]}",
     )
+    expect(len(shapes) == n, f"call choose exactly once per step ({n} times), not {len(shapes)}: a sampling rule "
+                             "draws a random number at each call, so extra calls change the text")
+    want = _expected(model, window, n, _greedy)
+    if not torch.equal(got, want):
+        caches = [c for c in calls.caches if c is not None]
+        expect(
+            len(caches) == len(calls.caches) and all(c is caches[0] for c in caches),
+            "pass the SAME cache on every call, model(new, cache=cache, ...): without it (or with a fresh one each "
+            "step) the newest token is numbered position 0 and sees none of the tokens before it",
+        )
+        expect(sum(calls.fed) <= T + n - 1, "feed only the token chosen last after the prefill: feeding the whole "
+                                            "sequence again appends its keys a second time and numbers the positions wrongly")
+        expect(False, "your tokens differ from the plain loop's: prefill the window, then feed each chosen token "
+                      "[B, 1] with the same cache")
+    expect(
+        sum(calls.fed) == T + n - 1 and len(calls.fed) == n,
+        f"the tokens are right, but your loop fed the model {sum(calls.fed)} positions in {len(calls.fed)} passes "
+        f"where a cached loop needs {T + n - 1} in {n} (the window once, then one token per step): pass cache= and "
+        "feed only the token chosen last",
+    )
+    got2, _, _ = _drive(fn, model, window, n, _second_best)
+    expect(
+        torch.equal(got2, _expected(model, window, n, _second_best)),
+        "with a choose that does not pick the most likely token your tokens are wrong: yield and feed back exactly "
+        "what choose returned (not an argmax of your own)",
+    )
+    one_full = _prompts(batch=1, length=8, seed=5)  # a full window: one token, from the prefill alone
+    got3, calls3, _ = _drive(fn, model, one_full, 1, _greedy)
+    expect(calls3.fed == [8] and torch.equal(got3, _expected(model, one_full, 1, _greedy)),
+           f"with a full window (8 positions) and n=1 the loop must run exactly one pass, the prefill, and yield its "
+           f"token; yours fed {calls3.fed}")
+
+
+# ------------------------------------------------------------------ 7.6 (extend): min-p
+def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Reference for the extension: keep tokens whose probability is at least ``min_p`` times the row's top one."""
+    probs = torch.softmax(logits.float(), dim=-1)
+    bar = min_p * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < bar, float("-inf"))
+
+
+@check("7.6", "min_p_filter", reference="transformer_course.checks.generation:min_p_filter")
+def check_min_p_filter(fn):
+    """``fn(logits [..., V], min_p in [0, 1]) -> logits [..., V]``: tokens below min_p x top probability at -inf."""
+    # a confident row (top probability 0.72) and a flat one (0.30): the bar is relative to EACH row's top
+    logits = torch.cat([_logits(rows=1, vocab=10, seed=4), _logits(rows=1, vocab=10, seed=5) * 0.3])
+    probs = torch.softmax(logits, -1)
+    for min_p in (0.1, 0.05, 0.3):
+        got = _call_filter(fn, logits, min_p)
+        kept, want = _kept(got), probs >= min_p * probs.amax(-1, keepdim=True)
+        expect(not (bool(kept.all()) and bool((got[~want] == 0).all()) and not bool(want.all())),
+               "removed tokens must become -inf (softmax turns -inf into probability 0), not 0: a logit of 0 can "
+               "still be likely")
+        if not torch.equal(kept, want):
+            expect(not torch.equal(kept, probs >= min_p),
+                   f"with min_p={min_p} you compared each probability with min_p itself: the bar is min_p TIMES the "
+                   "row's top probability, so it rises when the model is sure and falls when it is not")
+            expect(not torch.equal(kept, probs >= min_p * probs.amax()),
+                   f"with min_p={min_p} you used one top probability for the whole batch: take each row's own "
+                   "maximum (amax over dim=-1, keepdim=True)")
+            expect(not torch.equal(kept, logits >= min_p * logits.amax(-1, keepdim=True)),
+                   f"with min_p={min_p} you compared logits: the rule is about probabilities (softmax first); in "
+                   "logits it reads logit >= top logit + log(min_p)")
+            expect(False, f"with min_p={min_p} you kept the wrong tokens: keep those whose probability is at least "
+                          "min_p times the row's top probability")
+        expect(torch.equal(got[kept], logits[kept]), "kept logits must keep their values unchanged")
+        expect(bool((got[~kept] == float("-inf")).all()), "removed tokens must be exactly -inf (probability 0), not 0")
+    expect(torch.equal(_call_filter(fn, logits, 0.0), logits), "min_p = 0 must keep every token, unchanged")
+    ties = torch.tensor([[2.0, 2.0, 0.0, -1.0]])
+    kept = _kept(_call_filter(fn, ties, 1.0))
+    expect(kept.tolist() == [[True, True, False, False]],
+           "min_p = 1 keeps exactly the tokens tied for the top probability (>= the bar, not >)")
+    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter may call it
+    got = _call_filter(fn, row, 0.3)
+    expect(torch.equal(_kept(got), _kept(min_p_filter(row, 0.3))),
+           "on a single row [V] you kept the wrong tokens: take the softmax and the maximum along the last dimension")
