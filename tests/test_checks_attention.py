@@ -6,14 +6,15 @@ import math
 import pytest
 import torch
 
-from transformer_course.attention import causal_mask, scaled_dot_product_attention
+from transformer_course.attention import _MASKED, causal_mask, scaled_dot_product_attention
 from transformer_course.checks import CheckOutcome
 from transformer_course.checks.attention import (
+    _alibi_bias,
+    check_alibi_bias,
     check_attention,
     check_attention_scores,
     check_causal_mask,
-    check_head_forward,
-    check_padded_causal_mask,
+    check_predict_equal_scores,
 )
 
 
@@ -25,36 +26,61 @@ def stub(*args, **kwargs):
     raise NotImplementedError("Exercise: write me")
 
 
-ALL_CHECKS = [check_attention_scores, check_causal_mask, check_attention, check_head_forward, check_padded_causal_mask]
+ALL_CHECKS = [check_attention_scores, check_causal_mask, check_predict_equal_scores, check_attention, check_alibi_bias]
 
 
-@pytest.mark.parametrize("check_fn", ALL_CHECKS)
+@pytest.mark.parametrize("check_fn", ALL_CHECKS, ids=lambda c: c.__name__)
 def test_stub_is_not_done(check_fn):
     outcome = run(check_fn, stub)
     assert outcome.status == "not done"
     assert outcome.exercise == check_fn.exercise
 
 
+def test_exercises_are_numbered_in_order():
+    assert [c.exercise for c in ALL_CHECKS] == ["3.1", "3.2", "3.3", "3.4", "3.5"]
+
+
 def test_check_prints_one_line(capsys):
-    check_causal_mask(lambda T: torch.ones(T, T, dtype=torch.bool).tril())
-    assert capsys.readouterr().out == "✅ Exercise 3.2 (my_causal_mask): passed\n"
+    check_causal_mask(causal_mask)
+    assert capsys.readouterr().out == "✅ Exercise 3.2 (causal_mask): passed - the rest of the chapter uses yours\n"
 
 
-# ---------------------------------------------------------------- 3.1
+@pytest.mark.parametrize(
+    ("check_fn", "reference"),
+    [(check_causal_mask, causal_mask), (check_attention, scaled_dot_product_attention), (check_alibi_bias, _alibi_bias)],
+    ids=lambda x: getattr(x, "__name__", ""),
+)
+def test_use_is_the_learners_code_when_it_passes_and_the_reference_otherwise(check_fn, reference):
+    passing = run(check_fn, reference)
+    assert passing.passed and passing.use is reference
+    failing = run(check_fn, stub)
+    assert failing.use is reference and "carries on with the package's" in failing.message
+
+
+# ---------------------------------------------------------------- 3.1 (debug)
 
 
 def scores_ref(q, k):
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
 
 
+def the_chapters_buggy_scores(q, k):
+    """The cell the chapter shows: k used as it is."""
+    return q @ k / math.sqrt(q.shape[-1])
+
+
 @pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")
 @pytest.mark.parametrize(
     "candidate, hint",
     [
+        (the_chapters_buggy_scores, "multiplies the features of q by the *positions* of k"),
+        (lambda q, k: q.T @ k / math.sqrt(q.shape[-1]), "compares features with features"),
         (lambda q, k: q @ k.transpose(-2, -1), "raw dot products"),
         (lambda q, k: q @ k.transpose(-2, -1) / q.shape[-1], "divided by d_k"),
         (lambda q, k: k @ q.transpose(-2, -1) / math.sqrt(q.shape[-1]), "rows must be queries"),
         (lambda q, k: q @ k.T / math.sqrt(q.shape[-1]), "not for a batch"),
+        (lambda q, k: q @ k.transpose(0, 1) / math.sqrt(q.shape[-1]), "not for a batch"),
+        (lambda q, k: q @ k.transpose(-2, -1) / 2.0, "divide by √d_k of *these* inputs"),
         (lambda q, k: q @ k.transpose(-2, -1) / math.sqrt(k.shape[-2]), "differ from q kᵀ / √d_k"),
     ],
 )
@@ -65,18 +91,23 @@ def test_scores_rejects(candidate, hint):
 
 def test_scores_accepts_reference():
     assert run(check_attention_scores, scores_ref).passed
+    assert run(check_attention_scores, lambda q, k: torch.einsum("...id,...jd->...ij", q, k) / q.shape[-1] ** 0.5).passed
 
 
-# ---------------------------------------------------------------- 3.2
+# ---------------------------------------------------------------- 3.2 (build)
 
 
 @pytest.mark.parametrize(
     "candidate, hint",
     [
-        (lambda T: torch.ones(T, T, dtype=torch.bool).triu(), "position 0 can see position 1"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool).tril(-1), "position 0 cannot see itself"),
-        (lambda T: torch.ones(T, T).tril(), "return a bool tensor"),
-        (lambda T: torch.ones(T, T, dtype=torch.bool).tril().triu(-1), "position 2 cannot see the earlier position 0"),
+        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).triu(), "position 0 can see position 1"),
+        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).tril(-1), "position 0 cannot see itself"),
+        (lambda T, device=None: torch.ones(T, T, device=device).tril(), "return a bool tensor"),
+        (
+            lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).tril().triu(-1),
+            "position 2 cannot see the earlier position 0",
+        ),
+        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool).tril(), "the mask ignores `device`"),
     ],
 )
 def test_causal_mask_rejects(candidate, hint):
@@ -84,47 +115,84 @@ def test_causal_mask_rejects(candidate, hint):
     assert outcome.status == "failed" and hint in outcome.message, outcome.message
 
 
+def test_causal_mask_without_a_device_argument_is_reported():
+    outcome = run(check_causal_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril())
+    assert outcome.status == "failed" and "TypeError" in outcome.message, outcome.message
+
+
 def test_causal_mask_accepts_reference():
     assert run(check_causal_mask, causal_mask).passed
 
 
-# ---------------------------------------------------------------- 3.3
+# ---------------------------------------------------------------- 3.3 (predict)
 
 
-def attention_without_nan_fix(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
+def test_equal_scores_right():
+    assert run(check_predict_equal_scores, lambda: [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]).passed
+    assert run(check_predict_equal_scores, lambda: torch.tensor([0.333, 0.333, 0.333, 0, 0])).passed
 
 
-def attention_inverted_mask(q, k, v, mask=None):
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    return weights @ v, weights
+@pytest.mark.parametrize(
+    "answer, hint",
+    [
+        ([0.2] * 5, "keys 3 and 4 come after query 2"),
+        ([1, 1, 1, 0, 0], "three equal weights are 1/3 each"),
+        ([0.5, 0.3, 0.2, 0, 0], "equal scores give equal weights"),
+        ([7 / 3, 7 / 3, 7 / 3, 0, 0], "the size of the equal scores (7.0) does not matter"),
+        ([1 / 3, 1 / 3, 1 / 3], "5 numbers"),
+        ([1 / 3, 1 / 3, 1 / 3, float("-inf"), float("-inf")], "their weight is exactly 0"),
+    ],
+)
+def test_equal_scores_wrong(answer, hint):
+    outcome = run(check_predict_equal_scores, lambda: answer)
+    assert outcome.status == "failed" and hint in outcome.message, outcome.message
 
 
-def attention_wrong_softmax_dim(q, k, v, mask=None):
-    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-2)
-    return weights @ v, weights
+# ---------------------------------------------------------------- 3.4 (build)
 
 
-def attention_unscaled(q, k, v, mask=None):
-    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
-    return weights @ v, weights
+def attention_ref(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
+    return scaled_dot_product_attention(q, k, v, mask, scale=scale, dropout_p=dropout_p)
+
+
+def make_attention(*, scale_default=None, fill=_MASKED, fix_nan=True, additive=False, invert=False, dim=-1,
+                   ignore_scale=False, batch_transpose=False):
+    """A learner's attention with one planted slip (the defaults give the right answer)."""
+
+    def attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
+        d_k = q.shape[-1]
+        s = scale_default(d_k) if scale_default else 1 / math.sqrt(d_k)
+        if scale is not None and not ignore_scale:
+            s = scale
+        kt = k.transpose(0, 1) if batch_transpose and k.ndim > 3 else k.transpose(-2, -1)
+        scores = (q @ kt) * s
+        if mask is not None:
+            hide = mask if invert else ~mask
+            if additive:
+                scores = scores + torch.zeros_like(scores).masked_fill(hide, fill)
+            else:
+                scores = scores.masked_fill(hide, fill)
+        weights = torch.softmax(scores, dim=dim)
+        if mask is not None and fix_nan:
+            weights = weights.masked_fill(mask if invert else ~mask, 0.0)
+        return weights @ v, weights
+
+    return attention
 
 
 @pytest.mark.parametrize(
     "candidate, hint",
     [
-        (attention_without_nan_fix, "gave NaN"),
-        (attention_inverted_mask, "a masked key got weight"),
-        (attention_wrong_softmax_dim, "do not sum to 1"),
-        (attention_unscaled, "unscaled scores"),
-        (lambda q, k, v, mask=None: scaled_dot_product_attention(q, k, v, mask)[0], "return a pair"),
+        (make_attention(fix_nan=False), "gave NaN"),
+        (make_attention(invert=True), "True in the mask means 'may attend'"),
+        (make_attention(dim=-2), "do not sum to 1"),
+        (make_attention(scale_default=lambda d: 1.0), "unscaled scores"),
+        (make_attention(scale_default=lambda d: 1 / d), "divided the scores by d_k"),
+        (make_attention(ignore_scale=True), "`scale` is ignored"),
+        (make_attention(fill=-1e9, fix_nan=False), "a large negative number such as -1e9"),
+        (make_attention(additive=True), "gradients through the fully masked row are NaN"),
+        (make_attention(batch_transpose=True), "with two batch dims"),
+        (lambda q, k, v, mask=None, **kw: scaled_dot_product_attention(q, k, v, mask, **kw)[0], "return a pair"),
     ],
 )
 def test_attention_rejects(candidate, hint):
@@ -132,65 +200,86 @@ def test_attention_rejects(candidate, hint):
     assert outcome.status == "failed" and hint in outcome.message, outcome.message
 
 
-def test_attention_accepts_reference():
+def test_attention_mask_only_zeroed_after_softmax():
+    """Masking the weights after an unmasked softmax: rows no longer sum to 1 over the visible keys."""
+
+    def zero_after(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
+        s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
+        weights = torch.softmax(q @ k.transpose(-2, -1) * s, dim=-1)
+        if mask is not None:
+            weights = weights * mask
+        return weights @ v, weights
+
+    outcome = run(check_attention, zero_after)
+    assert outcome.status == "failed" and "with a mask the weights differ" in outcome.message, outcome.message
+
+
+def test_attention_accepts_reference_and_other_correct_versions():
     assert run(check_attention, scaled_dot_product_attention).passed
+    assert run(check_attention, make_attention()).passed
+
+    def with_nan_to_num(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
+        s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
+        scores = q @ k.transpose(-2, -1) * s
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+        return weights @ v, weights
+
+    assert run(check_attention, with_nan_to_num).passed
 
 
-# ---------------------------------------------------------------- 3.4
+# ---------------------------------------------------------------- 3.5 (extend)
 
 
-def head_ref(x, w_q, w_k, w_v, *, causal=True, transpose=True, values=None):
-    def project(w):
-        return x @ w.T if transpose else x @ w
-
-    q, k, v = project(w_q), project(w_k), project(values if values is not None else w_v)
-    mask = causal_mask(x.shape[1]) if causal else None
-    return scaled_dot_product_attention(q, k, v, mask)[0]
+def test_alibi_worked_numbers():
+    inf = float("-inf")
+    assert torch.equal(_alibi_bias(3, 0.5), torch.tensor([[0.0, inf, inf], [-0.5, 0.0, inf], [-1.0, -0.5, 0.0]]))
 
 
-@pytest.mark.parametrize(
-    "candidate, hint",
-    [
-        (lambda x, w_q, w_k, w_v: head_ref(x, w_q, w_k, w_v, causal=False), "apply the causal mask"),
-        (lambda x, w_q, w_k, w_v: head_ref(x, w_q, w_k, w_v, transpose=False), "transposed weights"),
-        (lambda x, w_q, w_k, w_v: head_ref(x, w_q, w_k, w_v, values=w_k), "must come from w_v"),
-    ],
-)
-def test_head_forward_rejects(candidate, hint):
-    outcome = run(check_head_forward, candidate)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+def test_alibi_plugs_into_torch_attention():
+    q, k, v = (torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
+    bias = _alibi_bias(5, 0.5)
+    weights = torch.softmax(q @ k.transpose(-2, -1) / 2 + bias, dim=-1)
+    torch.testing.assert_close(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias), weights @ v)
 
 
-def test_head_forward_crash_is_reported():
-    outcome = run(check_head_forward, lambda x, w_q, w_k, w_v: x @ torch.cat([w_q, w_k]))
-    assert outcome.status == "failed" and "your code raised RuntimeError" in outcome.message, outcome.message
+def distance(T):
+    return (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()
 
 
-def test_head_forward_accepts_reference():
-    assert run(check_head_forward, head_ref).passed
-
-
-# ---------------------------------------------------------------- 3.5
-
-
-def padded_ref(lengths, T):
-    keys_real = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
-    return causal_mask(T)[None] & keys_real[:, None, :]
+def causal(T, values):
+    return values.masked_fill(~causal_mask(T), float("-inf"))
 
 
 @pytest.mark.parametrize(
     "candidate, hint",
     [
-        (lambda lengths, T: causal_mask(T)[None] & (torch.arange(T)[None, :] < lengths[:, None])[:, :, None], "hid the padded queries"),
-        (lambda lengths, T: (torch.arange(T)[None, :] < lengths[:, None])[:, None, :].expand(-1, T, -1), "combine the padding mask with the causal"),
-        (lambda lengths, T: causal_mask(T)[None] & (torch.arange(T)[None, :] <= lengths[:, None])[:, None, :], "can see key 3, a padding position"),
-        (lambda lengths, T: padded_ref(lengths, T).float(), "return a bool tensor"),
+        (lambda T, m: causal(T, m * distance(T)), "yours grows"),
+        (lambda T, m: -m * distance(T).abs(), "the future must stay hidden"),
+        (lambda T, m: (-m * distance(T)) * causal_mask(T), "0 above the diagonal"),
+        (lambda T, m: causal(T, -m * distance(T)).T, "rows are queries and columns keys"),
+        (lambda T, m: causal(T, -m * (distance(T) + 1)), "the diagonal gets bias 0"),
+        (lambda T, m: causal(T, -distance(T)), "multiply the distance by `slope`"),
+        (lambda T, m: causal_mask(T), "return float biases"),
+        (lambda T, m: (-m * distance(T)) + torch.zeros(T, T).masked_fill(~causal_mask(T), float("-inf")) * 0, "NaN"),
+        (lambda T, m: causal(T, -m * distance(T))[:, :-1], "should be ["),
+        (lambda T, m: causal(T, -m * distance(T) / math.sqrt(T)), "should be -slope * (i - j)"),
     ],
 )
-def test_padded_rejects(candidate, hint):
-    outcome = run(check_padded_causal_mask, candidate)
+def test_alibi_rejects(candidate, hint):
+    outcome = run(check_alibi_bias, candidate)
     assert outcome.status == "failed" and hint in outcome.message, outcome.message
 
 
-def test_padded_accepts_reference():
-    assert run(check_padded_causal_mask, padded_ref).passed
+def test_alibi_accepts_reference_and_a_loop():
+    assert run(check_alibi_bias, _alibi_bias).passed
+
+    def loop(T, slope):
+        bias = torch.full((T, T), float("-inf"))
+        for i in range(T):
+            for j in range(i + 1):
+                bias[i, j] = -slope * (i - j)
+        return bias
+
+    assert run(check_alibi_bias, loop).passed

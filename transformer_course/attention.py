@@ -19,7 +19,8 @@ from torch import nn
 
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
-# %% ../chapters/03_single_head_attention.ipynb #f58f7906
+# %% ../chapters/03_single_head_attention.ipynb #b5c69494
+# Your turn - Exercise 3.2 (★☆☆, build): the causal mask.
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
     try:
@@ -80,7 +81,8 @@ def _check_mask(mask, scores_shape: tuple) -> None:
             f"{tuple(scores_shape)}; a key-padding mask [B, T_k] needs a query axis: mask[:, None, :]"
         )
 
-# %% ../chapters/03_single_head_attention.ipynb #d44733d0
+# %% ../chapters/03_single_head_attention.ipynb #83c2dcb2
+# Your turn - Exercise 3.4 (★★☆, build): scaled dot-product attention.
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
     """Attention of queries over keys: returns ``(out, weights)``.
 
@@ -94,12 +96,13 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     masked is all zeros, so its output is zeros, never NaN.
     """
     batch = _check_qkv(q, k, v)
-    T_q, d_k, T_k = q.shape[-2], q.shape[-1], k.shape[-2]
+    T_q, T_k = q.shape[-2], k.shape[-2]
     if mask is not None:
         _check_mask(mask, (*batch, T_q, T_k))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    # the attention weights [..., T_q, T_k] from q, k, mask and scale
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, _MASKED)
@@ -107,7 +110,7 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     if mask is not None:
         # a row with every key masked is softmax(-inf, ..., -inf) = 0/0 = NaN: make it all zeros
         weights = weights.masked_fill(~mask, 0.0)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # (..., T_q, T_k)
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 # %% ../chapters/03_single_head_attention.ipynb #7d2d17ab

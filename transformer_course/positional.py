@@ -37,7 +37,7 @@ def _check_int(name: str, value, minimum: int | None = None) -> int:
 __all__ = ['POSITIONAL_KINDS', 'sinusoidal_frequencies', 'sinusoidal_positional_encoding', 'position_shift_matrix',
            'InputEmbedding']
 
-# %% ../chapters/02_embeddings_and_positions.ipynb #ae19d635
+# %% ../chapters/02_embeddings_and_positions.ipynb #e1347acc
 def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     """Angular frequencies [C/2] (float64) of the sinusoidal code, one per (sin, cos) column pair.
 
@@ -56,7 +56,8 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
     return float(base) ** (-two_i / d_model)
 
-
+# %% ../chapters/02_embeddings_and_positions.ipynb #f1099232
+# Your turn - Exercise 2.3 (★★☆, build): the sinusoidal position table.
 def sinusoidal_positional_encoding(
     n_positions: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -67,14 +68,15 @@ def sinusoidal_positional_encoding(
     default dtype). ``d_model`` must be even: an odd width raises a ValueError.
     """
     n_positions = _check_int("n_positions", n_positions, 1)
-    omega = sinusoidal_frequencies(d_model, base)  # (C/2,)
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
     angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * omega  # (n, C/2)
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)  # even columns: sine
     pe[:, 1::2] = torch.cos(angles)  # odd columns: cosine of the same angle
     return pe.to(dtype or torch.get_default_dtype())
 
-# %% ../chapters/02_embeddings_and_positions.ipynb #fd587ad9
+# %% ../chapters/02_embeddings_and_positions.ipynb #7b51cab2
+# Your turn - Exercise 2.5 (★★☆, build): the rotation that moves a code k positions on.
 def position_shift_matrix(
     offset: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -84,7 +86,8 @@ def position_shift_matrix(
     offset only, not on p, so one linear map relates every position to the one ``offset`` steps on.
     """
     offset = _check_int("offset", offset)  # any sign: negative offsets move backwards
-    phi = offset * sinusoidal_frequencies(d_model, base)  # (C/2,) rotation angle of each pair
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
+    phi = offset * omega  # (C/2,) rotation angle of each pair
     cos, sin = torch.cos(phi), torch.sin(phi)
     even = torch.arange(0, d_model, 2)
     m = torch.zeros(d_model, d_model, dtype=torch.float64)

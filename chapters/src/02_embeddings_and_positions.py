@@ -14,7 +14,13 @@
 # - say what makes the sinusoids a good code (bounded, a distinct code for every position, a shift
 #   by k positions is a fixed rotation, similarity that fades with distance) and what learned
 #   position tables do beyond the length they were trained on;
-# - use `InputEmbedding`, which chapter 06's GPT is built on.
+# - use `InputEmbedding`, which chapter 06's GPT is built on;
+# - extend the code to positions on a 2-D grid.
+#
+# **Your turns.** You write the sinusoidal table (Exercise 2.3) and the shift matrix (2.5) yourself,
+# before any code of them appears; the rest of the chapter then runs on your versions. On the way you
+# fix a buggy one-hot embedding (2.1), predict two results before they are shown (2.2, 2.4), and
+# finally build a code for grid positions (2.6).
 #
 # **What it needs.** Chapter 01's token ids (integers `0 .. V-1`). Nothing else.
 #
@@ -30,6 +36,14 @@ import tiktoken
 import torch
 import torch.nn.functional as F
 
+from transformer_course.checks.positional import (
+    check_grid_code,
+    check_one_hot_embedding,
+    check_predict_embedding_grad,
+    check_predict_row_length,
+    check_shift_matrix,
+    check_sinusoidal,
+)
 from transformer_course.runtime import seed_everything
 from transformer_course.viz import plot_heatmap
 
@@ -83,19 +97,62 @@ def _check_int(name: str, value, minimum: int | None = None) -> int:
 #
 # One way to write that as linear algebra: turn id `i` into a one-hot vector (length `V`, all zeros
 # except a 1 at position `i`) and multiply it by `W`. The product picks out row `i`, because every
-# other row is multiplied by zero. Let us check that on a toy vocabulary.
+# other row is multiplied by zero.
+#
+# Here is that computation as it often appears in tutorials, tried on a toy vocabulary of `V = 10`
+# tokens. `W[ids]` is the lookup: indexing with a `[B, T]` tensor of ids gives a `[B, T, C]` tensor of
+# rows.
 
 # %%
 V, C = 10, 4
 W = torch.randn(V, C, generator=torch.Generator().manual_seed(1))  # (V, C) the table
 ids = torch.tensor([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]])  # (B, T) = (2, 5)
 
-looked_up = W[ids]  # (B, T, C): row ids[b, t] for every (b, t)
-one_hot = F.one_hot(ids, num_classes=V).float()  # (B, T, V)
-multiplied = one_hot @ W  # (B, T, V) @ (V, C) -> (B, T, C)
 
-print("one-hot shape", tuple(one_hot.shape), "-> embedded shape", tuple(multiplied.shape))
-print("lookup == one-hot @ W, bit for bit:", torch.equal(looked_up, multiplied))
+def one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """ids [B, T] and table [V, C] -> [B, T, C], computed as one_hot(ids) @ table."""
+    one_hot = F.one_hot(ids).float()  # (B, T, V)
+    return one_hot @ table  # (B, T, V) @ (V, C) -> (B, T, C)
+
+
+print("embedded shape", tuple(one_hot_embedding(ids, W).shape))
+print("lookup == one-hot @ W, bit for bit:", torch.equal(W[ids], one_hot_embedding(ids, W)))
+
+# %% [markdown]
+# It agrees with the lookup on this batch. It has a bug all the same, one that this batch happens not
+# to show. Here is the same table with other ids, all of them valid (between 0 and 9):
+
+# %%
+other_ids = torch.tensor([[1, 4, 2, 0, 4]])  # (B, T) = (1, 5)
+try:
+    one_hot_embedding(other_ids, W)
+except RuntimeError as e:
+    print(f"ids {other_ids.tolist()}: RuntimeError: {e}")
+
+# %% [markdown]
+# ### Your turn
+#
+# Find out why the first batch works and the second does not (print the shape of the one-hot vectors
+# for each), then write a fixed copy. It must work for any ids between `0` and `V - 1`, whichever of
+# them the batch happens to contain. The check tries it on batches with and without the largest id,
+# and the cells after it use your fixed version.
+
+# %%
+# Your turn - Exercise 2.1 (★☆☆, debug): one-hot vectors of the right length.
+def fixed_one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """ids [B, T] (int, each in 0..V-1) and table [V, C] -> [B, T, C], computed as one_hot(ids) @ table."""
+    ### BEGIN SOLUTION
+    one_hot = F.one_hot(ids, num_classes=table.shape[0]).to(table.dtype)  # (B, T, V)
+    return one_hot @ table  # (B, T, C)
+    ### END SOLUTION
+
+
+one_hot_embedding = check_one_hot_embedding(fixed_one_hot_embedding).use
+
+# %%
+for batch_ids in (ids, other_ids):
+    print(f"ids {batch_ids.tolist()}: lookup == one-hot @ W, bit for bit:",
+          torch.equal(W[batch_ids], one_hot_embedding(batch_ids, W)))
 
 # %% [markdown]
 # The two are equal exactly, not just approximately: every product with a zero is exactly zero, so
@@ -131,23 +188,45 @@ def best_time(fn, repeat=5):
 
 big_W = torch.randn(100_277, 64, generator=torch.Generator().manual_seed(0))  # (V, C)
 big_ids = torch.randint(0, 100_277, (4, 16), generator=torch.Generator().manual_seed(0))  # (B, T)
-assert torch.equal(F.one_hot(big_ids, 100_277).float() @ big_W, big_W[big_ids])
-t_matmul = best_time(lambda: F.one_hot(big_ids, 100_277).float() @ big_W)
+assert torch.equal(one_hot_embedding(big_ids, big_W), big_W[big_ids])
+t_matmul = best_time(lambda: one_hot_embedding(big_ids, big_W))
 t_lookup = best_time(lambda: F.embedding(big_ids, big_W))
 print(f"one-hot @ W: {t_matmul:.2f} ms, lookup: {t_lookup:.3f} ms, lookup {t_matmul / t_lookup:.0f}x faster")
 
 # %% [markdown]
-# `torch.nn.Embedding` is exactly this table with a fast lookup. During training only the rows of
-# tokens that appear in the batch get a gradient (their one-hot entries are the only non-zeros), so
-# a token that never shows up keeps its random starting row (weight decay aside).
+# `torch.nn.Embedding` is exactly this table with a fast lookup. Its table is a parameter
+# (`.weight`, shape `[V, C]`), so training moves its rows. Which rows, and by how much?
+#
+# ### Your turn
+#
+# Think of the embedding as the one-hot product and follow the gradient back to the table.
+
+# %%
+# Your turn - Exercise 2.2 (★☆☆, predict): which rows of the table get a gradient, and how much?
+def my_prediction() -> tuple[float, float, float]:
+    """table = nn.Embedding(10, 4); table(ids).sum().backward() with ids = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]].
+    Every entry of one row of table.weight.grad is the same number: what is it for row 1, row 4 and row 0?"""
+    ### BEGIN SOLUTION
+    return (2.0, 1.0, 0.0)  # id 1 is looked up twice, id 4 once, id 0 never
+    ### END SOLUTION
+
+
+check_predict_embedding_grad(my_prediction)
 
 # %%
 table = torch.nn.Embedding(V, C)
 table(ids).sum().backward()
+for row in (1, 4, 0):
+    print(f"row {row}: appears {(ids == row).sum().item()}x in the batch, gradient {table.weight.grad[row].tolist()}")
 rows_with_grad = (table.weight.grad.abs().sum(dim=1) > 0).nonzero().flatten().tolist()
 print("ids in the batch:       ", sorted(set(ids.flatten().tolist())))
 print("rows that got a gradient:", rows_with_grad)
 assert rows_with_grad == sorted(set(ids.flatten().tolist()))
+
+# %% [markdown]
+# Only the rows of tokens that appear in the batch get a gradient (their one-hot entries are the only
+# non-zeros), and a row used twice collects the gradients of both uses. A token that never shows up
+# in training keeps its random starting row (weight decay aside).
 
 # %% [markdown]
 # ### The shapes of a real batch (seed 003)
@@ -208,32 +287,6 @@ print("different ids, different vectors:", (batch[0, 10].item(), batch[0, 13].it
 # Two other sources (seeds 001 and 002) draw the table the other way round, `[C, V]` with one
 # *column* per token, and multiply it by a one-hot column vector. That is the same table transposed;
 # PyTorch stores it as `[V, C]`, one row per token, and so does this course.
-
-# %% [markdown]
-# ### Your turn
-#
-# Write the embedding the linear-algebra way: one-hot vectors times the table. `F.one_hot` gives
-# integers, and it guesses the vocabulary size from the largest id it sees unless you tell it.
-
-# %%
-from transformer_course.checks.positional import (  # noqa: E402
-    check_dot_by_offset,
-    check_embed_with_offset,
-    check_one_hot_embedding,
-    check_shift_matrix,
-    check_sinusoidal,
-)
-
-# %%
-# Your turn - Exercise 2.1 (★☆☆): embed ids by multiplying one-hot vectors by the table.
-def my_one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """ids [B, T] (int) and table [V, C] -> [B, T, C], computed as one_hot(ids) @ table."""
-    ### BEGIN SOLUTION
-    one_hot = F.one_hot(ids, num_classes=table.shape[0]).to(table.dtype)  # (B, T, V)
-    return one_hot @ table  # (B, T, C)
-    ### END SOLUTION
-
-check_one_hot_embedding(my_one_hot_embedding)
 
 # %% [markdown]
 # ## 2. Why the model needs positions, and why not just the index
@@ -316,8 +369,10 @@ print("digits that differ: 7 vs 8 ->", (bits[7] != bits[8]).sum().item(), "| 0 v
 # $$PE[p, 2i] = \sin(p\,\omega_i), \qquad PE[p, 2i+1] = \cos(p\,\omega_i).$$
 #
 # Both columns of a pair share one frequency. Pair 0 has wavelength `2π ≈ 6.3` positions (the fast
-# digit); the last pair's wavelength is close to `2π · 10000` positions (the slow digits). Positions
-# are counted from 0, so the first token's code is `[0, 1, 0, 1, ...]`.
+# digit); the last pair's wavelength is close to `2π · 10000` positions (the slow digits).
+#
+# The frequencies come first: one per pair, `C/2` of them, computed in float64. The function also
+# refuses the widths the code cannot have (an odd `C`, since columns come in pairs).
 
 # %%
 #| export
@@ -339,7 +394,31 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
     return float(base) ** (-two_i / d_model)
 
+# %%
+print("C = 8, base 10000: w =", sinusoidal_frequencies(8).tolist())
+print("C = 8, base 100:   w =", sinusoidal_frequencies(8, base=100.0).tolist())
 
+# %% [markdown]
+# ### Your turn
+#
+# Build the table: `sinusoidal_positional_encoding(n_positions, d_model, base=10000.0, *, dtype=None)`
+# returns `[n_positions, d_model]`, row `p` for position `p`, counted from 0. Column `2i` holds
+# `sin(p·ω_i)` and column `2i+1` holds `cos(p·ω_i)`: the sines and cosines alternate, so the first
+# token's row reads `[0, 1, 0, 1, ...]`.
+#
+# - The cell already validates the arguments and computes `omega = ω` `[C/2]` (float64) for you.
+# - Compute the angles `p·ω_i` for every position and pair at once, `[n_positions, C/2]`, in float64
+#   (an angle of a thousand radians keeps only four decimals in float32), and convert at the end to
+#   `dtype`, or to `torch.get_default_dtype()` when `dtype` is None.
+# - Worked numbers to test against: with `C = 4` and base 10000, `ω = (1, 0.01)` and the row of
+#   position 2 is `[sin 2, cos 2, sin 0.02, cos 0.02] = [0.9093, -0.4161, 0.0200, 0.9998]`.
+#
+# Three classic slips, which the check names: counting positions from 1, swapping sine and cosine,
+# and putting all the sines first. Everything below this exercise runs on your table once it passes.
+
+# %%
+#| export
+# Your turn - Exercise 2.3 (★★☆, build): the sinusoidal position table.
 def sinusoidal_positional_encoding(
     n_positions: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -350,12 +429,18 @@ def sinusoidal_positional_encoding(
     default dtype). ``d_model`` must be even: an odd width raises a ValueError.
     """
     n_positions = _check_int("n_positions", n_positions, 1)
-    omega = sinusoidal_frequencies(d_model, base)  # (C/2,)
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
+    ### BEGIN SOLUTION
     angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * omega  # (n, C/2)
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(angles)  # even columns: sine
     pe[:, 1::2] = torch.cos(angles)  # odd columns: cosine of the same angle
     return pe.to(dtype or torch.get_default_dtype())
+    ### END SOLUTION
+
+# %%
+sinusoidal_positional_encoding = check_sinusoidal(sinusoidal_positional_encoding).use
+print(sinusoidal_positional_encoding(3, 4))
 
 # %% [markdown]
 # The source with the `[4, 16]` batch (seed 003) prints this table for `C = 64` and positions 0-15,
@@ -405,29 +490,27 @@ for (p, col), printed in seed_003_entries.items():
 # exponent: column `j` uses `2⌊j/2⌋/C`.
 
 # %%
-def literal_seed_001(n_positions, d_model):
-    """The formula as seed 001 writes it: column j uses exponent 2j/C (wrong), sin if j even."""
-    j = torch.arange(d_model, dtype=torch.float64)
-    angles = torch.arange(n_positions, dtype=torch.float64)[:, None] / 10000 ** (2 * j / d_model)
-    return torch.where(j % 2 == 0, torch.sin(angles), torch.cos(angles)).float()
+def literal_seed_001_entry(p, j, d_model=64):
+    """One entry as seed 001's formula reads: column j uses the exponent 2j/C (wrong), sin if j is even."""
+    return (math.sin if j % 2 == 0 else math.cos)(p / 10000 ** (2 * j / d_model))
 
-wrong = literal_seed_001(16, 64)
-print(f"PE[1, 2]: literal reading {wrong[1, 2]:.6f}, paper {pe64[1, 2]:.6f}")
-print(f"PE[1, 1]: literal reading {wrong[1, 1]:.6f}, paper {pe64[1, 1]:.6f} (= cos 1)")
+print(f"PE[1, 2]: literal reading {literal_seed_001_entry(1, 2):.6f}, paper {pe64[1, 2]:.6f}")
+print(f"PE[1, 1]: literal reading {literal_seed_001_entry(1, 1):.6f}, paper {pe64[1, 1]:.6f} (= cos 1)")
 print(f"largest exponent: literal {2 * 63 / 64:.4f}, paper {2 * 31 / 64:.4f}")
 
 # %% [markdown]
 # **Seed 004** computes the frequencies correctly but counts positions from 1 (its positions run
 # `1 .. n`, as Julia arrays do), so its first token gets `sin(1), cos(1), ...` instead of
 # `0, 1, 0, 1, ...`. It also stores the table as `[C, n]`, one column per position. Its table is
-# therefore ours moved up by one row and transposed:
+# therefore ours moved up by one row and transposed. Its first token, first two pairs, next to our
+# rows 0 and 1:
 
 # %%
-one_based = torch.arange(1, 17, dtype=torch.float64)[:, None] * sinusoidal_frequencies(64)
-seed_004_style = torch.stack([one_based.sin(), one_based.cos()], dim=-1).flatten(1).float().T  # (C, n)
-longer = sinusoidal_positional_encoding(17, 64)
-print("seed 004 column k == our row k + 1:", torch.allclose(seed_004_style.T, longer[1:], atol=1e-6))
-print("seed 004 column 0 == our row 0:   ", torch.allclose(seed_004_style[:, 0], longer[0], atol=1e-6))
+w0, w1 = sinusoidal_frequencies(64)[:2].tolist()
+seed_004_first = [math.sin(w0), math.cos(w0), math.sin(w1), math.cos(w1)]  # its position "1" is its first
+print("seed 004, first token:", [round(x, 4) for x in seed_004_first])
+print("our row 1:            ", [round(x, 4) for x in pe64[1, :4].tolist()])
+print("our row 0:            ", [round(x, 4) for x in pe64[0, :4].tolist()])
 
 # %% [markdown]
 # Either convention works for a model that uses it consistently; mixing them (a table built from 1,
@@ -464,33 +547,25 @@ print(f"ratio between neighbouring pairs: {ratios.mean():.4f} (10000^(2/64) = {1
 assert torch.allclose(ratios, torch.full_like(ratios, 10000 ** (2 / 64)))
 
 # %% [markdown]
-# ### Your turn
-#
-# Build the table yourself. Watch the three classic slips: counting positions from 1, swapping sine
-# and cosine, and giving the two columns of a pair different frequencies.
-
-# %%
-# Your turn - Exercise 2.2 (★★☆): the sinusoidal position table.
-def my_sinusoidal(n_positions: int, d_model: int) -> torch.Tensor:
-    """[n_positions, d_model]: row p has sin(p * w_i) in column 2i and cos(p * w_i) in column 2i+1,
-    w_i = 10000^(-2i/d_model), positions counted from 0."""
-    ### BEGIN SOLUTION
-    p = torch.arange(n_positions, dtype=torch.float64)[:, None]  # (n, 1)
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (C/2,)
-    angles = p / 10000 ** (two_i / d_model)  # (n, C/2)
-    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2], table[:, 1::2] = angles.sin(), angles.cos()
-    return table.float()
-    ### END SOLUTION
-
-check_sinusoidal(my_sinusoidal)
-
-# %% [markdown]
 # ## 4. What makes the sinusoids a good code
 #
-# **Bounded, with the same length everywhere.** Every entry lies in [-1, 1], and since each pair
-# contributes `sin² + cos² = 1`, every row has length exactly `√(C/2)`, at position 0 as at position
-# 100,000.
+# **Bounded.** Every entry is a sine or a cosine, so it lies in [-1, 1] at position 0 as at position
+# 100,000, however long the text. What about the length of a whole row?
+#
+# ### Your turn
+#
+# No code this time: work it out on paper.
+
+# %%
+# Your turn - Exercise 2.4 (★☆☆, predict): how long is a row of the code?
+def my_prediction() -> float:
+    """The length (Euclidean norm) of row p = 100,000 of the table with C = 64 (base 10000)."""
+    ### BEGIN SOLUTION
+    return 32**0.5  # 32 pairs, each adding sin² + cos² = 1 to the squared length, at any position
+    ### END SOLUTION
+
+
+check_predict_row_length(my_prediction)
 
 # %%
 far = sinusoidal_positional_encoding(100_001, 64)  # (100001, 64)
@@ -498,6 +573,10 @@ lengths = far.norm(dim=1)
 print(f"largest |entry|: {far.abs().max():.4f}")
 print(f"row lengths: min {lengths.min():.4f}, max {lengths.max():.4f}, sqrt(C/2) = {32 ** 0.5:.4f}")
 assert torch.allclose(lengths, torch.full_like(lengths, 32 ** 0.5), atol=1e-4)
+
+# %% [markdown]
+# Each pair contributes `sin² + cos² = 1` to the squared length, so every row has length exactly
+# `√(C/2)`, whatever the position: the code never drowns the token vector, and never fades.
 
 # %% [markdown]
 # **Distinct.** Seed 001 asks for a *periodic* code. Each column is periodic, but the row as a whole
@@ -525,9 +604,30 @@ assert gap_distance[1:].min() > 0.1
 # Stack one such 2×2 block per pair and you get a matrix `M_k` with `PE[p + k] = M_k @ PE[p]` for
 # *every* p. It depends on k alone, so a single linear map (the kind attention's query and key
 # layers learn) can relate a position to the one k steps away anywhere in the text.
+#
+# ### Your turn
+#
+# Build `position_shift_matrix(offset, d_model, base=10000.0, *, dtype=None)`, the matrix `M_k`
+# `[C, C]` for `k = offset` (any sign: a negative offset moves backwards). It is zero except for one
+# 2×2 block per pair on the diagonal: rows and columns `2i, 2i+1` hold the rotation above, with the
+# angle `k·ω_i`. As in 2.3, the cell validates the arguments and gives you `omega`; build in float64
+# and convert to `dtype` (default `torch.get_default_dtype()`) at the end.
+#
+# Worked numbers: with `C = 4` and `k = 1`, `ω = (1, 0.01)` and
+#
+# ```
+# M_1 = [[ 0.5403,  0.8415,  0.    ,  0.    ],
+#        [-0.8415,  0.5403,  0.    ,  0.    ],
+#        [ 0.    ,  0.    ,  0.9999,  0.0100],
+#        [ 0.    ,  0.    , -0.0100,  0.9999]]
+# ```
+#
+# (`cos 1 = 0.5403`, `sin 1 = 0.8415`, `cos 0.01 = 0.99995`.) The cells after the exercise test your
+# matrix on a thousand positions.
 
 # %%
 #| export
+# Your turn - Exercise 2.5 (★★☆, build): the rotation that moves a code k positions on.
 def position_shift_matrix(
     offset: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -537,13 +637,20 @@ def position_shift_matrix(
     offset only, not on p, so one linear map relates every position to the one ``offset`` steps on.
     """
     offset = _check_int("offset", offset)  # any sign: negative offsets move backwards
-    phi = offset * sinusoidal_frequencies(d_model, base)  # (C/2,) rotation angle of each pair
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
+    ### BEGIN SOLUTION
+    phi = offset * omega  # (C/2,) rotation angle of each pair
     cos, sin = torch.cos(phi), torch.sin(phi)
     even = torch.arange(0, d_model, 2)
     m = torch.zeros(d_model, d_model, dtype=torch.float64)
     m[even, even], m[even, even + 1] = cos, sin  # sin(a+b) = sin a cos b + cos a sin b
     m[even + 1, even], m[even + 1, even + 1] = -sin, cos  # cos(a+b) = cos a cos b - sin a sin b
     return m.to(dtype or torch.get_default_dtype())
+    ### END SOLUTION
+
+# %%
+position_shift_matrix = check_shift_matrix(position_shift_matrix).use
+print(position_shift_matrix(1, 4))
 
 # %%
 pe_exact = sinusoidal_positional_encoding(1000, 64, dtype=torch.float64)  # (1000, 64)
@@ -576,39 +683,6 @@ ax.set_xlabel("gap k = |q - p| (positions)")
 ax.set_ylabel("PE[p] · PE[p + k]")
 ax.set_title("dot product between position codes, C = 64")
 plt.show()
-
-# %% [markdown]
-# ### Your turn
-#
-# Two exercises on these properties. In 2.3 build the shift matrix; in 2.4 compute the dot product
-# at a given gap straight from the frequencies, without building the table.
-
-# %%
-# Your turn - Exercise 2.3 (★★☆): the rotation that moves a code k positions on.
-def my_shift_matrix(offset: int, d_model: int) -> torch.Tensor:
-    """[d_model, d_model] matrix M with PE[p + offset] == M @ PE[p] (base 10000)."""
-    ### BEGIN SOLUTION
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
-    phi = offset / 10000 ** (two_i / d_model)  # (C/2,) angle each pair turns by
-    m = torch.zeros(d_model, d_model, dtype=torch.float64)
-    for i, (c, s) in enumerate(zip(phi.cos().tolist(), phi.sin().tolist())):
-        m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = torch.tensor([[c, s], [-s, c]])
-    return m.float()
-    ### END SOLUTION
-
-check_shift_matrix(my_shift_matrix)
-
-# %%
-# Your turn - Exercise 2.4 (★★★): the dot product between codes k positions apart, from the frequencies.
-def my_dot_by_offset(offsets: torch.Tensor, d_model: int) -> torch.Tensor:
-    """offsets [K] (int) -> [K] float64: PE[p] · PE[p + k] for each gap k (any p gives the same)."""
-    ### BEGIN SOLUTION
-    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)
-    omega = 10000 ** (-two_i / d_model)  # (C/2,)
-    return torch.cos(offsets.to(torch.float64)[:, None] * omega).sum(dim=1)  # (K,)
-    ### END SOLUTION
-
-check_dot_by_offset(my_dot_by_offset)
 
 # %% [markdown]
 # ## 5. Explore the code
@@ -880,23 +954,73 @@ for name, call in bad_calls.items():
 print("odd width with learned positions works:", tuple(InputEmbedding(100, 63, 16)(ids16).shape))
 
 # %% [markdown]
+# ## 8. Beyond a line: positions on a grid
+#
+# Text is a line of positions, but transformers also read images, cut into a grid of patches, and a
+# patch sits at a row `r` *and* a column `c`. A fixed code for such a grid (one used for image
+# patches, for example by masked autoencoders) splits each vector in two halves: the first `C/2`
+# columns hold the 1-D sinusoidal code of `r`, built with width `C/2`, and the last `C/2` the 1-D code
+# of `c`. Patches are listed row by row: patch `(r, c)` is row `r·W + c` of the result, the order in
+# which flattening an image `[H, W]` lists its pixels.
+#
+# Why not simply give patch `(r, c)` the 1-D code of its flat index `r·W + c`? Because then the last
+# patch of a row, `(r, W-1)`, and the first of the next, `(r+1, 0)`, get the codes of neighbouring
+# positions, although they sit at opposite ends of the grid; and patches one row apart get codes `W`
+# positions apart, much less alike than patches side by side.
+#
 # ### Your turn
 #
-# The heart of `forward`, with plain tensors: look up the token rows and add the position rows of
-# the positions the tokens *occupy*.
+# Build `grid_positional_encoding(height, width, d_model)` `[height·width, d_model]` (`d_model` a
+# multiple of 4, so each half is even). Use your `sinusoidal_positional_encoding`. Worked numbers:
+# with `H = 2`, `W = 3`, `C = 4`, each half has width 2 and the single frequency 1, so patch `(1, 2)`
+# is row 5: `[sin 1, cos 1, sin 2, cos 2] = [0.8415, 0.5403, 0.9093, -0.4161]`.
 
 # %%
-# Your turn - Exercise 2.5 (★★☆): token rows plus the rows of the positions the tokens occupy.
-def my_embed(idx: torch.Tensor, token_table: torch.Tensor, position_table: torch.Tensor,
-             start_pos: int = 0) -> torch.Tensor:
-    """idx [B, T], token_table [V, C], position_table [block_size, C] -> [B, T, C];
-    token t of every row sits at position start_pos + t."""
+# Your turn - Exercise 2.6 (★★☆, extend): a position code for a grid of patches.
+def grid_positional_encoding(height: int, width: int, d_model: int) -> torch.Tensor:
+    """[height * width, d_model]: row r * width + c is the code of patch (r, c), the 1-D code of r
+    (width d_model/2) followed by the 1-D code of c (width d_model/2)."""
     ### BEGIN SOLUTION
-    T = idx.shape[1]
-    return token_table[idx] + position_table[start_pos : start_pos + T]  # (B, T, C) + (T, C)
+    half = d_model // 2
+    by_row = sinusoidal_positional_encoding(height, half)[:, None, :].expand(height, width, half)  # (H, W, C/2)
+    by_col = sinusoidal_positional_encoding(width, half)[None, :, :].expand(height, width, half)  # (H, W, C/2)
+    return torch.cat([by_row, by_col], dim=-1).reshape(height * width, d_model)  # (H*W, C)
     ### END SOLUTION
 
-check_embed_with_offset(my_embed)
+
+grid_positional_encoding = check_grid_code(grid_positional_encoding).use
+
+# %% [markdown]
+# The dot product between two patch codes is the row part's plus the column part's, and each depends
+# only on its own gap (section 4). So the similarity between two patches depends only on how far
+# apart they are in each direction, `(Δr, Δc)`, wherever they sit. Here is the similarity of every
+# patch of an 8×8 grid to patch (3, 4), with the grid code and with the flat 1-D code:
+
+# %%
+H = W = 8
+grid = grid_positional_encoding(H, W, 64).double()  # (64 patches, C = 64)
+flat = sinusoidal_positional_encoding(H * W, 64, dtype=torch.float64)  # the 1-D code of r * W + c
+centre = 3 * W + 4
+fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+for ax, (name, code) in zip(axes, (("grid code", grid), ("flat 1-D code", flat)), strict=True):
+    plot_heatmap((code @ code[centre]).view(H, W), ax, title=f"{name}: similarity to patch (3, 4)",
+                 col_labels=[str(c) for c in range(W)], row_labels=[str(r) for r in range(H)])
+plt.show()
+
+# %%
+def patch(r, c):
+    return r * W + c
+
+same_gap = abs(grid[patch(0, 0)] @ grid[patch(2, 3)] - grid[patch(4, 2)] @ grid[patch(6, 5)]).item()
+print("grid code: (0,0)·(2,3) equals (4,2)·(6,5), same gap (2, 3), within 1e-5:", same_gap < 1e-5)
+for name, code in (("grid code", grid), ("flat 1-D code", flat)):
+    ends = (code[patch(0, 7)] - code[patch(1, 0)]).norm().item()
+    beside = (code[patch(0, 0)] - code[patch(0, 1)]).norm().item()
+    print(f"{name:>13}: distance (0,7)-(1,0), opposite ends of the grid: {ends:.2f}; (0,0)-(0,1), side by side: {beside:.2f}")
+
+# %% [markdown]
+# With the flat code, patch (0, 7) and patch (1, 0) are exactly as close as two patches side by side:
+# the grid has been read as one long line. The grid code keeps rows and columns apart.
 
 # %% [markdown]
 # ## Quick check
@@ -941,8 +1065,10 @@ quiz([
 # ## Summary
 #
 # - A token embedding is a learned table `[V, C]`; looking up row `i` equals multiplying the one-hot
-#   vector of `i` by the table, exactly, at a fraction of the cost. Ids run `0 .. V-1`, so the table
-#   needs (largest id + 1) rows: seed 003's 100,069-row table is one row short for id 100,069.
+#   vector of `i` by the table, exactly, at a fraction of the cost, provided the one-hot vectors have
+#   length `V` whatever ids a batch holds. Ids run `0 .. V-1`, so the table needs (largest id + 1)
+#   rows: seed 003's 100,069-row table is one row short for id 100,069. Only the rows a batch uses get
+#   a gradient, one contribution per use.
 # - `[B, T]` ids become `[B, T, C]` vectors; the position vectors `[T, C]` are added to every row of
 #   the batch.
 # - The sinusoidal code puts `sin(p·ω_i)` and `cos(p·ω_i)` in columns `2i` and `2i+1`, with
@@ -956,6 +1082,8 @@ quiz([
 #   rows that no training sequence reached stay random.
 # - `InputEmbedding` puts it together, checks its input, and supports `start_pos` for cached
 #   generation.
+# - A grid of positions gets a code of its own: half the columns for the row, half for the column, so
+#   similarity follows the gap in each direction.
 #
 # **Exported to `transformer_course/positional.py`:** `sinusoidal_frequencies`,
 # `sinusoidal_positional_encoding` (also `from transformer_course import ...`),

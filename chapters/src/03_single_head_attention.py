@@ -19,7 +19,13 @@
 # - explain what queries, keys and values are and why each is its own linear projection;
 # - show with an experiment why the scores are divided by √d_k;
 # - build causal and padding masks, and make a fully masked row give zeros instead of NaN;
-# - read attention heatmaps, and tell a position-based head from a content-based one.
+# - read attention heatmaps, and tell a position-based head from a content-based one;
+# - give a head a preference for recent tokens without any position code (ALiBi).
+#
+# **Your turns.** You write `causal_mask` (Exercise 3.2) and `scaled_dot_product_attention` (3.4)
+# yourself, before any code of them appears, and the rest of the chapter (the attention head, the
+# heatmaps) runs on your versions. You also repair scores that mix up features and positions (3.1),
+# predict what a mask does to equal scores (3.3), and build the distance bias of ALiBi (3.5).
 #
 # **What it needs.** Chapter 02's idea of an input vector per token (`[B, T, C]`), and, in one
 # demonstration, its sinusoidal position code. Token ids are not needed: we split sentences into
@@ -42,6 +48,13 @@ import torch.nn.functional as F
 from IPython.display import display
 from torch import nn
 
+from transformer_course.checks.attention import (
+    check_alibi_bias,
+    check_attention,
+    check_attention_scores,
+    check_causal_mask,
+    check_predict_equal_scores,
+)
 from transformer_course.runtime import seed_everything
 from transformer_course.viz import plot_attention
 
@@ -97,15 +110,16 @@ print(X_river.shape, X_loan.shape)
 
 # %% [markdown]
 # **Similarity by dot product.** How related is *bank* to each word? The dot product of two
-# vectors is large when they point the same way and are long, zero when they share no feature.
-# Cosine similarity would throw away the length, and a distance would need more work; the dot
-# product is one multiply-add per feature, and a whole sentence is one matrix product.
+# vectors (multiply them feature by feature, add up) is large when they point the same way and are
+# long, zero when they share no feature. Cosine similarity would throw away the length, and a
+# distance would need more work; the dot product is one multiply-add per feature.
 # The scores are divided by √C (here √4 = 2) for a reason section 4 makes clear.
 
 # %%
 def bank_scores(X: torch.Tensor) -> torch.Tensor:
     """Scores [T] of the last word (bank) against every word, scaled by 1/sqrt(C)."""
-    return X[-1] @ X.T / math.sqrt(X.shape[-1])
+    bank = X[-1]  # (C,)
+    return (X * bank).sum(dim=-1) / math.sqrt(X.shape[-1])  # (T, C) * (C,) -> (T, C) -> (T,)
 
 
 scores_river = bank_scores(X_river)
@@ -158,7 +172,7 @@ keys = torch.eye(3)  # three keys, one per axis
 values = torch.tensor([[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
 query = torch.tensor([0.1, 0.9, 0.0])  # closest to key 1
 for sharpness in (1.0, 30.0):
-    weights = torch.softmax(sharpness * (query @ keys.T), dim=-1)
+    weights = torch.softmax(sharpness * (keys * query).sum(dim=-1), dim=-1)  # one dot product per key
     print(f"sharpness {sharpness:4.0f}: weights {weights}, result {weights @ values}")
 
 # %% [markdown]
@@ -203,8 +217,8 @@ k_seq = torch.tensor([[0.0921, 0.9907], [0.5637, 0.7303], [0.1860, 0.4071],
 v_seq = torch.tensor([[0.5637, 0.4056], [0.9803, 0.0100], [0.4111, 0.3980],
                       [0.6882, 0.9797], [0.5551, 0.7583], [0.3060, 0.2141]])  # (T, hs)
 words = ["the", "sun", "dipped", "below", "the", "horizon"]
-raw = q_horizon @ k_seq.T  # (T,): one dot product per key
-print("q·kᵀ for horizon:", raw)
+raw = (k_seq * q_horizon).sum(dim=-1)  # (T,): one dot product per key
+print("q·k for horizon and each key:", raw)
 
 # %% [markdown]
 # That is the source's row, `0.4254 0.7648 0.3096 0.7953 0.8659 0.9515`. Its code then multiplies
@@ -239,25 +253,53 @@ assert [round(x, 4) for x in (w_scaled @ v_seq).tolist()] == [0.5863, 0.4658]
 # with realistic head sizes it decides whether attention can learn at all.
 
 # %% [markdown]
-# ### Your turn
+# ### Every query against every key, at once
 #
-# Compute the scaled scores for many queries at once. `q` is `[..., T_q, d_k]` and `k` is
-# `[..., T_k, d_k]`; the leading dimensions are batch dimensions, so transpose only the last two
-# dimensions of `k` (`k.T` reverses *every* dimension, which is wrong for a batch).
+# The worked example scored one query. A sequence has `T_q` queries, and attention needs all
+# `T_q × T_k` scores: a matrix whose entry `(i, j)` is the dot product of query row `i` with key row
+# `j`, divided by √d_k. Written as one matrix product, it is a one-liner. Here is such a one-liner,
+# with a slip that turns up in more than one tutorial:
 
 # %%
-# Your turn - Exercise 3.1 (★☆☆): scaled attention scores.
-from transformer_course.checks.attention import check_attention_scores
+def scores_all_at_once(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled scores [T_q, T_k] for q [T_q, d_k] and k [T_k, d_k]. (It has one bug.)"""
+    return q @ k / math.sqrt(q.shape[-1])
 
+# %% [markdown]
+# Two symptoms. With as many positions as features (4 and 4) it runs and returns a `[4, 4]` matrix
+# that looks right; but a score compares one query with one key, so listing the same keys in another
+# order should only move the columns around, and it does not. And on the worked example's sizes (6
+# positions, `d_k = 2`) it does not run at all:
 
-def my_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Scores [..., T_q, T_k] = q kᵀ / √d_k for q [..., T_q, d_k] and k [..., T_k, d_k]."""
+# %%
+g4 = torch.Generator().manual_seed(4)
+q4, k4 = torch.randn(4, 4, generator=g4), torch.randn(4, 4, generator=g4)  # 4 positions, d_k = 4
+s4 = scores_all_at_once(q4, k4)
+order = torch.tensor([2, 0, 3, 1])  # the same four keys, listed in another order
+print("shape", tuple(s4.shape), "| reordering the keys just reorders the columns:",
+      torch.allclose(scores_all_at_once(q4, k4[order]), s4[:, order]))
+try:
+    scores_all_at_once(q[0], k[0])  # (6, 2) and (6, 2): the first sequence's random projections
+except RuntimeError as e:
+    print("6 positions, d_k = 2: RuntimeError:", e)
+
+# %% [markdown]
+# ### Your turn
+#
+# Find the slip (write out which index of `q` meets which index of `k` in `q @ k`), and write the
+# fixed version. It must also work for a batch: `q` is `[..., T_q, d_k]` and `k` is `[..., T_k, d_k]`,
+# where the leading dimensions (batch, and in chapter 04 heads) are carried along untouched.
+
+# %%
+# Your turn - Exercise 3.1 (★☆☆, debug): scores that compare every query with every key.
+def fixed_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Scaled scores [..., T_q, T_k] = q kᵀ / √d_k for q [..., T_q, d_k] and k [..., T_k, d_k] (any leading dims)."""
     ### BEGIN SOLUTION
     return q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     ### END SOLUTION
 
 
-check_attention_scores(my_scores)
+check_attention_scores(fixed_scores)
 
 # %% [markdown]
 # ## 4. Why divide by √d_k
@@ -298,7 +340,7 @@ def softmax_stats(scores: torch.Tensor) -> tuple[float, float]:
 saturation = {}
 for d in head_sizes:
     qs, ks = torch.randn(500, 1, d, generator=g), torch.randn(500, 16, d, generator=g)
-    dots = (qs @ ks.transpose(-2, -1)).squeeze(1)  # (500, 16): 500 queries, 16 keys each
+    dots = (qs * ks).sum(-1)  # (500, 1, d) * (500, 16, d) -> (500, 16): 500 queries, 16 keys each
     saturation[d] = softmax_stats(dots) + softmax_stats(dots / math.sqrt(d))
     print(f"d_k={d:4d}  unscaled: max weight {saturation[d][0]:.2f}, 1-Σp² {saturation[d][1]:.2f}"
           f"   scaled: max weight {saturation[d][2]:.2f}, 1-Σp² {saturation[d][3]:.2f}")
@@ -338,9 +380,25 @@ print(f"at d_k={d_big}: the unscaled rows put {saturation[d_big][0]:.0%} of the 
 # whole sequence at once, so if position 2 could attend to position 3 it would simply read the
 # answer. A **causal mask** forbids it: query `i` may attend key `j` only when `j <= i`. We store
 # masks as bool tensors, **True = may attend**, the convention of `torch.nn.functional`'s attention.
+# One row per query, one column per key; for `T = 4`, with True written as 1:
+#
+# ```
+# query 0:  1 0 0 0
+# query 1:  1 1 0 0
+# query 2:  1 1 1 0
+# query 3:  1 1 1 1
+# ```
+#
+# ### Your turn
+#
+# Build `causal_mask(T, device=None)`: a bool tensor `[T, T]`, True on and below the diagonal,
+# created on `device` (None: the default device, the CPU) so that it lives where the scores it will
+# mask live. The cell checks `T` for you. Once your mask passes, every later cell of the chapter uses
+# it, the attention head included.
 
 # %%
 #| export
+# Your turn - Exercise 3.2 (★☆☆, build): the causal mask.
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
     try:
@@ -349,9 +407,12 @@ def causal_mask(T: int, device=None) -> torch.Tensor:
         raise TypeError(f"causal_mask needs an int sequence length T, got {type(T).__name__} {T!r}") from None
     if T < 1:
         raise ValueError(f"causal_mask needs a sequence length T >= 1, got {T}")
+    ### BEGIN SOLUTION
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    ### END SOLUTION
 
 # %%
+causal_mask = check_causal_mask(causal_mask).use
 print(causal_mask(6).int())
 assert all(causal_mask(6)[i, j] == (j <= i) for i in range(6) for j in range(6))
 
@@ -359,23 +420,51 @@ assert all(causal_mask(6)[i, j] == (j <= i) for i in range(6) for j in range(6))
 # How does a mask remove a key? Not by zeroing its score: a score of 0 still gets weight
 # `exp(0) = 1` in the softmax. Instead the masked scores are set to **−∞**, since `exp(−∞) = 0`.
 # Writing the mask as a matrix `M` that holds 0 where attention is allowed and −∞ elsewhere, one
-# source writes attention as `softmax(q kᵀ / √d_k + M) v`; our bool mask is the same thing.
-# (Another source adds `M` *before* dividing by √d_k; with −∞ that makes no difference.) Here are
-# the six queries of the first sequence with random projections, before and after masking:
+# source writes attention as `softmax(q kᵀ / √d_k + M) v`; our bool mask says the same thing.
+# (Another source adds `M` *before* dividing by √d_k; with −∞ that makes no difference.) Here is
+# one query's row of four scores whose last two keys are hidden, once by a score of 0 and once by
+# −∞, next to the two visible keys on their own:
 
 # %%
-scores = q[0] @ k[0].T / math.sqrt(2)  # (T, T) for the first sequence, random projections from above
-masked = scores.masked_fill(~causal_mask(6), float("-inf"))
-weights = torch.softmax(masked, dim=-1)
-print(masked)
-print(weights)
-assert torch.allclose(weights.sum(-1), torch.ones(6)) and (weights.triu(1) == 0).all()
+visible = torch.tensor([1.5, 0.5])  # the scores of the two keys the query may see
+for name, hidden in (("0", 0.0), ("-inf", float("-inf"))):
+    row = torch.cat([visible, torch.full((2,), hidden)])  # (4,)
+    print(f"hidden keys scored {name:>4}: weights {torch.softmax(row, dim=-1)}")
+print("the visible keys alone:  weights", torch.softmax(visible, dim=-1))
 
 # %% [markdown]
-# Every row still sums to 1, and the future gets exactly 0. The first word can only look at itself,
-# so its weight on itself is 1. (One source draws masked cells as "scores of 0": the *scores* are
-# −∞; the *weights* are 0. The same source calls causal masking a kind of padding; they are two
-# different masks, as the next paragraph shows, and they are often used together.)
+# With −∞ the hidden keys get exactly 0, and the visible ones share the weight exactly as if the
+# hidden keys were not there at all. (One source draws masked cells as "scores of 0": the *scores*
+# are −∞; the *weights* are 0.)
+#
+# ### Your turn
+#
+# Query 2 of a causal head over `T = 5` positions happens to give every key the same score, 7.0
+# (before masking, keys 3 and 4 included). Predict its five weights before running the next cells.
+
+# %%
+# Your turn - Exercise 3.3 (★☆☆, predict): a causal row of equal scores.
+def my_prediction() -> list[float]:
+    """Query 2 of a causal head, T = 5, every score 7.0: its weights on keys 0, 1, 2, 3 and 4."""
+    ### BEGIN SOLUTION
+    return [1 / 3, 1 / 3, 1 / 3, 0.0, 0.0]
+    ### END SOLUTION
+
+
+check_predict_equal_scores(my_prediction)
+
+# %%
+print("query 2 may see keys:", causal_mask(5)[2].tolist())
+row2 = torch.tensor([7.0, 7.0, 7.0, float("-inf"), float("-inf")])  # equal scores, the future hidden
+print("its weights:", torch.softmax(row2, dim=-1))
+
+# %% [markdown]
+# Equal scores share the weight equally among the keys a query may see, and the size of the scores
+# does not matter: the softmax depends only on their differences. An untrained head is not far from
+# this, as section 8 shows: its weights spread almost evenly over the past.
+#
+# The causal mask is one kind of mask; one source calls it a kind of padding, but the two are
+# different masks, often used together.
 #
 # **Padding masks.** To batch sentences of different lengths we pad the short ones with filler
 # tokens. The filler must not be attended to, so a padding mask hides those **keys** (columns). It is
@@ -392,72 +481,15 @@ row = torch.full((4,), float("-inf"))
 print("softmax of a fully masked row:", torch.softmax(row, dim=-1))
 
 # %% [markdown]
-# Our function will set such rows to zero weights, so the query gets a zero output. That is also
-# what PyTorch's own attention does, and it is harmless: those positions are padding, and their
-# output is ignored.
+# Attention must therefore give such a row zero weights, so that the query gets a zero output. That
+# is also what PyTorch's own attention does, and it is harmless: those positions are padding, and
+# their output is ignored.
 #
-# ### Your turn
-#
-# Build the causal mask yourself. Then, in Exercise 3.3, write the whole of attention: scores,
-# mask, softmax, the fully-masked-row fix, and the weighted sum of values.
-
-# %%
-# Your turn - Exercise 3.2 (★☆☆): the causal mask.
-from transformer_course.checks.attention import check_causal_mask
-
-
-def my_causal_mask(T: int) -> torch.Tensor:
-    """Bool [T, T]: True where query i may attend key j (j <= i)."""
-    ### BEGIN SOLUTION
-    return torch.ones(T, T, dtype=torch.bool).tril()
-    ### END SOLUTION
-
-
-check_causal_mask(my_causal_mask)
-
-# %%
-# Your turn - Exercise 3.3 (★★☆): attention with an optional mask.
-from transformer_course.checks.attention import check_attention
-
-
-def my_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None):
-    """(out [..., T_q, d_v], weights [..., T_q, T_k]); mask: bool, True = may attend."""
-    ### BEGIN SOLUTION
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)
-    return weights @ v, weights
-    ### END SOLUTION
-
-
-check_attention(my_attention)
-
-# %% [markdown]
 # ## 6. `scaled_dot_product_attention`
 #
-# First a scaffold: attention for one query at a time, written as plainly as possible. It is slow
-# but obviously right, and it is what the fast version must agree with.
-
-# %%
-def attention_one_query_at_a_time(q, k, v, mask=None):
-    """q [T_q, d_k], k [T_k, d_k], v [T_k, d_v] -> out [T_q, d_v]. A teaching scaffold, not exported."""
-    out = torch.zeros(q.shape[0], v.shape[1])
-    for i in range(q.shape[0]):
-        allowed = [j for j in range(k.shape[0]) if mask is None or mask[i, j]]
-        if not allowed:
-            continue  # nothing to attend to: the output stays zero
-        s = torch.stack([q[i] @ k[j] for j in allowed]) / math.sqrt(q.shape[1])
-        w = torch.exp(s - s.max()) / torch.exp(s - s.max()).sum()  # softmax, shifted for safety
-        out[i] = sum(w_j * v[j] for w_j, j in zip(w, allowed, strict=True))
-    return out
-
-# %% [markdown]
-# The package's version does the same for all queries and any batch dimensions at once with two
-# matrix products. Before computing it checks its inputs, so that a shape mistake gives a message
-# naming the shapes, not a cryptic error from deep inside `matmul`.
+# Now everything goes into one function that handles all queries, and any batch dimensions, at once.
+# Before computing, it checks its inputs, so that a shape mistake gives a message naming the shapes,
+# not a cryptic error from deep inside `matmul`. These checks are written for you:
 
 # %%
 #| export
@@ -520,9 +552,29 @@ def _check_mask(mask, scores_shape: tuple) -> None:
 # Two options mirror PyTorch's `F.scaled_dot_product_attention`: `scale` (default 1/√d_k; we use
 # it to show unscaled attention) and `dropout_p`, which randomly drops attention weights during
 # training (chapter 06). The weights it returns are the pattern *before* dropout, for plotting.
+#
+# ### Your turn
+#
+# Write the heart of `scaled_dot_product_attention`: the attention weights `[..., T_q, T_k]`. The
+# cell validates the inputs, and the two lines after your code apply dropout and multiply the
+# weights by `v`. Your code must leave `weights` such that
+#
+# 1. the scores compare every query with every key (as in Exercise 3.1), multiplied by `scale`, or by
+#    1/√d_k when `scale` is None;
+# 2. where `mask` (when given) is False, a key is hidden: its score becomes −∞ (the module keeps it
+#    in `_MASKED`). The mask broadcasts against the scores: it may be `[T_q, T_k]`, `[B, 1, T_k]`, ...;
+# 3. the weights are the softmax of the scores over the keys;
+# 4. a row whose every key is hidden has all-zero weights, not NaN, and the other rows stay as they
+#    are; gradients must stay finite too (the check runs a backward pass through such a row).
+#
+# Worked numbers from section 3: for *horizon*, the weights are `0.1368 0.1740 0.1261 0.1778 0.1868
+# 0.1985` with the default scale and the source's `0.1252 0.1758 0.1115 0.1812 0.1945 0.2119` with
+# `scale=1.0`. Once your function passes, the attention head of section 7 and every heatmap after it
+# run on it.
 
 # %%
 #| export
+# Your turn - Exercise 3.4 (★★☆, build): scaled dot-product attention.
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
     """Attention of queries over keys: returns ``(out, weights)``.
 
@@ -536,12 +588,14 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     masked is all zeros, so its output is zeros, never NaN.
     """
     batch = _check_qkv(q, k, v)
-    T_q, d_k, T_k = q.shape[-2], q.shape[-1], k.shape[-2]
+    T_q, T_k = q.shape[-2], k.shape[-2]
     if mask is not None:
         _check_mask(mask, (*batch, T_q, T_k))
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    scale = 1.0 / math.sqrt(d_k) if scale is None else scale
+    # the attention weights [..., T_q, T_k] from q, k, mask and scale
+    ### BEGIN SOLUTION
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q @ k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, _MASKED)
@@ -549,13 +603,16 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     if mask is not None:
         # a row with every key masked is softmax(-inf, ..., -inf) = 0/0 = NaN: make it all zeros
         weights = weights.masked_fill(~mask, 0.0)
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    ### END SOLUTION
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights  # (..., T_q, T_k)
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
+# %%
+scaled_dot_product_attention = check_attention(scaled_dot_product_attention).use
+
 # %% [markdown]
-# It reproduces the worked example (with and without the scale), agrees with the scaffold, and agrees
-# with PyTorch's own implementation on a batch with a padding-and-causal mask that leaves one row
-# fully masked:
+# It reproduces the worked example (with and without the scale), and agrees with PyTorch's own
+# implementation on a batch with a padding-and-causal mask that leaves one row fully masked:
 
 # %%
 out_scaled, w = scaled_dot_product_attention(q_horizon[None], k_seq, v_seq)  # one query: [1, hs]
@@ -569,11 +626,10 @@ qb, kb, vb = (torch.randn(3, 7, 5, generator=g) for _ in range(3))  # (B, T, d)
 keep = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0]]).bool()
 mask = causal_mask(7) & keep[:, None, :]  # (B, T, T): causal and not padding; row 0 of sequence 1 is empty
 out, w = scaled_dot_product_attention(qb, kb, vb, mask)
-ours_vs_loop = max((out[b] - attention_one_query_at_a_time(qb[b], kb[b], vb[b], mask[b])).abs().max().item() for b in range(3))
 ours_vs_torch = (out - F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)).abs().max().item()
-print(f"within 1e-6 of the scaffold: {ours_vs_loop < 1e-6}, of torch: {ours_vs_torch < 1e-6}; any NaN: {out.isnan().any().item()}")
+print(f"within 1e-6 of torch: {ours_vs_torch < 1e-6}; any NaN: {out.isnan().any().item()}")
 print("fully masked query (sequence 1, position 0): weights", w[1, 0], "output", out[1, 0])
-assert ours_vs_loop < 1e-6 and ours_vs_torch < 1e-6 and not out.isnan().any()
+assert ours_vs_torch < 1e-6 and not out.isnan().any()
 
 # %% [markdown]
 # The test suite (`tests/test_attention.py`) repeats the comparison with PyTorch for 60 random
@@ -584,7 +640,7 @@ assert ours_vs_loop < 1e-6 and ours_vs_torch < 1e-6 and not out.isnan().any()
 bad_calls = {
     "k narrower than q": lambda: scaled_dot_product_attention(torch.zeros(2, 5, 4), torch.zeros(2, 5, 3), torch.zeros(2, 5, 4)),
     "fewer values than keys": lambda: scaled_dot_product_attention(torch.zeros(5, 4), torch.zeros(6, 4), torch.zeros(5, 4)),
-    "additive float mask": lambda: scaled_dot_product_attention(torch.zeros(6, 2), torch.zeros(6, 2), torch.zeros(6, 2), masked),
+    "0/1 float mask": lambda: scaled_dot_product_attention(torch.zeros(6, 2), torch.zeros(6, 2), torch.zeros(6, 2), causal_mask(6).float()),
     "padding mask without a query axis": lambda: scaled_dot_product_attention(qb, kb, vb, keep),
 }
 for name, call in bad_calls.items():
@@ -599,26 +655,6 @@ for name, call in bad_calls.items():
 # An attention head is the three projections and the attention, packaged as an `nn.Module`. It
 # takes `x [B, T, C]` and returns `[B, T, hs]`: every position gets a new vector that blends the
 # values of the positions it may see.
-#
-# ### Your turn
-#
-# Before reading the module, write the forward pass from raw weight matrices. Like `nn.Linear`, each
-# weight is stored as `[hs, C]` (output first), so the projection of `x` is `x @ w.T`.
-
-# %%
-# Your turn - Exercise 3.4 (★★☆): one causal head from raw weights.
-from transformer_course.checks.attention import check_head_forward
-
-
-def my_head_forward(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> torch.Tensor:
-    """x [B, T, C], weights [hs, C] -> causal self-attention output [B, T, hs]."""
-    ### BEGIN SOLUTION
-    q, k, v = x @ w_q.T, x @ w_k.T, x @ w_v.T  # (B, T, hs) each
-    return scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1], device=x.device))[0]
-    ### END SOLUTION
-
-
-check_head_forward(my_head_forward)
 
 # %%
 #| export
@@ -690,27 +726,6 @@ before, after = head(inp), head(changed)
 print("outputs at positions 0..2 unchanged:", torch.allclose(before[:, :3], after[:, :3]),
       "| positions 3..5 changed:", not torch.allclose(before[:, 3:], after[:, 3:]))
 assert torch.allclose(before[:, :3], after[:, :3]) and not torch.allclose(before[:, 3:], after[:, 3:])
-
-# %% [markdown]
-# ### Your turn
-#
-# Batches are usually padded on the *right*: sequence `b` holds `lengths[b]` real tokens, then
-# filler. Build the combined mask `[B, T, T]` that is causal and hides every padding key.
-
-# %%
-# Your turn - Exercise 3.5 (★★★): causal mask plus right padding.
-from transformer_course.checks.attention import check_padded_causal_mask
-
-
-def my_padded_causal_mask(lengths: torch.Tensor, T: int) -> torch.Tensor:
-    """Bool [B, T, T]: True where query i may attend key j: j <= i and j < lengths[b]."""
-    ### BEGIN SOLUTION
-    real_keys = torch.arange(T)[None, :] < lengths[:, None]  # (B, T)
-    return causal_mask(T)[None] & real_keys[:, None, :]
-    ### END SOLUTION
-
-
-check_padded_causal_mask(my_padded_causal_mask)
 
 # %% [markdown]
 # **Padding, tested.** Cut the second sequence to its first four tokens and batch it next to the
@@ -893,15 +908,90 @@ print("query 6 ('be') in the previous-word head: top key", repr(tokens[shown.arg
 assert shown.argmax().item() == 5
 
 # %% [markdown]
+# ## 9. Beyond the chapter: recency without a position code (ALiBi)
+#
+# The previous-word head needed a position code in its input to know who sits where. *ALiBi*
+# (attention with linear biases, Press, Smith and Lewis, 2022) gives attention a sense of distance
+# without any position code at all: it adds to every score a penalty that grows with the distance
+# between query and key,
+#
+# $$\text{score}_{ij} = \frac{q_i \cdot k_j}{\sqrt{d_k}} - m\,(i - j) \qquad (j \le i),$$
+#
+# with a fixed slope `m > 0` (each head of a multi-head layer gets its own, `1/2, 1/4, 1/8, ...`, so
+# some heads look far and others near). Nothing is learned and nothing depends on a table, so it works
+# for sequences of any length.
+#
+# The penalty and the causal mask fit in one **additive** float mask `[T, T]`, the other convention
+# mentioned in section 6: it is added to the scaled scores, 0 changes nothing and −∞ hides a key.
+# PyTorch's `F.scaled_dot_product_attention` accepts such a float mask as `attn_mask`.
+#
+# ### Your turn
+#
+# Build `alibi_bias(T, slope)`: a float tensor `[T, T]` whose entry `(i, j)` is `-slope * (i - j)`
+# when `j <= i` and −∞ when `j > i`. Worked numbers: `alibi_bias(3, 0.5)` is
+#
+# ```
+# [[ 0.0, -inf, -inf],
+#  [-0.5,  0.0, -inf],
+#  [-1.0, -0.5,  0.0]]
+# ```
+
+# %%
+# Your turn - Exercise 3.5 (★★☆, extend): the ALiBi distance bias, as an additive causal mask.
+def alibi_bias(T: int, slope: float) -> torch.Tensor:
+    """Float [T, T]: -slope * (i - j) where key j may be seen by query i (j <= i), -inf where j > i."""
+    ### BEGIN SOLUTION
+    distance = torch.arange(T)[:, None] - torch.arange(T)[None, :]  # (T, T): i - j
+    bias = -slope * distance.float()
+    return torch.where(causal_mask(T), bias, torch.tensor(float("-inf")))
+    ### END SOLUTION
+
+
+alibi_bias = check_alibi_bias(alibi_bias).use
+
+# %% [markdown]
+# A head whose scores are all equal (Exercise 3.3) spreads its weight evenly over the past. Add the
+# ALiBi bias and the same head leans towards the recent tokens: each step back multiplies a key's
+# weight by `exp(-m)`, about one half for the slope 0.7 used here. PyTorch's attention, given the
+# bias as `attn_mask`, computes the same blend:
+
+# %%
+T_line = len(tokens)
+bias = alibi_bias(T_line, slope=0.7)  # (T, T)
+recency = torch.softmax(bias, dim=-1)  # equal scores plus the bias: the weights of a content-blind head
+x_words = x_line[..., : len(vocab)]  # (1, T, V_words): the words only, no position code
+zeros = torch.zeros(1, T_line, 4)  # queries and keys that score every pair the same
+out_torch = F.scaled_dot_product_attention(zeros, zeros, x_words, attn_mask=bias)
+print("PyTorch with attn_mask=bias blends the values with these weights, within 1e-6:",
+      (out_torch[0] - recency @ x_words[0]).abs().max().item() < 1e-6)
+print("each row's weights fall with distance:", all((recency[i, : i + 1].diff() > 0).all().item() for i in range(T_line)))
+print("the last query's weights on itself and the 3 keys before it:", [round(w, 2) for w in recency[-1, -4:].flip(0).tolist()])
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+plot_attention(line_weights["untrained"], tokens, ax=axes[0], title="untrained head")
+plot_attention(recency, tokens, ax=axes[1], title="equal scores + ALiBi bias (slope 0.7)")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The bias exists for every length, so a model trained with it meets nothing unfamiliar in a longer
+# text: far keys only get a larger penalty. The last query of a 12-token text and of a 1,000-token
+# text puts almost the same weights on its nearest keys:
+
+# %%
+near_12 = torch.softmax(alibi_bias(12, 0.7), dim=-1)[-1, -4:]
+near_1000 = torch.softmax(alibi_bias(1000, 0.7), dim=-1)[-1, -4:]
+print("weights on the last 4 keys, T = 12 vs T = 1000, within 0.001:", (near_12 - near_1000).abs().max().item() < 1e-3)
+
+# %% [markdown]
 # ## Quick check
 
 # %%
 from transformer_course.quiz import Question, quiz
 
 quiz([
-    Question("A query may attend 3 keys with scores 2.0, 2.0 and a masked one. What are its weights?",
-             ["0.5, 0.5, 0", "0.33, 0.33, 0.33", "1, 1, 0", "NaN: −∞ breaks the softmax"],
-             answer=0, explain="The masked score becomes −∞, exp(−∞) = 0, and the two equal scores share the weight."),
+    Question("With left padding, a padded query may attend no key at all. What does scaled_dot_product_attention give it?",
+             ["Zero weights and a zero output", "NaN weights", "Equal weights on every key", "An error"],
+             answer=0, explain="softmax of a row of −∞ is 0/0 = NaN; the function sets such a row's weights to 0, so its output is 0."),
     Question("Why are the scores divided by √d_k?",
              ["To make them positive", "Their spread grows like √d_k, and a wide spread saturates the softmax",
               "To save memory", "So that the weights sum to 1"],
@@ -928,6 +1018,10 @@ quiz([
 #   zeros instead of NaN.
 # - Our worked example's source printed softmax weights without the 1/√2 scale its own code applies;
 #   the correct output for *horizon* is (0.5863, 0.4658).
+# - The scores pair every query row with every key row. A product that pairs the features of `q` with
+#   the positions of `k` runs only when the two counts happen to be equal, and is wrong even then.
+# - ALiBi replaces the position code by a penalty on distance, added to the scores as a float mask
+#   (0 changes nothing, −∞ hides); it exists for every length.
 #
 # **Exported to `transformer_course/attention.py`:** `causal_mask(T, device=None)`,
 # `scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out, weights)`

@@ -1,7 +1,10 @@
 """Checks for chapter 03's exercises (single-head attention). Hand-written.
 
-Each check runs the learner's function next to the package's reference on ordinary and edge inputs
-and names the likely mistake in words. See ``transformer_course.checks`` for how checks report.
+Each check runs the learner's function next to a reference on ordinary and edge inputs and names the
+likely mistake in words. The build exercises (3.2 ``causal_mask``, 3.4 ``scaled_dot_product_attention``)
+are checked against the package's functions; the extend exercise (3.5, ALiBi) against the private
+reference ``_alibi_bias`` below, which is not part of the package's API. See
+``transformer_course.checks`` for how checks report.
 """
 
 import math
@@ -9,14 +12,14 @@ import math
 import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from ._core import check, expect, expect_close
+from ._core import CheckFailed, check, expect, expect_close
 
 __all__ = [
+    "check_alibi_bias",
     "check_attention",
     "check_attention_scores",
     "check_causal_mask",
-    "check_head_forward",
-    "check_padded_causal_mask",
+    "check_predict_equal_scores",
 ]
 
 
@@ -28,41 +31,65 @@ def _same(a, b) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=1e-6)
 
 
-# ---------------------------------------------------------------- 3.1 scores
+# ---------------------------------------------------------------- 3.1 scores (debug)
 
 
-@check("3.1", "my_scores")
+@check("3.1", "fixed_scores")
 def check_attention_scores(fn):
     """``fn(q [..., T_q, d_k], k [..., T_k, d_k]) -> scores [..., T_q, T_k] = q kᵀ / √d_k``."""
-    q, k = _randn(3, 4, seed=0), _randn(5, 4, seed=1)  # one sequence: T_q=3, T_k=5, d_k=4
+    # square first: 4 positions and d_k = 4, where multiplying by the untransposed k runs silently
+    q, k = _randn(4, 4, seed=0), _randn(4, 4, seed=1)
     got = fn(q, k)
     expect(isinstance(got, torch.Tensor), f"return a tensor of scores, got {type(got).__name__}")
-    expect(
-        got.shape != (5, 3),
-        "the scores came out [T_k, T_q]: rows must be queries, so compute q @ kᵀ, not k @ qᵀ",
-    )
+    expect(got.shape == (4, 4), f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
+    want = q @ k.T / 2.0
+    if not _same(got, want):
+        expect(
+            not _same(got, q @ k / 2.0),
+            "q @ k multiplies the features of q by the *positions* of k (row m of k is key m): it only "
+            "runs when T_k = d_k, and then gives nonsense. Each score is the dot product of a query row "
+            "with a key row: transpose the last two dims of k, q @ k.transpose(-2, -1)",
+        )
+        expect(
+            not _same(got, q.T @ k / 2.0),
+            "q.T @ k compares features with features, [d_k, d_k], and only looks like [T_q, T_k] when "
+            "T = d_k; compare positions: q @ k.transpose(-2, -1)",
+        )
+        expect(not _same(got, k @ q.T / 2.0), "rows must be queries and columns keys: compute q @ kᵀ, not k @ qᵀ")
+        raw = q @ k.T
+        expect(not _same(got, raw), "these are the raw dot products: divide them by √d_k (d_k = q.shape[-1])")
+        expect(not _same(got, raw / 4), "you divided by d_k; divide by its square root, √d_k")
+        expect_close(got, want, "the scores differ from q kᵀ / √d_k")
+    q, k = _randn(3, 4, seed=2), _randn(5, 4, seed=3)  # T_q = 3, T_k = 5, d_k = 4
+    try:
+        got = fn(q, k)
+    except RuntimeError as error:
+        raise CheckFailed(
+            f"with 3 queries, 5 keys and d_k = 4 your code raised ({error}): pair every query row with every "
+            "key row, q @ k.transpose(-2, -1)"
+        ) from None
+    expect(isinstance(got, torch.Tensor), f"return a tensor of scores, got {type(got).__name__}")
+    expect(got.shape != (5, 3), "the scores came out [T_k, T_q]: rows must be queries, so compute q @ kᵀ, not k @ qᵀ")
     expect(got.shape == (3, 5), f"scores for 3 queries and 5 keys should be [3, 5], got {tuple(got.shape)}")
-    raw = q @ k.T
-    expect(not _same(got, raw), "these are the raw dot products: divide them by √d_k (d_k = q.shape[-1])")
-    expect(not _same(got, raw / 4), "you divided by d_k; divide by its square root, √d_k")
-    expect_close(got, raw / math.sqrt(4), "the scores differ from q kᵀ / √d_k")
-    qb, kb = _randn(2, 3, 4, seed=2), _randn(2, 5, 4, seed=3)  # a batch of two sequences
+    expect_close(got, q @ k.T / 2.0, "the scores differ from q kᵀ / √d_k")
+    expect_close(fn(q[:, :2], k[:, :2]), q[:, :2] @ k[:, :2].T / math.sqrt(2),
+                 "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, math.sqrt(q.shape[-1])")
+    qb, kb = _randn(2, 3, 4, seed=4), _randn(2, 5, 4, seed=5)  # a batch of two sequences
+    hint = ("works for one sequence but not for a batch [B, T, d_k]: transpose only the last two dims, "
+            "k.transpose(-2, -1); k.T reverses every dim")
     try:
         got_b = fn(qb, kb)
-    except RuntimeError as error:
-        expect(False, f"works for one sequence but not for a batch ({error}): transpose only the last two dims, "
-                      "k.transpose(-2, -1); k.T reverses every dim")
-    expect_close(got_b, qb @ kb.transpose(-2, -1) / 2.0,
-                 "works for one sequence but not for a batch: transpose only the last two dims, "
-                 "k.transpose(-2, -1); k.T reverses every dim")
+    except RuntimeError:
+        raise CheckFailed(hint) from None
+    expect_close(got_b, qb @ kb.transpose(-2, -1) / 2.0, hint)
 
 
-# ---------------------------------------------------------------- 3.2 causal mask
+# ---------------------------------------------------------------- 3.2 causal mask (build)
 
 
-@check("3.2", "my_causal_mask")
+@check("3.2", "causal_mask", reference="transformer_course.attention:causal_mask")
 def check_causal_mask(fn):
-    """``fn(T) -> Bool [T, T]``, True where query i may attend key j (j <= i)."""
+    """``fn(T, device=None) -> Bool [T, T]``, True where query i may attend key j (j <= i)."""
     for T in (1, 4, 7):
         got = fn(T)
         expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
@@ -80,14 +107,43 @@ def check_causal_mask(fn):
             hint = (f"position {i} cannot see itself: the diagonal must be True (tril, not tril(-1))" if i == j
                     else f"position {i} cannot see the earlier position {j}: every j <= i must be True")
             expect(False, hint)
+    on_meta = fn(3, device=torch.device("meta"))  # a device without data: only where the tensor lives is checked
+    expect(
+        isinstance(on_meta, torch.Tensor) and on_meta.device.type == "meta",
+        "the mask ignores `device`: create it there (torch.ones(..., device=device)), so that it lives "
+        "where the scores are (on the GPU, in later chapters)",
+    )
 
 
-# ---------------------------------------------------------------- 3.3 attention
+# ---------------------------------------------------------------- 3.3 equal scores (predict)
 
 
-@check("3.3", "my_attention")
+@check("3.3", "equal scores")
+def check_predict_equal_scores(fn):
+    """``fn() -> 5 weights``: query 2 of a causal head, T = 5, every score 7.0."""
+    answer = fn()
+    if isinstance(answer, torch.Tensor):
+        answer = answer.flatten().tolist()
+    expect(isinstance(answer, (list, tuple)), f"return the 5 weights as a list, got {type(answer).__name__}")
+    expect(len(answer) == 5, f"one weight per key: T = 5 keys, so 5 numbers, got {len(answer)}")
+    try:
+        w = [float(x) for x in answer]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"return 5 numbers, got {answer!r}") from None
+    expect(abs(w[3]) < 1e-9 and abs(w[4]) < 1e-9,
+           "keys 3 and 4 come after query 2: the causal mask hides them, so their weight is exactly 0")
+    expect(max(w[:3]) - min(w[:3]) < 1e-3, "equal scores give equal weights: exp(7) is the same for each of keys 0, 1 and 2")
+    expect(abs(w[0] - 1) > 1e-3, "softmax weights sum to 1 over the keys a query may see: three equal weights are 1/3 each")
+    expect(abs(sum(w) - 1) < 1e-2,
+           "softmax weights sum to 1; the size of the equal scores (7.0) does not matter, only their differences")
+
+
+# ---------------------------------------------------------------- 3.4 attention (build)
+
+
+@check("3.4", "scaled_dot_product_attention", reference="transformer_course.attention:scaled_dot_product_attention")
 def check_attention(fn):
-    """``fn(q, k, v, mask=None) -> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
+    """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
     q, k, v = _randn(2, 4, 3, seed=10), _randn(2, 6, 3, seed=11), _randn(2, 6, 5, seed=12)
     result = fn(q, k, v)
     expect(isinstance(result, tuple) and len(result) == 2, "return a pair (out, weights), not just the output")
@@ -97,76 +153,111 @@ def check_attention(fn):
            f"weights should be [..., T_q, T_k] = (2, 4, 6), got {getattr(weights, 'shape', weights)}")
     expect(torch.allclose(weights.sum(-1), torch.ones(2, 4, dtype=weights.dtype), atol=1e-6),
            "the rows of the weights do not sum to 1: take the softmax over the keys, dim=-1")
-    unscaled = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
-    expect(not _same(weights, unscaled), "the weights come from unscaled scores: divide q kᵀ by √d_k before the softmax")
+    raw = q @ k.transpose(-2, -1)
+    expect(not _same(weights, torch.softmax(raw, dim=-1)),
+           "the weights come from unscaled scores: with scale=None, multiply q kᵀ by 1/√d_k before the softmax")
+    expect(not _same(weights, torch.softmax(raw / 3, dim=-1)), "you divided the scores by d_k; divide by √d_k")
     expect_close(weights, ref_w, "the weights differ from softmax(q kᵀ / √d_k)")
-    expect_close(out, ref_out, "the weights are right but the output is not: multiply weights @ v")
+    expect_close(out, ref_out, "the weights are right but the output is not: it is weights @ v")
+
+    _, w_one = fn(q, k, v, scale=1.0)
+    expect(not _same(w_one, ref_w), "`scale` is ignored: when it is given, multiply the scores by it instead of 1/√d_k")
+    expect_close(w_one, scaled_dot_product_attention(q, k, v, scale=1.0)[1],
+                 "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does not divide)")
+
+    heads = (_randn(2, 3, 4, 5, seed=13), _randn(2, 3, 6, 5, seed=14), _randn(2, 3, 6, 2, seed=15))  # [B, nh, T, d]
+    hint = ("with two batch dims [B, nh, T, d_k] the weights are wrong: transpose only the last two dims of k, "
+            "k.transpose(-2, -1) (k.T or k.transpose(0, 1) mixes up the batch dims)")
+    try:
+        w_heads = fn(*heads)[1]
+    except RuntimeError:
+        raise CheckFailed(hint) from None
+    expect_close(w_heads, scaled_dot_product_attention(*heads)[1], hint)
 
     mask = causal_mask(6)[:4]  # query i may see keys 0..i
     out, weights = fn(q, k, v, mask)
     _, ref_w = scaled_dot_product_attention(q, k, v, mask)
+    expect(not _same(weights, scaled_dot_product_attention(q, k, v, ~mask)[1]),
+           "True in the mask means 'may attend': hide the keys where the mask is False (~mask), not where it is True")
     expect(not (weights.masked_select(~mask) > 0).any(),
-           "a masked key got weight: True in the mask means 'may attend', so fill the scores with -inf where the mask is False (~mask)")
-    expect_close(weights, ref_w, "with a mask the weights differ: fill masked scores with -inf before the softmax")
+           "a masked key got weight: give masked scores -inf before the softmax, so exp(-inf) = 0")
+    expect_close(weights, ref_w, "with a mask the weights differ: give masked scores -inf before the softmax")
+
+    keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, :]  # padding: [B, 1, T_k]
+    expect_close(fn(q, k, v, keep)[1], scaled_dot_product_attention(q, k, v, keep)[1],
+                 "a padding mask [B, 1, T_k] (one row per sequence, broadcast over the queries) gives wrong weights")
 
     empty = mask.clone()
     empty[1] = False  # query 1 may attend nothing
     out, weights = fn(q, k, v, empty)
     expect(not torch.isnan(out).any() and not torch.isnan(weights).any(),
-           "a query whose every key is masked gave NaN (softmax of all -inf is 0/0): set its weights to 0, "
-           "e.g. weights.masked_fill(~mask, 0.0) after the softmax")
+           "a query whose every key is masked gave NaN (softmax of all -inf is 0/0): set its weights to 0 "
+           "after the softmax")
+    expect(not torch.allclose(weights[:, 1], torch.full_like(weights[:, 1], 1 / 6)),
+           "a query whose every key is masked got equal weights on all 6 keys: that is what a large negative "
+           "number such as -1e9 gives instead of -inf. Use -inf, and set the weights of a fully masked row to 0")
     expect((out[:, 1] == 0).all() and (weights[:, 1] == 0).all(),
-           "a query whose every key is masked must get zero weights and a zero output")
+           "a query whose every key is masked must get zero weights (and so a zero output)")
+    expect_close(weights, scaled_dot_product_attention(q, k, v, empty)[1],
+                 "the rows with at least one visible key changed when another row was fully masked")
+
+    qg, kg, vg = (t.clone().requires_grad_() for t in (q, k, v))
+    out, _ = fn(qg, kg, vg, empty)
+    out.sum().backward()
+    finite = all(t.grad is not None and torch.isfinite(t.grad).all() for t in (qg, kg, vg))
+    expect(finite,
+           "the output is right, but gradients through the fully masked row are NaN, and they reach every "
+           "key: adding an additive -inf mask passes the softmax's NaN gradient back to q and k. Set masked "
+           "scores with scores.masked_fill(~mask, float('-inf')) (it blocks their gradient) instead")
 
 
-# ---------------------------------------------------------------- 3.4 one head by hand
+# ---------------------------------------------------------------- 3.5 ALiBi (extend)
 
 
-@check("3.4", "my_head_forward")
-def check_head_forward(fn):
-    """``fn(x [B, T, C], w_q, w_k, w_v [hs, C]) -> [B, T, hs]``: one causal head from raw weights."""
-    x = _randn(2, 5, 4, seed=20)
-    square = [_randn(4, 4, seed=s) * 0.5 for s in (21, 22, 23)]  # hs = C = 4
-    got = fn(x, *square)
-
-    def head(x, w_q, w_k, w_v, causal=True, transpose=True):
-        q, k, v = ((x @ w.T) if transpose else (x @ w) for w in (w_q, w_k, w_v))
-        return scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1]) if causal else None)[0]
-
-    expect(isinstance(got, torch.Tensor) and got.shape == (2, 5, 4),
-           f"the output should be [B, T, hs] = (2, 5, 4), got {getattr(got, 'shape', got)}")
-    expect(not _same(got, head(x, *square, transpose=False)),
-           "multiply by the transposed weights: like nn.Linear, w has shape [hs, C], so q = x @ w_q.T")
-    expect(not _same(got, head(x, *square, causal=False)),
-           "position 0's output depends on later positions: apply the causal mask")
-    w_q, w_k, w_v = square
-    expect(not _same(got, head(x, w_q, w_k, w_q)) and not _same(got, head(x, w_q, w_k, w_k)),
-           "the values must come from w_v: v = x @ w_v.T")
-    expect_close(got, head(x, *square), "the output differs from causal attention over q, k, v = x @ w.T")
-    narrow = [_randn(3, 4, seed=s) for s in (24, 25, 26)]  # hs = 3 != C = 4
-    expect_close(fn(x, *narrow), head(x, *narrow), "works when hs = C but not for a narrower head (hs = 3)")
+def _alibi_bias(T: int, slope: float) -> torch.Tensor:
+    """Reference for 3.5: float [T, T], -slope * (i - j) for keys j <= i, -inf for the future."""
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    bias = -slope * (i - j).to(torch.get_default_dtype())  # (T, T): 0 on the diagonal, falls to the left
+    return bias.masked_fill(j > i, float("-inf"))
 
 
-# ---------------------------------------------------------------- 3.5 padding + causal
-
-
-@check("3.5", "my_padded_causal_mask")
-def check_padded_causal_mask(fn):
-    """``fn(lengths [B], T) -> Bool [B, T, T]``: causal, and keys at positions >= length are padding."""
-    lengths = torch.tensor([5, 3, 1])
-    got = fn(lengths, 5)
-    expect(isinstance(got, torch.Tensor) and got.shape == (3, 5, 5),
-           f"the mask should be [B, T, T] = (3, 5, 5), got {getattr(got, 'shape', got)}")
-    expect(got.dtype == torch.bool, f"return a bool tensor (True = may attend), got {got.dtype}")
-    ref = causal_mask(5) & (torch.arange(5) < lengths[:, None])[:, None, :]
-    rows_instead = causal_mask(5) & (torch.arange(5) < lengths[:, None])[:, :, None]
-    expect(not torch.equal(got, rows_instead),
-           "you hid the padded queries (rows); padding must hide the keys (columns): mask[b, i, j] needs j < length[b]")
-    future = got & ~causal_mask(5)
-    expect(not future.any(), "a query can see a later position: combine the padding mask with the causal mask (&)")
-    leaked = got & ~ref
-    if leaked.any():
-        b, i, j = leaked.nonzero()[0].tolist()
-        expect(False, f"sequence {b} has length {lengths[b].item()} but query {i} can see key {j}, a padding position: "
-                      "keep keys with j < length (strictly less)")
-    expect(torch.equal(got, ref), "a real earlier key is hidden: every j <= i with j < length must be True")
+@check("3.5", "alibi_bias", reference="transformer_course.checks.attention:_alibi_bias")
+def check_alibi_bias(fn):
+    """``fn(T, slope) -> float [T, T]``: an additive ALiBi bias, causal."""
+    for T, slope in ((5, 0.5), (6, 0.25), (1, 1.0)):
+        got = fn(T, slope)
+        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
+        expect(got.dtype.is_floating_point,
+               f"return float biases to add to the scores (0 where nothing changes, -inf to hide a key), got {got.dtype}")
+        expect(got.shape == (T, T), f"for T={T} the bias should be [{T}, {T}], got {tuple(got.shape)}")
+        want = _alibi_bias(T, slope).double()
+        got = got.detach().double()
+        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # j > i
+        past = ~future
+        expect(not torch.isnan(got).any(), "your bias holds NaN: 0 * -inf is NaN; build the -inf part with masked_fill or torch.where")
+        if T > 1:
+            expect(not torch.isinf(got[past]).any(),
+                   "rows are queries and columns keys: key j may be seen by query i when j <= i, so -inf belongs "
+                   "above the diagonal (j > i) and the distance penalty on and below it")
+            expect(not (got[future] == 0).all(),
+                   "0 above the diagonal lets query i attend the future keys j > i: an additive mask hides a key with -inf")
+            expect((got[future] == float("-inf")).all(),
+                   "the future must stay hidden: the entries above the diagonal (key j after query i) must be -inf")
+            lower_ok = _same(got[past], want[past])
+            if not lower_ok:
+                dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).double()
+                expect(not _same(got[past], (slope * dist)[past]),
+                       "the bias must fall with distance, -slope * (i - j): yours grows, so a head would prefer the "
+                       "oldest keys")
+                expect(not _same(got[past], (-slope * (dist + 1))[past]),
+                       "a query and itself are 0 positions apart: the diagonal gets bias 0, the key before it -slope")
+                expect(not _same(got[past], (-dist)[past]) or slope == 1,
+                       f"multiply the distance by `slope` (here {slope}): -slope * (i - j)")
+                i, j = ((got - want).abs() > 1e-6).logical_and(past).nonzero()[0].tolist()
+                raise CheckFailed(
+                    f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * (i - j) = {want[i, j].item():g}, "
+                    f"yours is {got[i, j].item():g}"
+                )
+        else:
+            expect(got.item() == 0, f"with T = 1 the single query sees only itself, distance 0: bias [[0.]], got {got.tolist()}")

@@ -1,16 +1,31 @@
 """Checks for chapter 02's exercises: embeddings and positional encoding (hand-written).
 
-Each check runs the learner's function against the package's reference on ordinary and edge inputs
-and, when the answer is wrong, recognises the usual slips (positions counted from 1, sine and cosine
-swapped, the column index in the exponent, a rotation the wrong way round, ...) and names them.
+Each check runs the learner's function against a reference on ordinary and edge inputs and, when the
+answer is wrong, recognises the usual slips (one-hot vectors of the wrong length, positions counted
+from 1, sine and cosine swapped, all the sines first, a rotation the wrong way round, ...) and names
+them. The build exercises (2.3, 2.5) are checked against the package's functions; the debug and
+extend exercises against the private references below (``_one_hot_embedding``,
+``_grid_positional_encoding``), which are not part of the package's API.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from ..positional import position_shift_matrix, sinusoidal_positional_encoding
 from ._core import CheckFailed, check, expect, expect_close
+
+__all__ = [
+    "check_grid_code",
+    "check_one_hot_embedding",
+    "check_predict_embedding_grad",
+    "check_predict_row_length",
+    "check_shift_matrix",
+    "check_sinusoidal",
+]
 
 _F64 = torch.float64
 
@@ -30,16 +45,34 @@ def _first_mismatch(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -
     return tuple(bad[0].tolist())
 
 
-# --- Exercise 2.1 ---------------------------------------------------------------------------------
+def _numbers(answer, n: int, what: str) -> list[float]:
+    """A prediction of ``n`` numbers (tuple, list or tensor) as floats."""
+    if isinstance(answer, torch.Tensor):
+        answer = answer.flatten().tolist()
+    expect(isinstance(answer, (list, tuple)), f"return {n} numbers ({what}), got {type(answer).__name__}")
+    expect(len(answer) == n, f"return {n} numbers ({what}), got {len(answer)}")
+    try:
+        return [float(x) for x in answer]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"return {n} numbers ({what}), got {answer!r}") from None
 
 
-@check("2.1", "one_hot_embedding")
+# --- Exercise 2.1 (debug) -------------------------------------------------------------------------
+
+
+def _one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Reference for 2.1: ids [B, T] -> one_hot(ids, V) @ table [V, C] = [B, T, C]."""
+    return F.one_hot(ids, num_classes=table.shape[0]).to(table.dtype) @ table
+
+
+@check("2.1", "fixed_one_hot_embedding", reference="transformer_course.checks.positional:_one_hot_embedding")
 def check_one_hot_embedding(fn) -> None:
-    """``fn(ids [B, T], table [V, C]) -> [B, T, C]`` must equal ``table[ids]``."""
+    """``fn(ids [B, T], table [V, C]) -> [B, T, C]`` must equal ``table[ids]`` for any ids in 0..V-1."""
     table = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))  # V = 7, C = 3
     with_last = torch.tensor([[0, 6, 2], [3, 3, 1]])  # contains the largest id V - 1 = 6
     without_last = torch.tensor([[1, 4, 2, 0, 4]])  # largest id 4 < V - 1
-    for ids in (with_last, without_last):
+    single = torch.tensor([[0]])  # one token, id 0: F.one_hot alone would make vectors of length 1
+    for ids in (with_last, without_last, single):
         try:
             out = fn(ids, table)
         except RuntimeError as error:
@@ -48,7 +81,7 @@ def check_one_hot_embedding(fn) -> None:
                     "F.one_hot returns integers (torch.long) but the table holds floats: convert the "
                     "one-hot vectors with .to(table.dtype) (or .float()) before multiplying"
                 ) from None
-            if ids is without_last:
+            if ids is not with_last:
                 raise CheckFailed(
                     "it works when the ids include the largest one (V - 1) and fails when they do not: "
                     "F.one_hot guesses the vector length from the largest id it sees; pass "
@@ -73,7 +106,31 @@ def check_one_hot_embedding(fn) -> None:
             )
 
 
-# --- Exercise 2.2 ---------------------------------------------------------------------------------
+# --- Exercise 2.2 (predict) -----------------------------------------------------------------------
+
+
+@check("2.2", "embedding gradient")
+def check_predict_embedding_grad(fn) -> None:
+    """``fn() -> (g1, g4, g0)``: the entries of rows 1, 4 and 0 of the table's gradient."""
+    g1, g4, g0 = _numbers(fn(), 3, "the gradient entries of rows 1, 4 and 0")
+    expect(
+        abs(g0) < 1e-9,
+        "id 0 is not in the batch, so row 0 takes no part in the sum: its gradient is exactly 0",
+    )
+    expect(
+        abs(g4 - 1) < 1e-6,
+        f"row 4 is looked up once and each of its entries is added once into the sum, so each entry's "
+        f"gradient is 1 (you said {g4:g})",
+    )
+    expect(
+        abs(g1 - 1) > 1e-6,
+        "id 1 appears twice in the batch: each lookup adds the row into the sum once more, and the "
+        "gradients of the two uses add up",
+    )
+    expect(abs(g1 - 2) < 1e-6, f"id 1 is looked up twice, each time contributing 1: row 1's gradient is 2, not {g1:g}")
+
+
+# --- Exercise 2.3 (build) -------------------------------------------------------------------------
 
 
 def _literal_seed_001(n_positions: int, d_model: int) -> torch.Tensor:
@@ -83,11 +140,17 @@ def _literal_seed_001(n_positions: int, d_model: int) -> torch.Tensor:
     return torch.where(j % 2 == 0, torch.sin(angles), torch.cos(angles))
 
 
-@check("2.2", "sinusoidal")
+def _sines_first(pe: torch.Tensor) -> torch.Tensor:
+    """The table laid out [all sines | all cosines] instead of interleaved."""
+    return torch.cat([pe[:, 0::2], pe[:, 1::2]], dim=1)
+
+
+@check("2.3", "sinusoidal_positional_encoding", reference="transformer_course.positional:sinusoidal_positional_encoding")
 def check_sinusoidal(fn) -> None:
-    """``fn(n_positions, d_model)`` must equal :func:`sinusoidal_positional_encoding` (position 0 first)."""
-    for n, d in ((16, 64), (5, 6)):
-        got = _as_tensor(fn(n, d), "[n_positions, d_model]")
+    """``fn(n_positions, d_model, base=10000.0, *, dtype=None)`` must equal the package's table."""
+    for n, d in ((16, 64), (5, 6), (1, 4)):
+        out = fn(n, d)
+        got = _as_tensor(out, "[n_positions, d_model]")
         expect(
             tuple(got.shape) != (d, n) or n == d,
             f"rows are positions and columns dimensions: expected [n_positions, d_model] = {[n, d]}, "
@@ -95,38 +158,88 @@ def check_sinusoidal(fn) -> None:
         )
         expect(tuple(got.shape) == (n, d), f"expected shape [n_positions, d_model] = {[n, d]}, got {list(got.shape)}")
         want = sinusoidal_positional_encoding(n, d, dtype=_F64)
-        if _close(got, want):
-            continue
+        if not _close(got, want):
+            expect(
+                not _close(got, sinusoidal_positional_encoding(n + 1, d, dtype=_F64)[1:]),
+                "your row 0 is position 1: count positions from 0, so the first row is [0, 1, 0, 1, ...] "
+                "(sin 0 = 0, cos 0 = 1); seed 004 counts from 1",
+            )
+            swap = torch.arange(d).view(-1, 2).flip(1).flatten()  # 1, 0, 3, 2, ...
+            expect(
+                not _close(got, want[:, swap]),
+                "sine and cosine are swapped: even columns (0, 2, ...) take the sine and odd columns the "
+                "cosine, so row 0 reads [0, 1, 0, 1, ...]",
+            )
+            expect(
+                not _close(got, _sines_first(want)),
+                "you put all the sines first and all the cosines after them; here the columns alternate: "
+                "pair i fills columns 2i (sine) and 2i+1 (cosine), so row 0 reads [0, 1, 0, 1, ...] "
+                "(assign to pe[:, 0::2] and pe[:, 1::2])",
+            )
+            expect(
+                not _close(got, _literal_seed_001(n, d)),
+                f"columns 2i and 2i+1 must share one frequency, 10000^(-2i/d_model); you put the column "
+                f"index j in place of 2i (exponent 2j/d_model), as seed 001's formula reads. PE[1, 2] "
+                f"should be {want[1, 2].item():.6f}, yours is {got[1, 2].item():.6f}",
+            )
+            p, j = _first_mismatch(got, want)
+            raise CheckFailed(
+                f"PE[{p}, {j}] (n_positions={n}, d_model={d}) should be {want[p, j].item():.6f}, yours is "
+                f"{got[p, j].item():.6f}: {'sin' if j % 2 == 0 else 'cos'}({p} * 10000^(-{j - j % 2}/{d}))"
+            )
         expect(
-            not _close(got, sinusoidal_positional_encoding(n + 1, d, dtype=_F64)[1:]),
-            "your row 0 is position 1: count positions from 0, so the first row is [0, 1, 0, 1, ...] "
-            "(sin 0 = 0, cos 0 = 1); seed 004 counts from 1",
+            out.dtype == torch.get_default_dtype(),
+            f"without a dtype, return the table in torch's default dtype ({torch.get_default_dtype()}), "
+            f"got {out.dtype}: end with .to(dtype or torch.get_default_dtype())",
         )
-        swap = torch.arange(d).view(-1, 2).flip(1).flatten()  # 1, 0, 3, 2, ...
-        expect(
-            not _close(got, want[:, swap]),
-            "sine and cosine are swapped: even columns (0, 2, ...) take the sine and odd columns the "
-            "cosine, so row 0 reads [0, 1, 0, 1, ...]",
-        )
-        expect(
-            not _close(got, _literal_seed_001(n, d)),
-            f"columns 2i and 2i+1 must share one frequency, 10000^(-2i/d_model); you put the column "
-            f"index j in place of 2i (exponent 2j/d_model), as seed 001's formula reads. PE[1, 2] "
-            f"should be {want[1, 2].item():.6f}, yours is {got[1, 2].item():.6f}",
-        )
-        p, j = _first_mismatch(got, want)
-        raise CheckFailed(
-            f"PE[{p}, {j}] (n_positions={n}, d_model={d}) should be {want[p, j].item():.6f}, yours is "
-            f"{got[p, j].item():.6f}: {'sin' if j % 2 == 0 else 'cos'}({p} * 10000^(-{j - j % 2}/{d}))"
-        )
+    got = _as_tensor(fn(6, 8, base=100.0), "[n_positions, d_model]")
+    want = sinusoidal_positional_encoding(6, 8, base=100.0, dtype=_F64)
+    expect(
+        _close(got, want),
+        "with base=100.0 the table should use the frequencies 100^(-2i/d_model): use the frequencies "
+        "omega computed from `base` rather than a hard-coded 10000",
+    )
+    out = fn(1000, 16, dtype=_F64)
+    expect(isinstance(out, torch.Tensor) and out.dtype == _F64,
+           f"with dtype=torch.float64, return a float64 table, got {getattr(out, 'dtype', type(out).__name__)}")
+    want = sinusoidal_positional_encoding(1000, 16, dtype=_F64)
+    worst = (out.detach() - want).abs().max().item() if out.shape == want.shape else math.inf
+    expect(
+        worst < 1e-9,
+        f"with dtype=torch.float64 your table differs from the exact one by up to {worst:.1g} (positions "
+        "0..999): compute the angles in float64 (torch.arange(n_positions, dtype=torch.float64)) and "
+        "convert only at the end; float32 keeps about 7 digits, so an angle of 999 radians loses the "
+        "fourth decimal",
+    )
 
 
-# --- Exercise 2.3 ---------------------------------------------------------------------------------
+# --- Exercise 2.4 (predict) -----------------------------------------------------------------------
 
 
-@check("2.3", "shift_matrix")
+@check("2.4", "row length")
+def check_predict_row_length(fn) -> None:
+    """``fn() -> float``: the length of a row of the C = 64 table (the same for every position)."""
+    (got,) = _numbers([fn()], 1, "one length")
+    want = math.sqrt(32)
+    if abs(got - want) < 0.01:
+        return
+    expect(abs(got - 32) > 0.01, "32 is the squared length (one per pair); the length is its square root, √32")
+    expect(
+        abs(got - 8) > 0.01,
+        "√64 = 8 would need every one of the 64 entries to be ±1; in each pair sin² + cos² = 1, so the "
+        "squared length is 1 per pair, 32 pairs",
+    )
+    expect(abs(got - 1) > 0.01, "each pair contributes 1 to the *squared* length (sin² + cos² = 1), and there are 32 pairs")
+    expect(got < 100, "the entries stay within [-1, 1] however large p is: the length does not grow with the position")
+    raise CheckFailed(f"not {got:g}: add up sin² + cos² over the 32 (sin, cos) pairs of one row, then take the square root")
+
+
+# --- Exercise 2.5 (build) -------------------------------------------------------------------------
+
+
+@check("2.5", "position_shift_matrix", reference="transformer_course.positional:position_shift_matrix")
 def check_shift_matrix(fn) -> None:
-    """``fn(offset, d_model)`` must return M [C, C] with PE[p + offset] = M @ PE[p]."""
+    """``fn(offset, d_model, base=10000.0, *, dtype=None)`` must return M [C, C] with PE[p + offset] = M @ PE[p]."""
     for offset, d in ((3, 8), (-2, 8), (10, 64), (0, 4)):
         got = _as_tensor(fn(offset, d), "[d_model, d_model]")
         expect(tuple(got.shape) == (d, d), f"expected shape [d_model, d_model] = {[d, d]}, got {list(got.shape)}")
@@ -157,68 +270,82 @@ def check_shift_matrix(fn) -> None:
             f"M @ PE[p] matches PE[p + {offset}] on the positions tried, but M (d_model={d}) is not the "
             "block-diagonal rotation: 2x2 blocks [[cos, sin], [-sin, cos]] on the diagonal, zeros elsewhere"
         )
+    out = fn(2, 8)
+    expect(out.dtype == torch.get_default_dtype(),
+           f"without a dtype, return the matrix in torch's default dtype ({torch.get_default_dtype()}), got {out.dtype}")
+    got = _as_tensor(fn(2, 8, base=100.0), "[d_model, d_model]")
+    expect(_close(got, position_shift_matrix(2, 8, base=100.0, dtype=_F64)),
+           "with base=100.0 the angles are offset * 100^(-2i/d_model): use omega (computed from `base`), "
+           "not a hard-coded 10000")
+    out = fn(37, 64, dtype=_F64)
+    expect(isinstance(out, torch.Tensor) and out.dtype == _F64,
+           f"with dtype=torch.float64, return a float64 matrix, got {getattr(out, 'dtype', type(out).__name__)}")
+    worst = (out.detach() - position_shift_matrix(37, 64, dtype=_F64)).abs().max().item()
+    expect(worst < 1e-12,
+           f"with dtype=torch.float64 your matrix is off by up to {worst:.1g}: build it in float64 "
+           "(omega already is) and convert only at the end")
 
 
-# --- Exercise 2.4 ---------------------------------------------------------------------------------
+# --- Exercise 2.6 (extend) ------------------------------------------------------------------------
 
 
-@check("2.4", "dot_by_offset")
-def check_dot_by_offset(fn) -> None:
-    """``fn(offsets [K], d_model) -> [K]`` must give PE[p] . PE[p + k] for each gap k."""
-    for d in (64, 8):
-        offsets = torch.tensor([0, 1, 2, 5, 17, 100, -3])
-        got = _as_tensor(fn(offsets, d), "[K]")
-        expect(tuple(got.shape) == (len(offsets),), f"expected one number per offset, shape {[len(offsets)]}, got {list(got.shape)}")
-        pe = sinusoidal_positional_encoding(110, d, dtype=_F64)  # (110, C)
-        want = torch.stack([pe[5] @ pe[5 + k] for k in offsets.tolist()])  # start at p = 5
-        if _close(got, want, atol=1e-5):
-            continue
+def _grid_positional_encoding(height: int, width: int, d_model: int) -> torch.Tensor:
+    """Reference for 2.6: [height * width, d_model]; patch (r, c) is row r * width + c; its first
+    d_model/2 columns are the 1-D code of r (width d_model/2), the last d_model/2 that of c."""
+    rows = sinusoidal_positional_encoding(height, d_model // 2)  # (H, C/2)
+    cols = sinusoidal_positional_encoding(width, d_model // 2)  # (W, C/2)
+    r, c = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")  # (H, W) each
+    return torch.cat([rows[r.flatten()], cols[c.flatten()]], dim=1)  # (H*W, C)
+
+
+@check("2.6", "grid_positional_encoding", reference="transformer_course.checks.positional:_grid_positional_encoding")
+def check_grid_code(fn) -> None:
+    """``fn(height, width, d_model) -> [height * width, d_model]``: a sinusoidal code for grid positions."""
+    for H, W, d in ((3, 5, 8), (4, 4, 16), (1, 6, 4), (5, 1, 4)):
+        got = _as_tensor(fn(H, W, d), "[height * width, d_model]")
         expect(
-            abs(got[0].item() - d) > 1e-6,
-            f"at gap 0 the dot product is a row's squared length, d_model/2 = {d // 2} (each pair gives "
-            f"sin^2 + cos^2 = 1); you got {d}: there are d_model/2 frequencies, not d_model",
+            tuple(got.shape) != (H, W, d),
+            f"flatten the grid: one row per patch, [height * width, d_model] = {[H * W, d]}, not {[H, W, d]}",
         )
-        omega = 10000 ** (-torch.arange(0, d, 2, dtype=_F64) / d)
-        sines = torch.sin(offsets.to(_F64)[:, None] * omega).sum(1)
         expect(
-            not _close(got, sines, atol=1e-5),
-            "sin(p*w) sin(q*w) + cos(p*w) cos(q*w) = cos((q - p) * w): sum cosines of the gap, not sines",
+            tuple(got.shape) != (H * W, 2 * d),
+            "each half of the vector is a 1-D code of width d_model/2, so the two together have d_model "
+            "columns; you used width d_model for each half",
         )
-        expect_close(got, want, f"the dot product at each gap is sum_i cos(k * w_i) over the d_model/2 pairs (d_model={d})", atol=1e-5)
-
-
-# --- Exercise 2.5 ---------------------------------------------------------------------------------
-
-
-@check("2.5", "embed")
-def check_embed_with_offset(fn) -> None:
-    """``fn(idx [B, T], token_table [V, C], position_table [block, C], start_pos=0) -> [B, T, C]``."""
-    g = torch.Generator().manual_seed(0)
-    token_table = torch.randn(11, 4, generator=g)  # (V, C)
-    position_table = torch.randn(8, 4, generator=g)  # (block_size, C)
-    idx = torch.tensor([[3, 7, 1], [0, 2, 6]])  # ids < block_size, so a position-by-id slip runs
-    for start_pos in (0, 3, 5):
-        out = fn(idx, token_table, position_table) if start_pos == 0 else fn(idx, token_table, position_table, start_pos)
-        got = _as_tensor(out, "[B, T, C]")
-        expect(tuple(got.shape) == (2, 3, 4), f"expected shape [B, T, C] = [2, 3, 4], got {list(got.shape)}")
-        want = (token_table[idx] + position_table[start_pos : start_pos + 3]).to(_F64)
+        expect(tuple(got.shape) == (H * W, d), f"expected shape [height * width, d_model] = {[H * W, d]}, got {list(got.shape)}")
+        want = _grid_positional_encoding(H, W, d).to(_F64)
         if _close(got, want):
             continue
+        half = d // 2
+        swapped = torch.cat([want[:, half:], want[:, :half]], dim=1)
         expect(
-            not _close(got, (token_table[idx] + position_table[idx]).to(_F64)),
-            "position rows are chosen by where a token sits (its index t along T), not by its id",
+            not _close(got, swapped),
+            "the halves are swapped: the first d_model/2 columns encode the row r, the last d_model/2 the column c",
         )
+        column_major = want.view(H, W, d).transpose(0, 1).reshape(H * W, d)
         expect(
-            not _close(got, (token_table[idx] + position_table[:3]).to(_F64)),
-            f"with start_pos={start_pos} the first token sits at position {start_pos}: add rows "
-            f"start_pos .. start_pos+T-1 of the position table; you used rows 0 .. T-1",
+            H == 1 or W == 1 or not _close(got, column_major),
+            "your patches are in column-major order: patch (r, c) must be row r * width + c of the result "
+            "(row by row, as flattening an image [height, width] gives); yours is at c * height + r",
         )
+        flat = sinusoidal_positional_encoding(H * W, d).to(_F64)
         expect(
-            not _close(got, token_table[idx].to(_F64)),
-            "the position vectors are missing: add position_table[start_pos : start_pos + T] to the token rows",
+            not _close(got, flat),
+            "you gave each patch the 1-D code of its flat index r * width + c: then the last patch of a "
+            "row and the first of the next look like neighbours although they sit at opposite ends of the "
+            "grid; encode r and c separately (d_model/2 columns each)",
         )
-        b, t, _ = _first_mismatch(got, want)
+        interleaved = torch.stack([want[:, :half], want[:, half:]], dim=-1).flatten(1)
+        expect(
+            not _close(got, interleaved),
+            "you interleaved the row and column codes column by column; put them side by side instead: "
+            "[code of r | code of c]",
+        )
+        i, j = _first_mismatch(got, want)
+        r, c = divmod(i, W)
+        part = f"column {j} encodes the row r = {r}" if j < half else f"column {j} encodes the column c = {c}"
         raise CheckFailed(
-            f"out[{b}, {t}] should be token_table[{idx[b, t].item()}] + position_table[{start_pos + t}] "
-            f"(start_pos={start_pos})"
+            f"row {i} of the result is patch (r, c) = ({r}, {c}) with height={H}, width={W}, d_model={d}: "
+            f"{part}, with the 1-D code of width d_model/2 = {half}; entry [{i}, {j}] should be "
+            f"{want[i, j].item():.4f}, yours is {got[i, j].item():.4f}"
         )
