@@ -1,4 +1,5 @@
-"""End-to-end: every chapter run in JupyterLab inside headless Chromium, widgets included.
+"""End-to-end: every chapter run in JupyterLab inside headless Chromium, widgets included; and the
+student edition of two chapters run and solved in the browser as a learner would.
 
 Run with ``make test-browser`` (CI runs it after ``make test``). For each chapter notebook it:
 
@@ -10,14 +11,38 @@ Run with ``make test-browser`` (CI runs it after ``make test``). For each chapte
    and asserts that the widget's displayed output changes;
 4. saves a screenshot to ``build/browser/<chapter>.png``.
 
+The student edition (``transformer_course.classroom.write_student_edition``) is written into the same
+scratch folder (``student/chapters/``, served by the same JupyterLab) and its chapters in
+``STUDENT_CHAPTERS`` (02 and 03) are items of their own, named ``student/<chapter>.ipynb``. For each:
+
+5. runs all cells with every exercise unsolved and asserts that the kernel finishes, that no cell
+   produced an error output, that the last cell ran, and that every check line printed is
+   "⏳ Exercise N.M (...): not done yet ...", one per exercise cell (tagged ``exercise``);
+6. for a chapter in ``ANSWERS`` (03: the build exercise ``def causal_mask(``, an exported cell whose
+   body is the stub), types into that cell's editor like a learner (click in the editor, Ctrl+A, then
+   the new text inserted as typed text: the cell's source with the stub line replaced by an answer),
+   runs it with Shift+Enter, clicks into the check cell (the first cell after it that names the
+   check) and runs it with Shift+Enter: a wrong answer (no ``tril``) must print "❌ ...: <hint> - the
+   chapter carries on with the package's causal_mask"; then a right one, which prints a marker each
+   time it is called, must print "✅ ... uses yours", and after "Run Selected Cell and All Below" a
+   later cell's output must hold the marker (the rest of the chapter runs the learner's code), with
+   no error output anywhere;
+7. saves screenshots to ``build/browser/student-<chapter>.png`` (and ``-wrong.png`` at the ❌ line).
+
+``--student-from DIR`` builds the student edition from the chapter notebooks in DIR instead of the
+course's (to try a reworked chapter before it is committed).
+
 It installs Debian's chromium when ``/usr/bin/chromium`` is missing (root only), starts JupyterLab on
 127.0.0.1 with a throwaway configuration (no token, no browser), and always stops the server and the
-browser, also on failure. Each chapter has a time limit (``--chapter-timeout``), and so does the run.
+browser, also on failure. Each chapter has a time limit (``--chapter-timeout``; a student chapter
+solved in the browser gets it twice: for its first run, and for the answers and the run below), and
+so does the run.
 
 ``--jobs N`` (default 2) splits the chapters into N groups and runs each group in a child process of
 this script, with its own JupyterLab (own port, own scratch copy, log ``jupyter-lab-<k>.log``) and its
 own Chromium, and ``OMP_NUM_THREADS=1`` so that concurrent chapters do not fight over cores. Groups
-are balanced with a fixed table of relative chapter costs (``tests/chapter_costs.py``), longest first. The children's
+are balanced with a fixed table of relative chapter costs (``tests/chapter_costs.py``; a student
+chapter solved in the browser runs twice, so counts double), longest first. The children's
 lines are printed prefixed with ``[k]``; the run fails if any child fails. When the run times out or
 is interrupted, the children are stopped and whatever they started is killed. ``--jobs 1`` runs
 every chapter in this process, one after another.
@@ -38,11 +63,15 @@ import tempfile
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 from chapter_costs import cost  # noqa: E402  (relative run time of each chapter, to balance --jobs)
+
+from transformer_course.checks import RESULT_LINE  # noqa: E402  (the one line every check prints)
+from transformer_course.classroom import EXERCISE_TAG, write_student_edition  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -61,6 +90,62 @@ JS_KERNEL = """() => { const w = window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
   return k ? k.status : 'none'; }"""
 JS_BUSY_CELLS = "() => Array.from(document.querySelectorAll('.jp-InputPrompt')).filter(e => e.textContent.includes('*')).length"
+# mark cell `i` of the open notebook (its DOM node) so that a locator can find it
+JS_MARK_CELL = """i => { document.querySelectorAll('[data-e2e-cell]').forEach(e => e.removeAttribute('data-e2e-cell'));
+  window.jupyterapp.shell.currentWidget.content.widgets[i].node.setAttribute('data-e2e-cell', String(i)); }"""
+JS_CELL_SOURCE = "i => window.jupyterapp.shell.currentWidget.content.widgets[i].model.sharedModel.getSource()"
+JS_ACTIVE_CELL = "() => window.jupyterapp.shell.currentWidget.content.activeCellIndex"
+
+STUDENT = "student/"  # an item named student/<chapter>.ipynb runs that chapter's student edition
+STUDENT_CHAPTERS = ("02_embeddings_and_positions.ipynb", "03_single_head_attention.ipynb")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A build exercise the test solves in the browser: first wrongly, then rightly."""
+
+    defines: str  # the exercise cell is the one (tagged `exercise`) whose source holds this
+    check: str  # its check cell is the first cell after it whose source holds this
+    name: str  # the package's version the chapter carries on with when the answer fails
+    wrong: str  # body put in place of the stub line (at its indentation)
+    right: str  # a correct body that prints `marker` each time it runs
+    marker: str
+
+
+ANSWERS = {
+    "03_single_head_attention": Answer(
+        defines="def causal_mask(",
+        check="check_causal_mask",
+        name="causal_mask",
+        wrong="return torch.ones(T, T, dtype=torch.bool, device=device)  # every position sees the future",
+        right='print("(the learner\'s causal_mask)")\nreturn torch.ones(T, T, dtype=torch.bool, device=device).tril()',
+        marker="(the learner's causal_mask)",
+    ),
+}
+
+
+def is_student(item: str) -> bool:
+    return item.startswith(STUDENT)
+
+
+def item_name(arg: str) -> str:
+    """A command-line chapter (``chapters/03_x.ipynb``, ``student/03_x.ipynb``) -> the item's name."""
+    path = Path(arg)
+    return STUDENT + path.name if "student" in path.parts[:-1] else path.name
+
+
+def item_cost(item: str) -> float:
+    """Relative run time: a student chapter solved in the browser runs (most of) its cells twice."""
+    return cost(item) * (2 if is_student(item) and Path(item).stem in ANSWERS else 1)
+
+
+def notebook_url_path(item: str) -> str:
+    """Where JupyterLab serves the item, relative to its root (the scratch folder)."""
+    return f"student/chapters/{Path(item).name}" if is_student(item) else f"chapters/{item}"
+
+
+def screenshot_stem(item: str) -> str:
+    return f"student-{Path(item).stem}" if is_student(item) else Path(item).stem
 
 
 def ensure_chromium() -> None:
@@ -80,13 +165,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_workspace(tmp: Path) -> Path:
-    """A scratch copy of chapters/ (next to links to what chapters read by relative path)."""
+def prepare_workspace(tmp: Path, student_from: Path | None = None) -> Path:
+    """A scratch copy of chapters/ (next to links to what chapters read by relative path); with
+    ``student_from``, the student edition of the chapters there in ``student/`` (as a teacher hands it out)."""
     work = tmp / "course"
     shutil.copytree(ROOT / "chapters", work / "chapters", ignore=shutil.ignore_patterns("src", ".ipynb_checkpoints", "checkpoints"))
     for name in ("benchmarks", "docs"):
         if (ROOT / name).exists():
             (work / name).symlink_to(ROOT / name)
+    if student_from is not None:
+        write_student_edition(work / "student", chapters_dir=student_from)
     settings = tmp / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
     # render every cell (no virtual scrolling) so all outputs exist in the DOM
@@ -181,13 +269,29 @@ def errors_in(model: dict) -> list[str]:
     return found
 
 
-def run_all(page, name: str, timeout: float) -> dict:
-    """Clear outputs, run every cell, wait for the kernel; return the notebook model as JSON."""
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.context", timeout=60_000)
-    page.wait_for_function(f"() => ({JS_KERNEL})() === 'idle'", timeout=120_000)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    deadline = time.monotonic() + timeout
+def source(cell: dict) -> str:
+    src = cell.get("source", "")
+    return "".join(src) if isinstance(src, list) else src
+
+
+def printed(cell: dict) -> str:
+    """What a cell printed (its stream outputs)."""
+    texts = [out.get("text", "") for out in cell.get("outputs", []) if out.get("output_type") == "stream"]
+    return "".join("".join(t) if isinstance(t, list) else t for t in texts)
+
+
+def check_lines(cell: dict) -> list[re.Match]:
+    """The check verdicts a cell printed ("✅|❌|⏳ Exercise N.M (name): message")."""
+    return [m for line in printed(cell).splitlines() if (m := RESULT_LINE.match(line.strip()))]
+
+
+def last_count(model: dict) -> int:
+    return max((c.get("execution_count") or 0 for c in model["cells"] if c["cell_type"] == "code"), default=0)
+
+
+def wait_until_run(page, name: str, deadline: float, cells=None, after: int = 0) -> dict:
+    """Wait until every non-empty code cell in ``cells`` (indices; default all) has run since execution
+    count ``after`` and the kernel is idle; fail at once on an error output. Returns the model as JSON."""
     code_cells = None
     while time.monotonic() < deadline:
         page.wait_for_timeout(1000)
@@ -195,12 +299,22 @@ def run_all(page, name: str, timeout: float) -> dict:
         errors = errors_in(model)
         if errors:
             raise ChapterFailure(f"{name}: error output: {errors[0]}")
-        code_cells = [c for c in model["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
-        done = all(c.get("execution_count") for c in code_cells)
+        picked = [model["cells"][i] for i in cells] if cells is not None else model["cells"]
+        code_cells = [c for c in picked if c["cell_type"] == "code" and source(c).strip()]
+        done = all((c.get("execution_count") or 0) > after for c in code_cells)
         if done and page.evaluate(JS_BUSY_CELLS) == 0 and page.evaluate(JS_KERNEL) == "idle":
             return model
-    pending = sum(not c.get("execution_count") for c in code_cells or [])
-    raise ChapterFailure(f"{name}: kernel did not finish within {timeout:.0f} s ({pending} cells not run)")
+    pending = sum((c.get("execution_count") or 0) <= after for c in code_cells or [])
+    raise ChapterFailure(f"{name}: kernel did not finish in time " + (f"({pending} cells not run)" if pending else "(still busy)"))
+
+
+def run_all(page, name: str, timeout: float) -> dict:
+    """Clear outputs, run every cell, wait (``timeout`` s) for the kernel; return the notebook model as JSON."""
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.context", timeout=60_000)
+    page.wait_for_function(f"() => ({JS_KERNEL})() === 'idle'", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    return wait_until_run(page, name, time.monotonic() + timeout)
 
 
 def widget_areas(page):
@@ -294,14 +408,134 @@ def check_widgets(page, name: str, model: dict) -> str:
     raise ChapterFailure(f"{name}: {expected} widgets, none with a control to change")
 
 
+def try_instructor(page, item: str, timeout: float, out: Path) -> str:
+    """Steps 1-3 of the module docstring; returns the verdict."""
+    model = run_all(page, item, timeout)
+    return f"{len(model['cells'])} cells; {check_widgets(page, item, model)}"
+
+
+def check_not_done(name: str, model: dict) -> str:
+    """Every exercise unsolved: one "⏳ ... not done yet" line per exercise cell, and the last cell ran."""
+    cells = model["cells"]
+    exercises = [c for c in cells if c["cell_type"] == "code" and EXERCISE_TAG in c.get("metadata", {}).get("tags", [])]
+    if not exercises:
+        raise ChapterFailure(f"{name}: no cell is tagged '{EXERCISE_TAG}' in the student edition")
+    lines = [m for c in cells for m in check_lines(c)]
+    wrong = [m.group(0) for m in lines if m["icon"] != "⏳" or not m["message"].startswith("not done yet")]
+    if wrong:
+        raise ChapterFailure(f"{name}: with every exercise unsolved a check printed {wrong[0]!r}")
+    if len(lines) != len(exercises):
+        raise ChapterFailure(f"{name}: {len(exercises)} exercise cells but {len(lines)} check lines "
+                             f"({', '.join(m['exercise'] for m in lines) or 'none'})")
+    last = next(c for c in reversed(cells) if c["cell_type"] == "code" and source(c).strip())
+    if not last.get("execution_count"):
+        raise ChapterFailure(f"{name}: the last code cell did not run")
+    return f"{len(cells)} cells; {len(exercises)} exercises, each '⏳ not done yet'"
+
+
+def cell_locator(page, index: int):
+    """The DOM node of cell ``index`` of the open notebook."""
+    page.evaluate(JS_MARK_CELL, index)
+    return page.locator(f"[data-e2e-cell='{index}']")
+
+
+def type_into_cell(page, name: str, index: int, text: str) -> None:
+    """Replace the text of code cell ``index`` as a learner does: click into its editor, select all
+    (Ctrl+A) and type. The text is inserted as typed input (``keyboard.insert_text``, like a paste),
+    not key by key, so that CodeMirror's auto-indent and bracket closing do not change it."""
+    editor = cell_locator(page, index).locator(".jp-InputArea-editor .cm-content")
+    editor.scroll_into_view_if_needed()
+    editor.click()
+    page.keyboard.press("ControlOrMeta+a")
+    page.keyboard.insert_text(text)
+    deadline = time.monotonic() + 10
+    while page.evaluate(JS_CELL_SOURCE, index) != text:
+        if time.monotonic() > deadline:
+            raise ChapterFailure(f"{name}: typed into cell {index} but its source is now "
+                                 f"{page.evaluate(JS_CELL_SOURCE, index)!r}")
+        page.wait_for_timeout(200)
+
+
+def run_exercise(page, name: str, exercise: int, check: int, deadline: float) -> re.Match:
+    """Shift+Enter in the exercise cell (its editor has the focus), then click into the check cell and
+    Shift+Enter; return the one verdict line the check cell printed."""
+    after = last_count(page.evaluate(JS_MODEL))
+    page.keyboard.press("Shift+Enter")
+    cell_locator(page, check).locator(".jp-InputArea-editor .cm-content").click()
+    page.keyboard.press("Shift+Enter")
+    model = wait_until_run(page, name, deadline, cells=[exercise, check], after=after)
+    lines = check_lines(model["cells"][check])
+    if len(lines) != 1:
+        raise ChapterFailure(f"{name}: the check cell {check} printed {len(lines)} verdict lines: {printed(model['cells'][check])!r}")
+    return lines[0]
+
+
+def solve_in_browser(page, name: str, model: dict, answer: Answer, timeout: float, out: Path) -> str:
+    """Step 6 of the module docstring (within ``timeout`` s); returns the verdict."""
+    deadline = time.monotonic() + timeout
+    cells = model["cells"]
+    exercise = next((i for i, c in enumerate(cells) if c["cell_type"] == "code" and answer.defines in source(c)
+                     and EXERCISE_TAG in c.get("metadata", {}).get("tags", [])), None)
+    if exercise is None:
+        raise ChapterFailure(f"{name}: no exercise cell defines `{answer.defines}` (the exported cell as the exercise)")
+    check = next((i for i in range(exercise + 1, len(cells)) if answer.check in source(cells[i])), None)
+    if check is None:
+        raise ChapterFailure(f"{name}: no cell after the exercise cell {exercise} calls {answer.check}")
+    stub = source(cells[exercise]).split("\n")
+    at = next((i for i, line in enumerate(stub) if line.lstrip().startswith("raise NotImplementedError(")), None)
+    if at is None:
+        raise ChapterFailure(f"{name}: the exercise cell {exercise} has no NotImplementedError stub")
+    indent = stub[at][: len(stub[at]) - len(stub[at].lstrip())]
+
+    def with_body(body: str) -> str:
+        return "\n".join(stub[:at] + [indent + line for line in body.split("\n")] + stub[at + 1:])
+
+    carries_on = f"the chapter carries on with the package's {answer.name}"
+    type_into_cell(page, name, exercise, with_body(answer.wrong))
+    wrong = run_exercise(page, name, exercise, check, deadline)
+    hint = wrong["message"].split(f" - {carries_on}")[0].strip()
+    if wrong["icon"] != "❌" or not hint or carries_on not in wrong["message"]:
+        raise ChapterFailure(f"{name}: a wrong {answer.name} gave {wrong.group(0)!r}, not '❌ ...: <hint> - {carries_on}'")
+    cell_locator(page, check).scroll_into_view_if_needed()
+    page.screenshot(path=str(out / f"{screenshot_stem(name)}-wrong.png"))
+
+    type_into_cell(page, name, exercise, with_body(answer.right))
+    right = run_exercise(page, name, exercise, check, deadline)
+    if right["icon"] != "✅" or "uses yours" not in right["message"]:
+        raise ChapterFailure(f"{name}: a right {answer.name} gave {right.group(0)!r}, not '✅ ... uses yours'")
+
+    # Shift+Enter left the cell after the check cell selected: Run > Run Selected Cell and All Below
+    if page.evaluate(JS_ACTIVE_CELL) != check + 1:
+        raise ChapterFailure(f"{name}: after Shift+Enter in the check cell, cell {page.evaluate(JS_ACTIVE_CELL)} is selected, not {check + 1}")
+    after = last_count(page.evaluate(JS_MODEL))
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-below')")
+    model = wait_until_run(page, name, deadline, cells=range(check + 1, len(cells)), after=after)
+    uses = [i for i in range(check + 1, len(cells)) if answer.marker in printed(model["cells"][i])]
+    if not uses:
+        raise ChapterFailure(f"{name}: no cell after the check printed {answer.marker!r}: the chapter does not run the learner's {answer.name}")
+    cell_locator(page, uses[0]).scroll_into_view_if_needed()
+    return (f"{answer.name}: wrong answer '{wrong['icon']} {hint[:60]}', right answer '{right['icon']} {right['message']}', "
+            f"used by {len(uses)} later cells (first: cell {uses[0]})")
+
+
+def try_student(page, item: str, timeout: float, out: Path) -> str:
+    """Steps 5-6 of the module docstring; returns the verdict."""
+    model = run_all(page, item, timeout)
+    verdict = check_not_done(item, model)
+    answer = ANSWERS.get(Path(item).stem)
+    if answer is not None:
+        verdict += "; " + solve_in_browser(page, item, model, answer, timeout, out)
+    return verdict
+
+
 def split(notebooks: list[str], jobs: int) -> list[list[str]]:
     """Longest first, each chapter into the group with the least total cost so far."""
     groups: list[list[str]] = [[] for _ in range(jobs)]
     totals = [0.0] * jobs
-    for name in sorted(notebooks, key=lambda n: (-cost(n), n)):
+    for name in sorted(notebooks, key=lambda n: (-item_cost(n), n)):
         k = min(range(jobs), key=lambda i: totals[i])
         groups[k].append(name)
-        totals[k] += cost(name)
+        totals[k] += item_cost(name)
     return [sorted(g) for g in groups if g]
 
 
@@ -380,12 +614,14 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
     threads = []
     try:
         for k, group in enumerate(groups, 1):
-            print(f"[{k}] {len(group)} chapter{'s' if len(group) > 1 else ''} (cost {sum(map(cost, group)):g}): {' '.join(group)}", flush=True)
+            print(f"[{k}] {len(group)} chapter{'s' if len(group) > 1 else ''} (cost {sum(map(item_cost, group)):g}): {' '.join(group)}", flush=True)
             cmd = [
                 sys.executable, str(Path(__file__).resolve()), "--jobs", "1", "--child-of", str(os.getpid()),
                 "--chapter-timeout", str(args.chapter_timeout), "--total-timeout", str(child_timeout),
                 "--out", str(out), "--lab-log", str(out / f"jupyter-lab-{k}.log"), *group,
             ]
+            if args.student_from:
+                cmd[2:2] = ["--student-from", str(args.student_from)]
             # own session: a Ctrl-C reaches this process only, which stops the children in order
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, encoding="utf-8", errors="replace", bufsize=1,
@@ -435,20 +671,24 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("chapters", nargs="*", help="chapter notebooks to run (default: all)")
+    parser.add_argument("chapters", nargs="*", help="chapter notebooks to run, student/NAME.ipynb for a student "
+                        "edition (default: every chapter, and the student edition of " + " and ".join(STUDENT_CHAPTERS) + ")")
     parser.add_argument("--jobs", type=int, default=2, help="chapters run at the same time, each group in its own "
                         "JupyterLab and Chromium (default 2; 1 runs them one after another in this process)")
     parser.add_argument("--chapter-timeout", type=float, default=600, help="seconds per chapter")
     parser.add_argument("--total-timeout", type=float, default=2700, help="seconds for the whole run")
     parser.add_argument("--out", default=str(ROOT / "build" / "browser"), help="where screenshots go")
     parser.add_argument("--lab-log", help="JupyterLab's log file (default: OUT/jupyter-lab.log)")
+    parser.add_argument("--student-from", type=lambda p: Path(p).resolve(), help="build the student edition from the chapter notebooks "
+                        "in this folder (default: the course's chapters/)")
     parser.add_argument("--child-of", type=int, help=argparse.SUPPRESS)  # set by --jobs for its children
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
 
     ensure_chromium()
-    notebooks = [Path(p).name for p in args.chapters] or sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
+    notebooks = [item_name(p) for p in args.chapters] or [
+        *sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")), *(STUDENT + n for n in STUDENT_CHAPTERS)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = min(args.jobs, len(notebooks))
@@ -474,7 +714,8 @@ def run_here(args, notebooks: list[str], out: Path) -> int:
     log_path = Path(args.lab_log) if args.lab_log else out / "jupyter-lab.log"
     try:
         with open(log_path, "w") as log:
-            work = prepare_workspace(tmp)
+            students = any(map(is_student, notebooks))
+            work = prepare_workspace(tmp, (args.student_from or ROOT / "chapters") if students else None)
             port = free_port()
             lab = start_lab(work, tmp, port, log)
             base = f"http://127.0.0.1:{port}"
@@ -488,17 +729,17 @@ def run_here(args, notebooks: list[str], out: Path) -> int:
                         page_errors = []
                         page.on("pageerror", lambda exc, errs=page_errors: errs.append(str(exc)))
                         try:
-                            page.goto(f"{base}/lab/tree/chapters/{name}", wait_until="domcontentloaded")
-                            model = run_all(page, name, args.chapter_timeout)
-                            verdict = check_widgets(page, name, model)
-                            print(f"PASS {name}: {len(model['cells'])} cells; {verdict} ({time.monotonic() - t0:.0f} s)", flush=True)
+                            page.goto(f"{base}/lab/tree/{notebook_url_path(name)}", wait_until="domcontentloaded")
+                            attempt = try_student if is_student(name) else try_instructor
+                            verdict = attempt(page, name, args.chapter_timeout, out)
+                            print(f"PASS {name}: {verdict} ({time.monotonic() - t0:.0f} s)", flush=True)
                             passed += 1
                         except Exception as exc:  # record and go on to the next chapter (an Abort ends the run)
                             failures.append(f"{name}: {exc}")
                             print(f"FAIL {name}: {exc}", flush=True)
                         finally:
                             try:
-                                page.screenshot(path=str(out / f"{Path(name).stem}.png"))
+                                page.screenshot(path=str(out / f"{screenshot_stem(name)}.png"))
                             except Exception:
                                 pass
                             page.close()
