@@ -37,7 +37,7 @@ def key_mask(keep: torch.Tensor) -> torch.Tensor:
 __all__ = ['NORMS', 'padding_mask', 'key_mask', 'CrossAttention', 'EncoderLayer', 'DecoderLayer', 'copy_from_torch',
            'Seq2SeqConfig', 'EncoderDecoder']
 
-# %% ../chapters/09_encoder_decoder.ipynb #c828cf24
+# %% ../chapters/09_encoder_decoder.ipynb #b1d3ebe6
 class CrossAttention(MultiHeadAttention):
     """Multi-head attention from the decoder (queries) to the encoder output (keys, values).
 
@@ -57,13 +57,13 @@ class CrossAttention(MultiHeadAttention):
                 raise ValueError(f"CrossAttention expects {name} of shape [B, *, {self.d_model}], got {shape}")
         if x.shape[0] != memory.shape[0]:
             raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
+        if mask is not None:
+            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
         C = self.d_model
         w_q, w_kv = self.qkv.weight.split([C, 2 * C])  # (C, C), (2C, C)
         b_q, b_kv = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
         q = split_heads(F.linear(x, w_q, b_q), self.n_head)  # (B, nh, T, hs)
         k, v = (split_heads(t, self.n_head) for t in F.linear(memory, w_kv, b_kv).split(C, dim=2))  # (B, nh, S, hs)
-        if mask is not None:
-            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
         attend = self._attend_fast if self.fast else self._attend_teaching
         y = attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)

@@ -58,39 +58,32 @@ def make_hf_stand_in(vocab_size: int = 512, n_positions: int = 128, n_embd: int 
             p.copy_(mean + std * torch.randn(p.shape, generator=gen))
     return model
 
-# %% ../chapters/08_pretrained_gpt2.ipynb #269b10b3
-# Hugging Face name inside block i -> (our name inside blocks.i, stored by a Conv1D so transpose?)
-_BLOCK_KEYS = {
-    "ln_1.weight": ("ln1.weight", False),
-    "ln_1.bias": ("ln1.bias", False),
-    "attn.c_attn.weight": ("attn.qkv.weight", True),  # [C, 3C] -> [3C, C]
-    "attn.c_attn.bias": ("attn.qkv.bias", False),
-    "attn.c_proj.weight": ("attn.proj.weight", True),  # [C, C]: square, so a missed transpose is silent
-    "attn.c_proj.bias": ("attn.proj.bias", False),
-    "ln_2.weight": ("ln2.weight", False),
-    "ln_2.bias": ("ln2.bias", False),
-    "mlp.c_fc.weight": ("mlp.fc.weight", True),  # [C, 4C] -> [4C, C]
-    "mlp.c_fc.bias": ("mlp.fc.bias", False),
-    "mlp.c_proj.weight": ("mlp.proj.weight", True),  # [4C, C] -> [C, 4C]
-    "mlp.c_proj.bias": ("mlp.proj.bias", False),
-}
-_TOP_KEYS = {
-    "wte.weight": ("embed.token.weight", False),
-    "wpe.weight": ("embed.position.weight", False),
-    "ln_f.weight": ("ln_f.weight", False),
-    "ln_f.bias": ("ln_f.bias", False),
-}
-# saved by GPT2LMHeadModel as "transformer.h.0...", by GPT2Model (the Hub's "gpt2") as "h.0..."
-_PREFIX = "transformer."
-# old files carry the causal mask as a buffer: not a weight, skipped
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-
-
+# %% ../chapters/08_pretrained_gpt2.ipynb #2ebccd09
 def hf_key_map(n_layer: int) -> dict[str, tuple[str, bool]]:
     """Every GPT-2 parameter name (without "transformer.") -> (our name, transpose?), 4 + 12 L entries."""
-    table = dict(_TOP_KEYS)
+    # Hugging Face name inside block i -> (our name inside blocks.i, stored by a Conv1D so transpose?)
+    per_block = {
+        "ln_1.weight": ("ln1.weight", False),
+        "ln_1.bias": ("ln1.bias", False),
+        "attn.c_attn.weight": ("attn.qkv.weight", True),  # [C, 3C] -> [3C, C]
+        "attn.c_attn.bias": ("attn.qkv.bias", False),
+        "attn.c_proj.weight": ("attn.proj.weight", True),  # [C, C]: square, so a missed transpose is silent
+        "attn.c_proj.bias": ("attn.proj.bias", False),
+        "ln_2.weight": ("ln2.weight", False),
+        "ln_2.bias": ("ln2.bias", False),
+        "mlp.c_fc.weight": ("mlp.fc.weight", True),  # [C, 4C] -> [4C, C]
+        "mlp.c_fc.bias": ("mlp.fc.bias", False),
+        "mlp.c_proj.weight": ("mlp.proj.weight", True),  # [4C, C] -> [C, 4C]
+        "mlp.c_proj.bias": ("mlp.proj.bias", False),
+    }
+    table = {
+        "wte.weight": ("embed.token.weight", False),
+        "wpe.weight": ("embed.position.weight", False),
+        "ln_f.weight": ("ln_f.weight", False),
+        "ln_f.bias": ("ln_f.bias", False),
+    }
     for i in range(n_layer):
-        table.update({f"h.{i}.{hf}": (f"blocks.{i}.{ours}", t) for hf, (ours, t) in _BLOCK_KEYS.items()})
+        table.update({f"h.{i}.{hf}": (f"blocks.{i}.{ours}", t) for hf, (ours, t) in per_block.items()})
     return table
 
 # %% ../chapters/08_pretrained_gpt2.ipynb #9152ae59
@@ -125,7 +118,13 @@ def config_from_hf(hf: Mapping) -> GPTConfig:
         eps=float(hf.get("layer_norm_epsilon", 1e-5)),
     )
 
-# %% ../chapters/08_pretrained_gpt2.ipynb #eb2b0ac8
+# %% ../chapters/08_pretrained_gpt2.ipynb #fb7b6e75
+# saved by GPT2LMHeadModel as "transformer.h.0...", by GPT2Model (the Hub's "gpt2") as "h.0..."
+_PREFIX = "transformer."
+# old files carry the causal mask as a buffer: not a weight, skipped
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
 def _names(names: list[str], n: int = 6) -> str:
     return ", ".join(names[:n]) + (f" ... ({len(names) - n} more)" if len(names) > n else "")
 

@@ -8,8 +8,9 @@
 # `GPT2LMHeadModel` of Hugging Face `transformers`.
 #
 # **You will build**
-# - a translator from Hugging Face's GPT-2 checkpoint layout (a `config.json` plus `model.safetensors`)
-#   to our `GPTConfig` and our parameter names;
+# - the heart of the translator yourself: the table that sends every tensor name of Hugging Face's
+#   GPT-2 checkpoint layout (a `config.json` plus `model.safetensors`) to our parameter names, and says
+#   which tensors must be transposed on the way (Exercise 8.2); the chapter's loader runs on your table;
 # - `load_hf_gpt2(path_or_name)`, also reachable as `GPT.from_hf_gpt2(...)`, that reads a folder or
 #   downloads a checkpoint from the Hugging Face Hub, and refuses bad files with errors that name the
 #   problem;
@@ -20,6 +21,10 @@
 # **You will be able to** explain each place where the two codebases store the same model
 # differently (a transposed weight, a packed matrix, a missing head, an approximate GELU, an epsilon),
 # and run the 124M-parameter GPT-2 with our own code when a network connection is available.
+#
+# **Your turn** four times: predict which forgotten transpose goes unnoticed (8.1), build the name map
+# (8.2), debug a reader of the packed query-key-value matrix written for another model family (8.3),
+# and extend the loader into an exporter that hands our GPT to `transformers` (8.4).
 #
 # **It needs** `MultiHeadAttention` (chapter 04, its packed `qkv` layer), `TransformerBlock` with
 # the `"gelu_tanh"` activation (chapter 05), `GPT` and `GPTConfig` (chapter 06) and `generate`
@@ -196,9 +201,8 @@ for name, t in hf_tensors.items():
 
 # %% [markdown]
 # Compare this with our GPT's parameter names and shapes for the same sizes. Three differences jump
-# out: the names (`c_attn` for `qkv`, `ln_1` for `ln1`, `wte` for `embed.token`), the shapes of every
-# weight matrix inside the blocks (`[64, 192]` there, `[192, 64]` here), and one tensor that only we
-# have: `lm_head.weight`.
+# out: the names, the shapes of every weight matrix inside the blocks (`[64, 192]` there, `[192, 64]`
+# here), and one tensor that only we have: `lm_head.weight`.
 
 # %%
 stand_in_cfg = GPTConfig(vocab_size=512, block_size=128, n_layer=2, n_head=4, d_model=64,
@@ -208,58 +212,132 @@ for name, t in GPT(stand_in_cfg).state_dict().items():
         print(f"  {name:28} {tuple(t.shape)}")
 
 # %% [markdown]
-# ## 3. The map
+# ## 3. Two ways to store one linear layer
 #
-# The whole translation fits in one table: every Hugging Face name, the name it gets in our model,
-# and whether the tensor must be transposed. The next section turns the table into a loader; the one
-# after it takes the surprising entries one at a time (why transpose? where is `lm_head`?) and shows
-# on the loaded model what goes wrong without them.
+# OpenAI wrote GPT-2 in TensorFlow, where a dense layer keeps its weight as `[in, out]` and computes
+# `x @ W + b`. Hugging Face kept that layout in a small module it calls `Conv1D` (a convolution one
+# position wide is just a dense layer), and every weight matrix inside a GPT-2 block lives in one:
+# `attn.c_attn`, `attn.c_proj`, `mlp.c_fc` and `mlp.c_proj`. PyTorch's `nn.Linear`, which our GPT
+# uses, keeps `[out, in]` and computes `x @ W.T + b`. Same kind of layer, the other storage order:
+
+# %%
+from transformers.pytorch_utils import Conv1D
+
+conv = hf.transformer.h[0].mlp.c_fc
+linear = torch.nn.Linear(64, 256)
+x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
+assert isinstance(conv, Conv1D)
+with torch.no_grad():
+    print("Conv1D    weight", tuple(conv.weight.shape), "= [in, out], computes x @ W + b:  ",
+          torch.allclose(conv(x), x @ conv.weight + conv.bias, atol=1e-6))
+    print("nn.Linear weight", tuple(linear.weight.shape), "= [out, in], computes x @ W.T + b:",
+          torch.allclose(linear(x), x @ linear.weight.T + linear.bias, atol=1e-6))
+
+# %% [markdown]
+# The embeddings `wte` and `wpe` are lookup tables, one row per token or position, stored the same way
+# on both sides. LayerNorm weights and all biases are vectors: a vector has no storage order to get
+# wrong. And the missing `lm_head`? GPT-2 scores the next token with the token embedding itself (the
+# two are *tied*, more on that in section 6), so the file does not store it twice; our loader will
+# point our `lm_head` at the loaded `wte`.
+#
+# Before writing the translation, a prediction. Suppose a loader copies the four `Conv1D` weights of
+# a block as they are, without transposing them, into our `nn.Linear`s. PyTorch's `load_state_dict`
+# refuses a tensor whose shape differs from the parameter's. Which of the four would it accept
+# without a word?
+
+# %%
+from transformer_course.checks.pretrained import (
+    check_hf_key_map,
+    check_predict_silent_transpose,
+    check_split_qkv,
+    check_to_hf_state_dict,
+)
+
+
+# Your turn - Exercise 8.1 (★☆☆, predict): which forgotten transpose goes unnoticed?
+def my_prediction() -> set[str]:
+    """The names, among "attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight" and
+    "mlp.c_proj.weight", that an untransposed copy would load without any error (C = 64 here)."""
+    ### BEGIN SOLUTION
+    return {"attn.c_proj.weight"}
+    ### END SOLUTION
+
+
+check_predict_silent_transpose(my_prediction)
+
+# %% [markdown]
+# The answer, read off the file: a `[in, out]` weight fits an `[out, in]` parameter exactly when it is
+# square.
+
+# %%
+for name in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight"):
+    rows, cols = hf_tensors[f"transformer.h.0.{name}"].shape
+    print(f"  {name:20} file [{rows:3}, {cols:3}], we keep [{cols:3}, {rows:3}]: "
+          f"{'loads untransposed without an error' if rows == cols else 'refused untransposed'}")
+
+# %% [markdown]
+# So the attention's output projection is the trap: loading it untransposed is a **silent** bug, and
+# section 6 measures how much damage it does. The other three cannot be forgotten unnoticed.
+#
+# ## 4. The map
+#
+# The whole translation fits in one table: every Hugging Face name, the name it gets in our model, and
+# whether the tensor must be transposed. The loader in the next section turns the table into tensors.
+#
+# **Your turn - Exercise 8.2 (★★☆, build).** Write `hf_key_map(n_layer)`: a dict from every tensor
+# name of the file, *without* the `transformer.` prefix (the loader strips it, because some files have
+# it and some do not), to a pair `(our name, transpose?)`. Read the names off the two listings above:
+# `wte.weight`, `wpe.weight`, `ln_f.weight`, `ln_f.bias` outside the blocks, then twelve tensors for each
+# block `h.0.` ... `h.<n_layer - 1>.`, which become `blocks.0.` ... in our model; modules with the same
+# job have names that look alike. `transpose?` is `True` exactly for the `Conv1D` weights. No entry for
+# `lm_head.weight` (it is not in the file). For the stand-in, `n_layer = 2`: 4 + 12 x 2 = 28 entries.
 
 # %%
 #| export
-# Hugging Face name inside block i -> (our name inside blocks.i, stored by a Conv1D so transpose?)
-_BLOCK_KEYS = {
-    "ln_1.weight": ("ln1.weight", False),
-    "ln_1.bias": ("ln1.bias", False),
-    "attn.c_attn.weight": ("attn.qkv.weight", True),  # [C, 3C] -> [3C, C]
-    "attn.c_attn.bias": ("attn.qkv.bias", False),
-    "attn.c_proj.weight": ("attn.proj.weight", True),  # [C, C]: square, so a missed transpose is silent
-    "attn.c_proj.bias": ("attn.proj.bias", False),
-    "ln_2.weight": ("ln2.weight", False),
-    "ln_2.bias": ("ln2.bias", False),
-    "mlp.c_fc.weight": ("mlp.fc.weight", True),  # [C, 4C] -> [4C, C]
-    "mlp.c_fc.bias": ("mlp.fc.bias", False),
-    "mlp.c_proj.weight": ("mlp.proj.weight", True),  # [4C, C] -> [C, 4C]
-    "mlp.c_proj.bias": ("mlp.proj.bias", False),
-}
-_TOP_KEYS = {
-    "wte.weight": ("embed.token.weight", False),
-    "wpe.weight": ("embed.position.weight", False),
-    "ln_f.weight": ("ln_f.weight", False),
-    "ln_f.bias": ("ln_f.bias", False),
-}
-# saved by GPT2LMHeadModel as "transformer.h.0...", by GPT2Model (the Hub's "gpt2") as "h.0..."
-_PREFIX = "transformer."
-# old files carry the causal mask as a buffer: not a weight, skipped
-_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
-
-
+# Your turn - Exercise 8.2 (★★☆, build): the map from GPT-2's tensor names to ours.
 def hf_key_map(n_layer: int) -> dict[str, tuple[str, bool]]:
     """Every GPT-2 parameter name (without "transformer.") -> (our name, transpose?), 4 + 12 L entries."""
-    table = dict(_TOP_KEYS)
+    ### BEGIN SOLUTION
+    # Hugging Face name inside block i -> (our name inside blocks.i, stored by a Conv1D so transpose?)
+    per_block = {
+        "ln_1.weight": ("ln1.weight", False),
+        "ln_1.bias": ("ln1.bias", False),
+        "attn.c_attn.weight": ("attn.qkv.weight", True),  # [C, 3C] -> [3C, C]
+        "attn.c_attn.bias": ("attn.qkv.bias", False),
+        "attn.c_proj.weight": ("attn.proj.weight", True),  # [C, C]: square, so a missed transpose is silent
+        "attn.c_proj.bias": ("attn.proj.bias", False),
+        "ln_2.weight": ("ln2.weight", False),
+        "ln_2.bias": ("ln2.bias", False),
+        "mlp.c_fc.weight": ("mlp.fc.weight", True),  # [C, 4C] -> [4C, C]
+        "mlp.c_fc.bias": ("mlp.fc.bias", False),
+        "mlp.c_proj.weight": ("mlp.proj.weight", True),  # [4C, C] -> [C, 4C]
+        "mlp.c_proj.bias": ("mlp.proj.bias", False),
+    }
+    table = {
+        "wte.weight": ("embed.token.weight", False),
+        "wpe.weight": ("embed.position.weight", False),
+        "ln_f.weight": ("ln_f.weight", False),
+        "ln_f.bias": ("ln_f.bias", False),
+    }
     for i in range(n_layer):
-        table.update({f"h.{i}.{hf}": (f"blocks.{i}.{ours}", t) for hf, (ours, t) in _BLOCK_KEYS.items()})
+        table.update({f"h.{i}.{hf}": (f"blocks.{i}.{ours}", t) for hf, (ours, t) in per_block.items()})
     return table
+    ### END SOLUTION
+
+# %%
+hf_key_map = check_hf_key_map(hf_key_map).use
+
+# %% [markdown]
+# From here on the chapter's loader reads your table (or the package's, if the check above did not
+# pass). For the stand-in:
 
 # %%
 table = hf_key_map(n_layer=2)
-print(len(table), "tensors to map (4 outside the blocks + 12 per block)")
-for hf_name, (ours, transpose) in table.items():
-    if hf_name.startswith("h.0.") or not hf_name.startswith("h."):
-        print(f"  {hf_name:22} -> {ours:24} {'transpose' if transpose else ''}")
+print(len(table), "tensors to map (4 outside the blocks + 12 per block),",
+      sum(transpose for _, transpose in table.values()), "of them transposed (4 Conv1D weights per block)")
 
 # %% [markdown]
-# ## 4. The loader
+# ## 5. The loader
 #
 # First the configuration: Hugging Face's names become ours, and any GPT-2 variant our model cannot
 # express (cross-attention, a different MLP width, attention scaled per layer, an unknown activation)
@@ -316,6 +394,12 @@ except ValueError as e:
 
 # %%
 #| export
+# saved by GPT2LMHeadModel as "transformer.h.0...", by GPT2Model (the Hub's "gpt2") as "h.0..."
+_PREFIX = "transformer."
+# old files carry the causal mask as a buffer: not a weight, skipped
+_IGNORED_SUFFIXES = (".attn.bias", ".attn.masked_bias")
+
+
 def _names(names: list[str], n: int = 6) -> str:
     return ", ".join(names[:n]) + (f" ... ({len(names) - n} more)" if len(names) > n else "")
 
@@ -488,36 +572,14 @@ except FileNotFoundError as e:
     print("folder without config.json:", str(e).replace(workdir.name, "<tmp>"))
 
 # %% [markdown]
-# ## 5. Five gotchas, each checked
+# ## 6. Five gotchas, each checked
 #
-# ### Gotcha 1: `Conv1D` stores its weight the other way round
+# ### Gotcha 1: the square `Conv1D` weight
 #
-# OpenAI wrote GPT-2 in TensorFlow, where a dense layer's weight is `[in, out]` and the layer computes
-# `x @ W + b`. Hugging Face kept that layout in a small module it calls `Conv1D` (a 1-wide convolution
-# is just a dense layer). PyTorch's `nn.Linear`, which our GPT uses, stores `[out, in]` and computes
-# `x @ W.T + b`. Same numbers, transposed storage:
-
-# %%
-from transformers.pytorch_utils import Conv1D
-
-conv = hf.transformer.h[0].mlp.c_fc
-x = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
-assert isinstance(conv, Conv1D)
-print("Conv1D weight", tuple(conv.weight.shape), "= [in, out]; it computes x @ W + b:",
-      torch.allclose(conv(x), x @ conv.weight + conv.bias, atol=1e-6))
-linear = torch.nn.Linear(64, 256)
-with torch.no_grad():
-    linear.weight.copy_(conv.weight.T)
-    linear.bias.copy_(conv.bias)
-print("nn.Linear weight", tuple(linear.weight.shape), "= [out, in] holding W.T gives the same output:",
-      torch.allclose(linear(x), conv(x), atol=1e-6))
-
-# %% [markdown]
-# For three of the four matrices in a block a forgotten transpose cannot go unnoticed: `[64, 192]`
-# does not fit into `[192, 64]` and `load_state_dict` refuses. The attention's output projection
-# `c_proj` is square, `[C, C]`, so it fits either way. Loading it untransposed is a **silent** bug:
-# everything runs, and the model is wrong. We load the stand-in with `load_hf_gpt2`, then plant the bug
-# by hand and measure the damage.
+# Section 3 found the trap: of a block's four `Conv1D` weights, only the attention's output projection
+# `c_proj` is square, `[C, C]`, so only its forgotten transpose loads without an error. Everything
+# runs, and the model is wrong. We load the stand-in with `load_hf_gpt2`, then plant that bug by hand
+# and measure the damage.
 
 # %%
 ours = load_hf_gpt2(folder)
@@ -534,89 +596,73 @@ print("c_proj transposed:        logits within 1e-5 of HF:", torch.allclose(good
 print(f"forgot c_proj's transpose: max |logit difference| = {(bad - reference).abs().max():.2f}")
 
 # %% [markdown]
-# **Your turn.** Turn a `Conv1D`'s tensors into an `nn.Linear` that computes the same function. The
-# check tries a rectangular weight and a square one (where a forgotten transpose raises no error).
-
-# %%
-from transformer_course.checks.pretrained import (
-    check_gelu_tanh,
-    check_linear_from_conv1d,
-    check_load_block,
-    check_split_qkv,
-)
-
-
-# Your turn - Exercise 8.1 (★☆☆): a Conv1D as an nn.Linear.
-def my_linear_from_conv1d(weight: torch.Tensor, bias: torch.Tensor) -> torch.nn.Linear:
-    """Conv1D weight [in, out] and bias [out] -> nn.Linear(in, out) computing x @ weight + bias."""
-    ### BEGIN SOLUTION
-    layer = torch.nn.Linear(weight.shape[0], weight.shape[1])
-    with torch.no_grad():
-        layer.weight.copy_(weight.T)
-        layer.bias.copy_(bias)
-    return layer
-    ### END SOLUTION
-
-
-check_linear_from_conv1d(my_linear_from_conv1d)
-
-# %% [markdown]
 # ### Gotcha 2: one packed matrix for query, key and value
 #
 # GPT-2 computes the queries, keys and values of all heads with a single matrix `c_attn` of width
-# `3C`, and splits its output into `[q | k | v]`, each `C` wide, with the `nh` heads side by side
-# (`hs = C / nh` columns each) inside every part. Chapter 04 packed our `MultiHeadAttention.qkv` the
-# same way on purpose, so the packed matrix loads as one piece (after the transpose).
+# `3C`. Its output is three parts side by side, `[q | k | v]`, each `C` wide, and inside each part the
+# `nh` heads sit next to each other, `hs = C / nh` columns per head. Chapter 04 packed our
+# `MultiHeadAttention.qkv` the same way on purpose, so the packed matrix loads as one piece (after the
+# transpose).
 #
-# To be sure the layout really is that, we split `c_attn` ourselves, run chapter 03's attention
-# head by head, glue the heads together, apply `c_proj`, and compare with what Hugging Face's own
-# attention layer returns. A plausible wrong reading, one where each head keeps its own q, k and v
-# next to each other (`[q0 k0 v0 | q1 k1 v1 | ...]`), is tried too.
-#
-# **Your turn** first: split the packed output of `c_attn`, `[B, T, 3C]`, into per-head queries, keys
-# and values, each `[B, nh, T, hs]`. Chapter 04's `split_heads` may help.
-
-# %%
-# Your turn - Exercise 8.2 (★★☆): split GPT-2's packed q | k | v into heads.
-def my_split_qkv(packed: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """packed [B, T, 3C] laid out as [q | k | v] -> (q, k, v), each [B, nh, T, hs] with hs = C / nh."""
-    ### BEGIN SOLUTION
-    B, T, C3 = packed.shape
-    C = C3 // 3
-    return tuple(t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in packed.split(C, dim=-1))
-    ### END SOLUTION
-
-
-check_split_qkv(my_split_qkv)
-
-# %% [markdown]
-# Now the experiment, with the package's `split_heads` and `merge_heads` (chapter 04):
+# Not every model family packs it like that. GPT-NeoX and Megatron-LM group the columns **per head**
+# instead: head 0's query, key and value, then head 1's, and so on (`[q0 k0 v0 | q1 k1 v1 | ...]`).
+# A reader written for one layout and used on the other raises no error, because the shapes are the
+# same. Below is such a reader, ported from a NeoX loader, inside a small harness that runs a Hugging
+# Face attention layer by hand: `c_attn`, then the split into heads, chapter 03's attention, the heads
+# merged again, then `c_proj`. Hugging Face's own layer says whether the split is right.
 
 # %%
 from transformer_course.attention import causal_mask, scaled_dot_product_attention
 from transformer_course.multihead import merge_heads, split_heads
 
 
-def attention_from_c_attn(attn, x, n_head, layout="qkv"):
-    """Run HF attention layer `attn` on x [B, T, C] by hand, reading c_attn in the given layout."""
-    B, T, C = x.shape
+def attention_from_c_attn(attn, x, n_head, split):
+    """Run HF attention layer `attn` on x [B, T, C] by hand, reading c_attn's output with `split`."""
+    T = x.shape[1]
     packed = x @ attn.c_attn.weight + attn.c_attn.bias  # (B, T, 3C), Conv1D: x @ W + b
-    if layout == "qkv":  # [q | k | v], heads contiguous inside each
-        q, k, v = (split_heads(t, n_head) for t in packed.split(C, dim=-1))  # (B, nh, T, hs) each
-    else:  # per head [q_h k_h v_h]: the wrong guess
-        q, k, v = packed.view(B, T, n_head, 3, C // n_head).permute(3, 0, 2, 1, 4)
+    q, k, v = split(packed, n_head)  # (B, nh, T, hs) each
     out, _ = scaled_dot_product_attention(q, k, v, causal_mask(T))  # (B, nh, T, hs)
     return attn.c_proj(merge_heads(out))  # (B, T, C)
 
 
-# %%
+def split_qkv_neox(packed, n_head):
+    """packed [B, T, 3C] -> (q, k, v), each [B, nh, T, hs]."""
+    B, T, three_c = packed.shape
+    per_head = packed.view(B, T, n_head, 3, three_c // (3 * n_head))  # (B, T, nh, 3, hs)
+    q, k, v = per_head.permute(3, 0, 2, 1, 4)  # 3 x (B, nh, T, hs)
+    return q, k, v
+
+
 block0 = hf.transformer.h[0]
 x = block0.ln_1(hf.transformer.wte(idx) + hf.transformer.wpe(torch.arange(16)))
 with torch.no_grad():
     theirs = block0.attn(x)[0]
-    for layout in ("qkv", "per-head"):
-        mine = attention_from_c_attn(block0.attn, x, n_head=4, layout=layout)
-        print(f"layout {layout:9}: matches HF attention: {torch.allclose(mine, theirs, atol=1e-5)}")
+    mine = attention_from_c_attn(block0.attn, x, 4, split_qkv_neox)
+print("shapes agree:", mine.shape == theirs.shape, "| matches HF attention:", torch.allclose(mine, theirs, atol=1e-5))
+
+# %% [markdown]
+# **Your turn - Exercise 8.3 (★★☆, debug).** Fix the reader for GPT-2's layout: from `packed`,
+# `[B, T, 3C]` laid out as `[q | k | v]`, return the per-head queries, keys and values, each
+# `[B, nh, T, hs]`. Chapter 04's `split_heads` (imported above) may help. The cell after the check
+# runs the harness again with your reader.
+
+# %%
+# Your turn - Exercise 8.3 (★★☆, debug): read GPT-2's packed q | k | v.
+def my_split_qkv(packed: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """packed [B, T, 3C] laid out as [q | k | v] -> (q, k, v), each [B, nh, T, hs] with hs = C / nh."""
+    ### BEGIN SOLUTION
+    C = packed.shape[-1] // 3
+    q, k, v = (split_heads(t, n_head) for t in packed.split(C, dim=-1))  # (B, nh, T, hs) each
+    return q, k, v
+    ### END SOLUTION
+
+
+split_qkv = check_split_qkv(my_split_qkv).use
+
+# %%
+with torch.no_grad():
+    mine = attention_from_c_attn(block0.attn, x, 4, split_qkv)
+print("with the fixed reader, matches HF attention:", torch.allclose(mine, theirs, atol=1e-5))
 
 # %% [markdown]
 # ### Gotcha 3: the output layer is not in the file
@@ -625,8 +671,8 @@ with torch.no_grad():
 # logits are `ln_f(h) @ wteᵀ`, so the matrix that turns a token id into a vector also scores every
 # token as the next one (Press and Wolf, 2017). For the 124M model that one `[50257, 768]` matrix is
 # 38.6 million parameters, nearly a third of the model, stored once. Our `GPT` ties the same way when
-# `tie_weights=True`, so the loader puts `wte` into `embed.token.weight` and `lm_head.weight` *is*
-# that tensor, not a copy.
+# `tie_weights=True`, so once the loader has filled our token embedding from `wte`, `lm_head.weight`
+# *is* that tensor, not a copy.
 
 # %%
 print("lm_head.weight is embed.token.weight:", ours.lm_head.weight is ours.embed.token.weight)
@@ -671,20 +717,6 @@ with torch.no_grad():
 print(f"exact GELU instead of tanh: max |logit difference| = {(wrong_gelu - reference).abs().max():.1e}")
 
 # %% [markdown]
-# **Your turn.** Write GPT-2's GELU from its formula, without calling `F.gelu`.
-
-# %%
-# Your turn - Exercise 8.3 (★★☆): the tanh approximation of GELU.
-def my_gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """Elementwise 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), any shape."""
-    ### BEGIN SOLUTION
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
-    ### END SOLUTION
-
-
-check_gelu_tanh(my_gelu_tanh)
-
-# %% [markdown]
 # ### Gotcha 5: LayerNorm's epsilon, and where it goes
 #
 # GPT-2's LayerNorms use ε = 1e-5 (`layer_norm_epsilon` in `config.json`), the same default as ours.
@@ -710,30 +742,7 @@ with torch.no_grad():
               f"  seed's (sigma + eps) is off by {(seed_layernorm(v, ln) - ln(v)).abs().max():.1e}")
 
 # %% [markdown]
-# **Your turn**, the whole block at once: copy the twelve tensors of one Hugging Face GPT-2 block
-# (named as in the file, without the `transformer.h.<i>.` prefix) into one of our `TransformerBlock`s.
-# The check builds a random GPT-2 block with `transformers` and compares your block's output with it.
-
-# %%
-# Your turn - Exercise 8.4 (★★★): load one GPT-2 block by hand.
-def my_load_block(block, tensors: dict) -> None:
-    """Copy HF tensors {"ln_1.weight": ..., "attn.c_attn.weight": [C, 3C], ...} into `block` in place."""
-    ### BEGIN SOLUTION
-    renames = {"ln_1": "ln1", "ln_2": "ln2", "attn.c_attn": "attn.qkv", "attn.c_proj": "attn.proj",
-               "mlp.c_fc": "mlp.fc", "mlp.c_proj": "mlp.proj"}
-    params = dict(block.named_parameters())
-    with torch.no_grad():
-        for hf_name, t in tensors.items():
-            module, kind = hf_name.rsplit(".", 1)
-            conv_weight = kind == "weight" and not module.startswith("ln_")  # Conv1D: [in, out]
-            params[f"{renames[module]}.{kind}"].copy_(t.T if conv_weight else t)
-    ### END SOLUTION
-
-
-check_load_block(my_load_block)
-
-# %% [markdown]
-# ## 6. The proof
+# ## 7. The proof
 #
 # Same weights, same inputs, and the same outputs within 1e-5, first for the logits of a batch of two
 # sequences of 16 tokens (`GPT.from_hf_gpt2` is the same loader as a class method):
@@ -786,11 +795,13 @@ for i, (a, b) in enumerate(zip(mine, theirs, strict=True)):
 # position 0; the plot shows the largest difference at each stage.
 
 # %%
-STAGES = [  # (label, our module, HF module, take the module's input instead of its output?)
-    ("ln1 / ln_1", "ln1", "ln_1", False), ("qkv / c_attn", "attn.qkv", "attn.c_attn", False),
-    ("heads, concatenated", "attn.proj", "attn.c_proj", True), ("attn out / c_proj", "attn.proj", "attn.c_proj", False),
-    ("ln2 / ln_2", "ln2", "ln_2", False), ("fc / c_fc", "mlp.fc", "mlp.c_fc", False),
-    ("GELU(fc)", "mlp.proj", "mlp.c_proj", True), ("mlp out / c_proj", "mlp.proj", "mlp.c_proj", False),
+# our block's module -> the Hugging Face module holding the same weights, read off the name map (8.2)
+hf_module = {ours.removeprefix("blocks.0.").rpartition(".")[0]: name.removeprefix("h.0.").rpartition(".")[0]
+             for name, (ours, _) in hf_key_map(1).items() if name.startswith("h.0.")}
+STAGES = [  # (label, our module, take the module's input instead of its output?)
+    ("ln1", "ln1", False), ("packed qkv", "attn.qkv", False), ("heads, concatenated", "attn.proj", True),
+    ("attention out", "attn.proj", False), ("ln2", "ln2", False), ("mlp fc", "mlp.fc", False),
+    ("GELU(fc)", "mlp.proj", True), ("mlp out", "mlp.proj", False),
 ]
 
 def capture(block, names_inputs):
@@ -802,8 +813,8 @@ def capture(block, names_inputs):
     return store, hooks
 
 # %%
-ours_vals, h1 = capture(ours.blocks[0], {s[0]: (s[1], s[3]) for s in STAGES})
-hf_vals, h2 = capture(hf.transformer.h[0], {s[0]: (s[2], s[3]) for s in STAGES})
+ours_vals, h1 = capture(ours.blocks[0], {label: (name, inp) for label, name, inp in STAGES})
+hf_vals, h2 = capture(hf.transformer.h[0], {label: (hf_module[name], inp) for label, name, inp in STAGES})
 with torch.no_grad():
     ours(idx), hf(idx)
 for hook in h1 + h2:
@@ -839,6 +850,51 @@ hf_tokens = hf.generate(prompt, max_new_tokens=40, do_sample=False, pad_token_id
 print("identical, token for token:", torch.equal(ours_tokens, hf_tokens))
 print("ours:", ours_tokens[0, 5:25].tolist())
 print("HF:  ", hf_tokens[0, 5:25].tolist())
+
+# %% [markdown]
+# ### The way back: our GPT inside `transformers`
+#
+# The translation also works in the other direction. A GPT made by our own code, one you trained in
+# chapter 06 with GPT-2's choices for instance, can be handed to `transformers` and run by its
+# `generate`, its pipelines, or anything else built on `GPT2LMHeadModel`.
+#
+# **Your turn - Exercise 8.4 (★★☆, extend).** Write `my_to_hf_state_dict(model)`: for one of our `GPT`s
+# shaped like GPT-2 (learned positions, pre-norm, biases, tied head), the dict of tensors that a
+# `GPT2LMHeadModel` of the same sizes accepts with `load_state_dict`. Its names are those of
+# `GPT2LMHeadModel(...).state_dict()`: the body's tensors with the `transformer.` prefix, plus
+# `lm_head.weight`, which that `state_dict` lists even though it is the same tensor as `wte`. Each
+# weight must be in the layout its module expects. The map you built in 8.2, read backwards, does most
+# of the work. The cell after the check gives a fresh GPT of ours, with every weight drawn at random, to
+# `transformers`.
+
+# %%
+# Your turn - Exercise 8.4 (★★☆, extend): export our GPT in Hugging Face's GPT-2 layout.
+def my_to_hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
+    """Our GPT (GPT-2's shape) -> {"transformer.wte.weight": ..., ..., "lm_head.weight": ...} for GPT2LMHeadModel."""
+    ### BEGIN SOLUTION
+    ours = model.state_dict()
+    out = {}
+    for hf_name, (name, transpose) in hf_key_map(len(model.blocks)).items():
+        t = ours[name].detach()
+        out["transformer." + hf_name] = (t.T if transpose else t).contiguous()
+    out["lm_head.weight"] = ours["lm_head.weight"].detach()
+    return out
+    ### END SOLUTION
+
+
+to_hf_state_dict = check_to_hf_state_dict(my_to_hf_state_dict).use
+
+# %%
+torch.manual_seed(7)
+fresh = GPT(stand_in_cfg).eval()  # our initialisation, then every tensor moved at random
+with torch.no_grad():
+    for p in fresh.parameters():
+        p.add_(0.1 * torch.randn_like(p))
+hf_twin = make_hf_stand_in(seed=1)  # same sizes, other numbers: about to be overwritten
+hf_twin.load_state_dict(to_hf_state_dict(fresh))
+with torch.no_grad():
+    same = torch.allclose(hf_twin(idx).logits, fresh(idx)[0], atol=1e-5, rtol=0)
+print("transformers, holding our GPT's weights, computes our logits within 1e-5:", same)
 
 # %% [markdown]
 # How fast is each? Hugging Face's `generate` is a general tool: logits processors, stopping criteria
@@ -906,7 +962,7 @@ for r in race["rows"]:
           f"{r['read_cpu'] / r['hf_cpu']:8.2f}x")
 
 # %% [markdown]
-# ## 7. The real GPT-2 (124M)
+# ## 8. The real GPT-2 (124M)
 #
 # Everything above used a stand-in. With a network connection, the cell below downloads OpenAI's
 # 124M-parameter GPT-2 from the Hub once (about 550 MB, then cached), loads it into our GPT, tokenizes
@@ -929,7 +985,7 @@ if gpt2 is not None:
     print(enc.decode(out[0].tolist()))
 
 # %% [markdown]
-# Online, the same comparison as in section 6 can be made on the real weights: Hugging Face's model
+# Online, the same comparison as in section 7 can be made on the real weights: Hugging Face's model
 # reads the very same cached files.
 
 # %%
@@ -956,9 +1012,11 @@ quiz([
                       "Conv1D computes x @ W + b with W as [in, out]; nn.Linear keeps [out, in] and computes x @ W.T + b",
                       "Because GPT-2 was trained on transposed text"],
              answer=1, explain="Same numbers, opposite storage convention, inherited from the TensorFlow original."),
-    Question("Which forgotten transpose would load without any error?",
-             options=["attn.c_attn ([C, 3C])", "mlp.c_fc ([C, 4C])", "attn.c_proj ([C, C])"],
-             answer=2, explain="A square matrix fits either way, so only a comparison of outputs finds the bug."),
+    Question("Why does the stand-in draw every tensor at random, LayerNorm weights and biases included?",
+             options=["To make the download smaller",
+                      "So that a loader that swaps or skips any tensor changes the outputs and fails the proof",
+                      "Because transformers cannot initialise a GPT-2"],
+             answer=1, explain="With LayerNorm weights all 1 and biases all 0, swapping ln_1 and ln_2 would go unseen."),
     Question("The checkpoint has no lm_head.weight. Where do the output layer's weights come from?",
              options=["They are the token embedding wte (tied weights)", "They are initialised at random",
                       "They are the position embedding wpe"],
@@ -973,13 +1031,18 @@ quiz([
 #
 # - GPT-2 is the model chapters 02 to 06 built; loading its weights only means translating names,
 #   transposing `Conv1D` weights ([in, out] to [out, in]), and loading the packed `c_attn` as our
-#   packed `qkv` (same [q | k | v] layout, heads contiguous).
+#   packed `qkv` (same [q | k | v] layout, heads contiguous). You wrote the name map; the loader ran
+#   on it. Of the four transposes per block, only the square `attn.c_proj` can be forgotten silently.
+# - A reader written for another family's packing (per head, as in GPT-NeoX) gives the right shapes
+#   and the wrong attention: only a comparison with the reference finds it.
 # - The output layer is tied to the token embedding, so the file does not store it; our `lm_head`
 #   *is* `embed.token.weight`.
 # - GPT-2 uses the tanh approximation of GELU and LayerNorm with ε = 1e-5 inside the square root;
 #   the exact GELU, or the seed's `σ + ε`, would move the outputs beyond a 1e-5 tolerance.
 # - On a random GPT-2 built with `transformers`, our model matches the reference logits, every
 #   block's output and every intermediate value within 1e-5, and greedy generation token for token.
+# - The map read backwards exports our own GPT in GPT-2's layout, and `transformers` computes the
+#   same logits from it.
 # - `load_hf_gpt2("gpt2")` runs the real 124M model when a network connection is there, and says so
 #   clearly when it is not.
 #

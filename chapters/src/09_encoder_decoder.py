@@ -6,11 +6,14 @@
 # **decoder** that writes the output one token at a time and, at every layer, looks back at the
 # encoder's result through **cross-attention**. GPT kept only the decoder, without the cross-attention.
 #
-# **In this chapter you will** build cross-attention from chapter 03's attention function, padding
+# **In this chapter you will** build multi-head cross-attention yourself (Exercise 9.2), and see padding
 # masks for batches of different lengths, the encoder and decoder layers (post-norm as in the paper,
 # pre-norm selectable), and a full `EncoderDecoder` model; prove each layer equals PyTorch's own
 # `nn.TransformerEncoderLayer` / `nn.TransformerDecoderLayer`; and train it on this CPU to turn dates
-# written in words ("the twenty-second of November 2026") into ISO form ("2026-11-22").
+# written in words ("the twenty-second of November 2026") into ISO form ("2026-11-22"). Your
+# cross-attention then runs inside the trained model: it reads the dates and draws the attention maps.
+# You will also predict the shape of the cross-attention weights (9.1), fix a decoder that cannot read
+# the whole date (9.3), and add beam search to the greedy decoder (9.4).
 #
 # **You need** chapters 03 (attention and masks), 04 (multi-head attention) and 05 (the block).
 
@@ -32,25 +35,37 @@ torch.set_num_threads(1)
 # ## 1. Cross-attention is the same attention with different inputs
 #
 # In self-attention the queries, keys and values all come from one sequence. In cross-attention the
-# **queries come from the decoder** (what the output so far is asking for) and the **keys and values
-# come from the encoder's output** (what the input offers). Nothing else changes: chapter 03's
-# `scaled_dot_product_attention` does the work. The only new thing is that the two sequences may have
-# different lengths, so the weights are a T_out × T_in rectangle rather than a square.
+# **queries come from the decoder** (what the output written so far is looking for) and the **keys and
+# values come from the encoder's output** (what the input offers). Nothing else changes: the scores are
+# scaled dot products, a softmax turns each query's scores into weights that sum to 1, and the output of
+# a query is the weighted mix of the values. Chapter 03's `scaled_dot_product_attention` does that work,
+# split into heads as in chapter 04.
+#
+# The two sequences need not have the same length. When the model below has read
+# "the twenty-second of November 2026" (34 characters and an end mark: 35 encoder positions) and
+# written "2026-" after its begin mark (6 decoder positions), each of the 6 queries compares itself with
+# each of the 35 keys. And no causal mask: the whole input is known before decoding starts, so every
+# output position may look at all of it, the last input character included.
 
 # %%
-from transformer_course.attention import scaled_dot_product_attention
+from transformer_course.checks.encoder_decoder import (
+    check_beam_search,
+    check_cross_attention,
+    check_memory_mask,
+    check_predict_cross_weights_shape,
+)
 
-d = 8
-decoder_states = torch.randn(1, 3, d)  # 3 output positions so far
-encoder_states = torch.randn(1, 5, d)  # 5 input positions
-W_q, W_k, W_v = (torch.randn(d, d) / d**0.5 for _ in range(3))
-out, weights = scaled_dot_product_attention(decoder_states @ W_q, encoder_states @ W_k, encoder_states @ W_v)
-print("output", tuple(out.shape), "weights", tuple(weights.shape))
-print("each output row's weights sum to 1:", torch.allclose(weights.sum(-1), torch.ones(1, 3)))
 
-# %% [markdown]
-# Three output positions, each a mixture of the five input positions. No causal mask here: the
-# whole input is known before decoding starts, so every output position may look at all of it.
+# Your turn - Exercise 9.1 (★☆☆, predict): the shape of the cross-attention weights.
+def my_prediction() -> tuple[int, ...]:
+    """A batch of 2 sources of 5 tokens each, whose decoders have 3 tokens so far, and cross-attention with
+    4 heads: the shape of its attention weights (one number per batch item, head, query and key)?"""
+    ### BEGIN SOLUTION
+    return (2, 4, 3, 5)
+    ### END SOLUTION
+
+
+check_predict_cross_weights_shape(my_prediction)
 
 # %% [markdown]
 # ## 2. Padding: batches of different lengths
@@ -104,6 +119,9 @@ print(keep)
 # sentence, exactly what attention over the short sentence alone gives, whatever the pad positions hold.
 
 # %%
+from transformer_course.attention import scaled_dot_product_attention
+
+d = 8
 x = torch.randn(2, 4, d)
 out_padded, w_padded = scaled_dot_product_attention(x, x, x, mask=key_mask(keep)[:, 0])
 out_alone, _ = scaled_dot_product_attention(x[1:, :2], x[1:, :2], x[1:, :2])
@@ -136,58 +154,35 @@ combined = causal_mask(5) & padding_mask(tgt, PAD)[:, None, :]  # (1, T, T)
 print(combined.int())
 
 # %% [markdown]
-# **Your turn - Exercise 9.1 (★☆☆).** Write `decoder_self_mask(tgt, pad_id)`: the bool
-# mask [B, T, T] where query t may attend key j exactly when j ≤ t and token j is not padding.
-
-# %%
-from transformer_course.checks.encoder_decoder import check_decoder_self_mask
-
-
-def decoder_self_mask(tgt: torch.Tensor, pad_id: int) -> torch.Tensor:
-    """tgt [B, T] ids -> bool [B, T, T]: True where query t may attend key j (j <= t, j not padding)."""
-    ### BEGIN SOLUTION
-    T = tgt.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=tgt.device).tril()  # (T, T)
-    real = tgt != pad_id  # (B, T): which keys are tokens
-    return causal[None] & real[:, None, :]  # (B, T, T)
-    ### END SOLUTION
-
-
-check_decoder_self_mask(decoder_self_mask)
-
-# %% [markdown]
-# **Your turn - Exercise 9.2 (★★☆).** Write single-head `cross_attention(x, memory, memory_keep,
-# W_q, W_k, W_v)`: queries from the decoder states `x` [B, T, d], keys and values from the encoder
-# output `memory` [B, S, d], scaled by 1/√d, pad keys (`memory_keep` False) never attended, and a
-# source that is all padding giving zeros rather than NaN. Return the output [B, T, d].
-
-# %%
-from transformer_course.checks.encoder_decoder import check_cross_attention
-
-
-def cross_attention(x, memory, memory_keep, W_q, W_k, W_v):
-    """x [B, T, d], memory [B, S, d], memory_keep bool [B, S] -> [B, T, d]."""
-    ### BEGIN SOLUTION
-    q, k, v = x @ W_q, memory @ W_k, memory @ W_v  # (B, T, d), (B, S, d), (B, S, d)
-    scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5  # (B, T, S)
-    scores = scores.masked_fill(~memory_keep[:, None, :], float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-pad rows: 0/0 -> 0
-    return weights @ v  # (B, T, d)
-    ### END SOLUTION
-
-
-check_cross_attention(cross_attention)
-
-# %% [markdown]
 # ## 3. Multi-head cross-attention
 #
 # The package's `CrossAttention` is chapter 04's `MultiHeadAttention` with one change: the packed
 # projection's query rows read the decoder states and its key and value rows read the encoder output.
 # Keeping the packed layout [W_q | W_k | W_v] means the same weights drop straight into PyTorch's
 # `nn.MultiheadAttention` (its `in_proj_weight` is packed the same way), which we use to prove it.
+#
+# **Your turn - Exercise 9.2 (★★☆, build).** Write `CrossAttention.forward(x, memory, mask=None)`:
+# decoder states `x` [B, T, C] and the encoder output `memory` [B, S, C] in, [B, T, C] out. The class
+# inherits from `MultiHeadAttention` everything it needs:
+#
+# - `self.qkv`, an `nn.Linear(C, 3C)`: its weight, [3C, C], stacks the rows of W_q, W_k and W_v in that
+#   order, and its bias [3C] likewise. Queries use the first C rows, applied to `x`; keys and values the
+#   other 2C rows, applied to `memory`. `F.linear(input, weight, bias)` applies a slice of a layer.
+# - `split_heads` and `merge_heads` (chapter 04, imported in the cell) go between [B, T, C] and
+#   [B, nh, T, hs].
+# - Two attention paths that take q [B, nh, T, hs], k and v [B, nh, S, hs] and the mask:
+#   `self._attend_fast(q, k, v, mask)` (PyTorch's fused kernel) and `self._attend_teaching(q, k, v, mask)`
+#   (chapter 03's function, which keeps the weights in `self.last_weights`); `self.fast` says which one
+#   to use. The class is built with `causal=False`, so neither adds a causal mask, and both give a zero
+#   output to a query whose every key is masked.
+# - `self.proj` and `self.resid_dropout` finish the output, as in chapter 04.
+#
+# The checks of the arguments at the top of `forward` are done for you. The model of section 5 and the
+# trained dates model of section 6 will run on your class.
 
 # %%
 #| export
+# Your turn - Exercise 9.2 (★★☆, build): multi-head cross-attention.
 class CrossAttention(MultiHeadAttention):
     """Multi-head attention from the decoder (queries) to the encoder output (keys, values).
 
@@ -207,19 +202,34 @@ class CrossAttention(MultiHeadAttention):
                 raise ValueError(f"CrossAttention expects {name} of shape [B, *, {self.d_model}], got {shape}")
         if x.shape[0] != memory.shape[0]:
             raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
+        if mask is not None:
+            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
+        ### BEGIN SOLUTION
         C = self.d_model
         w_q, w_kv = self.qkv.weight.split([C, 2 * C])  # (C, C), (2C, C)
         b_q, b_kv = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
         q = split_heads(F.linear(x, w_q, b_q), self.n_head)  # (B, nh, T, hs)
         k, v = (split_heads(t, self.n_head) for t in F.linear(memory, w_kv, b_kv).split(C, dim=2))  # (B, nh, S, hs)
-        if mask is not None:
-            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
         attend = self._attend_fast if self.fast else self._attend_teaching
         y = attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
+        ### END SOLUTION
+
+# %%
+CrossAttention = check_cross_attention(CrossAttention).use
+
+# %% [markdown]
+# Exercise 9.1's answer, from your class on its teaching path (which keeps the weights): one row per
+# decoder position, one column per encoder position, for every head of every batch item.
 
 # %%
 C, nh = 16, 4
+cross = CrossAttention(C, nh, fast=False).eval()
+y = cross(torch.randn(2, 3, C), torch.randn(2, 5, C))
+print("output", tuple(y.shape), "| weights", tuple(cross.last_weights.shape))
+print("each query's weights sum to 1:", torch.allclose(cross.last_weights.sum(-1), torch.ones(2, nh, 3)))
+
+# %%
 ours = CrossAttention(C, nh).eval()
 theirs = nn.MultiheadAttention(C, nh, batch_first=True).eval()
 with torch.no_grad():
@@ -642,13 +652,28 @@ def train_dates(model: EncoderDecoder, pairs: list[tuple[str, str]], steps: int 
 
 # %% [markdown]
 # The full recipe is 1,200 steps, about two minutes on a laptop CPU. Here we run the first 200 to
-# watch it learn (about 15 s):
+# watch it learn (about 15 s). The package's `new_dates_model` builds the model from the package's
+# classes; the small function below puts your `CrossAttention` (Exercise 9.2; the package's if the
+# check did not pass) into every decoder layer, with the same weights, so that the run trains your code.
 
 # %%
 from transformer_course.dates import make_batch, new_dates_model, train_dates
 
-model = new_dates_model()
-print(f"{sum(p.numel() for p in model.parameters()):,} parameters")
+
+def with_your_cross_attention(model):
+    """`model`, each decoder layer's cross-attention replaced by this notebook's `CrossAttention` holding
+    the same weights."""
+    for layer in model.decoder:
+        old = layer.cross_attn
+        new = CrossAttention(old.d_model, old.n_head, dropout=old.dropout, bias=old.qkv.bias is not None, fast=old.fast)
+        new.load_state_dict(old.state_dict())
+        layer.cross_attn = new.to(old.qkv.weight.device).train(old.training)
+    return model
+
+
+model = with_your_cross_attention(new_dates_model())
+print(f"{sum(p.numel() for p in model.parameters()):,} parameters;",
+      "cross-attention is this notebook's:", all(type(layer.cross_attn) is CrossAttention for layer in model.decoder))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -659,7 +684,8 @@ short_losses = train_dates(model, train_pairs, steps=200)
 # (`tools/build_course_model.py` trains it again), and the rest of the chapter uses that one: training
 # sums millions of float32 products, and a CPU with other vector instructions groups those sums
 # differently, so a model trained here would differ from one trained elsewhere in its last digits, and
-# so would everything we print about it. Loading a file gives the same model on every machine.
+# so would everything we print about it. Loading a file gives the same model on every machine. It
+# too gets your cross-attention: from here on, your code reads every date.
 
 # %%
 import matplotlib.pyplot as plt
@@ -667,7 +693,7 @@ import matplotlib.pyplot as plt
 from transformer_course.course_model import load_dates_model
 
 shipped = load_dates_model()
-model = shipped.model
+model = with_your_cross_attention(shipped.model)
 first, after_200 = sum(short_losses[:20]) / 20, sum(short_losses[-20:]) / 20
 print(f"your 200 steps: mean loss of the first 20 steps above 1: {first > 1}, of the last 20 below 0.5: {after_200 < 0.5}")
 print(f"the shipped run: {len(shipped.losses):,} steps, mean loss of the last 100 {sum(shipped.losses[-100:]) / 100:.4f}")
@@ -716,6 +742,63 @@ for name in FORMATS:
     print(f"{name:<11} {by_format[name, True]:>4}/{total}")
 mistakes = [(s, p) for (s, _), p, ok in zip(test_pairs, predictions, correct) if not ok]
 print(f"{len(mistakes)} mistakes in all; the first few (if any): {mistakes[:3]}")
+
+# %% [markdown]
+# ### A decoder that cannot read the whole date
+#
+# A slip that is easy to make. The decoder's self-attention needs the causal mask combined with the
+# padding mask (section 2), and someone writing the *cross*-attention's mask follows the same recipe:
+# "the decoder must not peek ahead". Below is such a mask builder, and what it does to the trained
+# model. `exact_match_with` decodes the first 200 held-out dates with every cross-attention given the
+# builder's mask instead of the model's own one (a forward pre-hook swaps the `memory_mask` argument
+# of each decoder layer), and counts the exact matches.
+
+# %%
+def memory_mask_copied(T: int, src_keep: torch.Tensor) -> torch.Tensor:
+    """The cross-attention mask, bool [B, 1, T, S], for T decoder positions reading sources with keep [B, S]."""
+    S = src_keep.shape[1]
+    no_peeking = torch.ones(T, S, dtype=torch.bool).tril()  # as in the decoder's self-attention
+    return no_peeking & key_mask(src_keep)  # (B, 1, T, S)
+
+
+def exact_match_with(memory_mask_fn, n=200):
+    """Share of the first n held-out dates decoded exactly when the cross-attention of every decoder
+    layer gets memory_mask_fn(T, src_keep) instead of the model's own mask."""
+    def swap(layer, args, kwargs):
+        src_keep = kwargs["memory_mask"][:, 0, 0]  # the model passes key_mask(src_keep): [B, 1, 1, S]
+        return args, {**kwargs, "memory_mask": memory_mask_fn(args[0].shape[1], src_keep)}
+
+    hooks = [layer.register_forward_pre_hook(swap, with_kwargs=True) for layer in model.decoder]
+    try:
+        got = predict([s for s, _ in test_pairs[:n]])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(p == t for p, (_, t) in zip(got, test_pairs)) / n
+
+
+print("exact match with the copied mask below 5%:", exact_match_with(memory_mask_copied) < 0.05)
+
+# %% [markdown]
+# From near-perfect to almost nothing right. **Your turn - Exercise 9.3 (★☆☆, debug).** Find the bug
+# (what can the first decoder position, the one that writes the year's first digit, see of
+# "the twenty-second of November 2026"?) and write the fixed builder: bool, broadcastable to
+# [B, 1, T, S], True where decoder position t may attend source position s. The cell after the check
+# measures the model with your mask.
+
+# %%
+# Your turn - Exercise 9.3 (★☆☆, debug): the cross-attention mask.
+def my_memory_mask(T: int, src_keep: torch.Tensor) -> torch.Tensor:
+    """The cross-attention mask, bool [B, 1, T, S], for T decoder positions reading sources with keep [B, S]."""
+    ### BEGIN SOLUTION
+    return key_mask(src_keep).expand(-1, -1, T, -1)  # (B, 1, T, S): every real source token, for every t
+    ### END SOLUTION
+
+
+memory_mask = check_memory_mask(my_memory_mask).use
+
+# %%
+print("exact match with your mask at least 99%:", exact_match_with(memory_mask) >= 0.99)
 
 # %% [markdown]
 # ### Where does each output character look?
@@ -782,6 +865,82 @@ def date_explorer(initial="4 Jul 1976"):
 
 print(convert("4 Jul 1976"))
 date_explorer()
+
+# %% [markdown]
+# ### Beyond greedy: beam search
+#
+# Greedy decoding commits to the most likely character at every step. The most likely *string* can
+# start with a less likely character: a first digit of probability 0.5 followed by a sure continuation
+# beats a first digit of 0.6 followed by a coin toss. Beam search keeps several candidates. It holds
+# the `beam_size` most probable partial outputs (a *beam*), each with its score: the sum of the
+# log-probabilities of its tokens. At each step it extends every candidate by every token of the
+# target vocabulary, scores all the extensions, and keeps the `beam_size` best of them all. A candidate
+# that has just produced the end mark is finished and leaves the beam. The search stops when no candidate
+# is left unfinished, or after `max_new_tokens` steps, and returns the finished candidate with the
+# highest score. With `beam_size=1` it is greedy decoding. The 2017 paper decoded its translations with
+# a beam of 4.
+#
+# **Your turn - Exercise 9.4 (★★★, extend).** Write `my_beam_search(model, src, bos_id, eos_id,
+# beam_size=4, max_new_tokens=11)` for one source `src` [1, S]. Return `(ids, score)`: the best finished
+# hypothesis as a list of ints (starting with `bos_id`, ending with `eos_id`) and its total
+# log-probability (if none finished, the best unfinished one). Encode once with
+# `memory, keep = model.encode(src)`; `model.decode(tgt, memory, keep)` gives the logits [n, t, V] of n
+# candidates `tgt` [n, t] at once, given `memory` and `keep` repeated n times
+# (`memory.expand(n, -1, -1)`). Every token is a possible extension, as in `greedy_decode`.
+
+# %%
+# Your turn - Exercise 9.4 (★★★, extend): beam search.
+@torch.no_grad()
+def my_beam_search(model, src, bos_id, eos_id, beam_size=4, max_new_tokens=11):
+    """src [1, S] -> (ids: list[int], bos_id first, score: float): the most probable finished hypothesis."""
+    ### BEGIN SOLUTION
+    memory, keep = model.encode(src)  # (1, S, C), (1, S): once
+    live, finished = [([bos_id], 0.0)], []
+    for _ in range(max_new_tokens):
+        if not live:
+            break
+        n = len(live)
+        tgt = torch.tensor([seq for seq, _ in live])  # (n, t)
+        logp = model.decode(tgt, memory.expand(n, -1, -1), keep.expand(n, -1))[:, -1].log_softmax(-1)  # (n, V)
+        scores = torch.tensor([score for _, score in live])[:, None] + logp  # (n, V): every extension
+        best = scores.flatten().topk(min(beam_size, scores.numel()))
+        V = logp.shape[1]
+        chosen = [(live[i // V][0] + [i % V], s) for s, i in zip(best.values.tolist(), best.indices.tolist())]
+        live = [(seq, s) for seq, s in chosen if seq[-1] != eos_id]
+        finished += [(seq, s) for seq, s in chosen if seq[-1] == eos_id]
+    return max(finished or live, key=lambda hypothesis: hypothesis[1])
+    ### END SOLUTION
+
+
+beam_search = check_beam_search(my_beam_search).use
+
+# %% [markdown]
+# On dates like the ones it was trained on, the model is sure of itself and beam search has nothing to
+# add. On years it never saw (it was trained on 1900-2099), it hesitates, and beam search finds strings
+# more probable than greedy's. More probable is not the same as right: the model is out of its depth,
+# and the search only makes better use of what it believes.
+
+# %%
+import math
+
+
+@torch.no_grad()
+def probability(src, ids):
+    """The model's probability of the whole output ids[1:] (teacher forcing)."""
+    tgt = torch.tensor([ids])
+    logits, _ = model(src, tgt[:, :-1])
+    return logits.log_softmax(-1)[0].gather(-1, tgt[0, 1:, None]).sum().exp().item()
+
+
+same = [decode_ids(beam_search(model, encode_batch([s], SOURCE_CHARS), BOS, EOS)[0], TARGET_CHARS) == p
+        for (s, _), p in zip(test_pairs[:25], predictions)]
+print("first 25 held-out dates, beam of 4 and greedy agree on all:", all(same))
+for text in ["Jul 17th, 2317", "the third of September 1610", "13 May 1672"]:
+    src = encode_batch([text], SOURCE_CHARS)
+    greedy = model.greedy_decode(src, BOS, EOS)[0].tolist()
+    ids, score = beam_search(model, src, BOS, EOS, beam_size=4)
+    print(f"{text:<28} greedy {decode_ids(greedy, TARGET_CHARS)} ({probability(src, greedy):.0%})"
+          f"   beam {decode_ids(ids, TARGET_CHARS)} ({math.exp(score):.0%})")
 
 # %% [markdown]
 # ## 7. Seed 004's two points, made concrete
@@ -870,25 +1029,6 @@ print(f"decoder-only     P(the | the cat sat on) = {p_gpt[ids['the']]:.3f}, one 
 # role the encoder input used to play.
 
 # %% [markdown]
-# **Your turn - Exercise 9.3 (★★☆).** Write `shift_right(tgt, bos_id)`: the decoder input for teacher
-# forcing, the target [B, T] moved one step to the right with `bos_id` in front (the last token drops
-# off), so that position t sees only target tokens before t.
-
-# %%
-from transformer_course.checks.encoder_decoder import check_shift_right
-
-
-def shift_right(tgt: torch.Tensor, bos_id: int) -> torch.Tensor:
-    """tgt [B, T] -> [B, T]: bos_id, tgt[:, 0], ..., tgt[:, T-2]."""
-    ### BEGIN SOLUTION
-    bos = torch.full_like(tgt[:, :1], bos_id)  # (B, 1)
-    return torch.cat([bos, tgt[:, :-1]], dim=1)  # (B, T)
-    ### END SOLUTION
-
-
-check_shift_right(shift_right)
-
-# %% [markdown]
 # ## Bad input gets a clear message
 
 # %%
@@ -930,12 +1070,18 @@ quiz([
 # ## Summary
 #
 # - Cross-attention is chapter 03's attention with queries from the decoder and keys/values from the
-#   encoder output; padding masks keep pad tokens out, and an all-pad source gives zeros, not NaN.
+#   encoder output; its weights are [B, nh, T, S], a rectangle. You wrote `CrossAttention.forward`, and
+#   the trained model ran on it. Padding masks keep pad tokens out, and an all-pad source gives zeros,
+#   not NaN.
+# - Cross-attention has no causal mask: a decoder given one can see only the start of the source, and
+#   gets almost every date wrong.
 # - `EncoderLayer` is chapter 05's block without the causal mask; `DecoderLayer` adds cross-attention
 #   between its two sublayers. Both equal PyTorch's own layers (post- and pre-norm) to within 1e-5.
 # - Trained for about two minutes on a CPU (`train_dates`; the course ships the trained model), it converts dates in six styles to ISO form with at
 #   least 99% exact match on held-out examples, and its cross-attention lines each output digit up with
 #   the input word it comes from.
+# - Beam search keeps several candidates and returns the most probable finished one; on familiar dates
+#   it agrees with greedy decoding, on unfamiliar years it finds more probable (not always right) answers.
 #
 # Exported to `transformer_course/encoder_decoder.py`: `padding_mask`, `key_mask`, `CrossAttention`,
 # `EncoderLayer`, `DecoderLayer`, `copy_from_torch`, `Seq2SeqConfig`, `EncoderDecoder`; and to

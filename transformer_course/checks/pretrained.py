@@ -1,20 +1,20 @@
 """Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written.
 
-Each check runs the learner's function next to the package's reference on ordinary and edge inputs
-and names the likely mistake in words. See ``transformer_course.checks`` for how checks report.
-Exercise 8.4 compares with Hugging Face's own GPT-2 block, so it needs ``transformers``.
+Each check runs the learner's function next to a reference on ordinary and edge inputs and names the
+likely mistake in words. See ``transformer_course.checks`` for how checks report. Exercise 8.2's
+reference is the package's ``hf_key_map``; 8.3's and 8.4's live here (``_split_qkv``,
+``_to_hf_state_dict``). Exercise 8.4 also runs the exported tensors in Hugging Face's own GPT-2 when
+``transformers`` is installed.
 """
 
-import math
+from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from ..multihead import split_heads
 from ._core import check, expect, expect_close
 
-__all__ = ["check_gelu_tanh", "check_linear_from_conv1d", "check_load_block", "check_split_qkv"]
+__all__ = ["check_hf_key_map", "check_predict_silent_transpose", "check_split_qkv", "check_to_hf_state_dict"]
 
 
 def _randn(*shape, seed: int) -> torch.Tensor:
@@ -25,124 +25,232 @@ def _close(a, b, atol: float = 1e-6) -> bool:
     return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=atol)
 
 
-# ---------------------------------------------------------------- 8.1 Conv1D -> nn.Linear
+# ---------------------------------------------------------------- 8.1 which forgotten transpose is silent?
+
+_CONV1D = {  # a GPT-2 block's Conv1D weights and their shapes in the file ([in, out]), C = 64
+    "attn.c_attn.weight": "[C, 3C] = [64, 192] in the file and [192, 64] in ours",
+    "attn.c_proj.weight": "[C, C] = [64, 64] on both sides",
+    "mlp.c_fc.weight": "[C, 4C] = [64, 256] in the file and [256, 64] in ours",
+    "mlp.c_proj.weight": "[4C, C] = [256, 64] in the file and [64, 256] in ours",
+}
 
 
-@check("8.1", "my_linear_from_conv1d")
-def check_linear_from_conv1d(fn):
-    """``fn(weight [in, out], bias [out]) -> nn.Linear(in, out)`` computing ``x @ weight + bias``."""
-    for n_in, n_out, seed in ((3, 5, 0), (4, 4, 1)):  # a rectangular and a square weight
-        W, b, x = _randn(n_in, n_out, seed=seed), _randn(n_out, seed=seed + 10), _randn(6, n_in, seed=seed + 20)
-        layer = fn(W, b)
-        expect(isinstance(layer, nn.Linear), f"return an nn.Linear, got {type(layer).__name__}")
-        expect(tuple(layer.weight.shape) == (n_out, n_in),
-               f"nn.Linear keeps its weight as [out, in] = {(n_out, n_in)}, got {tuple(layer.weight.shape)}: "
-               "transpose the Conv1D weight")
-        expect(layer.bias is not None, "the layer has no bias: build nn.Linear(in, out, bias=True) and copy b into it")
-        w = layer.weight.detach()
-        expect(not (n_in == n_out and _close(w, W)),
-               "the square weight was copied as it is: a [C, C] weight fits either way, but Conv1D's [in, out] "
-               "still has to be transposed to nn.Linear's [out, in]")
-        expect(not (n_in != n_out and _close(w, W.reshape(n_out, n_in))),
-               "reshape (or view) keeps the numbers in memory order and scrambles the matrix: use W.T to transpose")
-        expect(_close(layer.bias.detach(), b), "the bias differs from the Conv1D bias: copy b into layer.bias")
-        with torch.no_grad():
-            expect_close(layer(x), x @ W + b, "the layer does not compute x @ W + b", atol=1e-5)
+@check("8.1", "my_prediction")
+def check_predict_silent_transpose(fn):
+    """``fn() -> set`` of the Conv1D weight names that load untransposed without an error."""
+    got = fn()
+    expect(isinstance(got, set | frozenset | list | tuple),
+           f'return a set of names such as {{"mlp.c_fc.weight"}} (an empty set if none), got {type(got).__name__}')
+    names = {str(n).removeprefix("transformer.").removeprefix("h.0.") for n in got}
+    unknown = sorted(names - set(_CONV1D))
+    expect(not unknown, f"{', '.join(unknown)}: not one of the four Conv1D weights; choose among {', '.join(_CONV1D)}")
+    for name in names:
+        expect(name == "attn.c_proj.weight",
+               f"{name} is {_CONV1D[name]}: the shapes differ, so load_state_dict refuses it untransposed")
+    expect(names, "one of the four fits untransposed: a weight fits both ways when [in, out] equals [out, in], "
+                  "that is when it is square. Which one is square?")
 
 
-# ---------------------------------------------------------------- 8.2 the packed q | k | v
+# ---------------------------------------------------------------- 8.2 the name map
 
 
-@check("8.2", "my_split_qkv")
+def _block_part(name: str) -> tuple[str, str]:
+    """"h.3.ln_1.weight" -> ("3", "ln_1.weight"); "wte.weight" -> ("", "wte.weight")."""
+    name = str(name)
+    if name.startswith(("h.", "blocks.")):
+        _, i, rest = name.split(".", 2)
+        return i, rest
+    return "", name
+
+
+@check("8.2", "hf_key_map", reference="transformer_course.pretrained:hf_key_map")
+def check_hf_key_map(fn):
+    """``fn(n_layer) -> {hf_name: (our_name, transpose)}`` for every tensor of a GPT-2 file."""
+    from ..pretrained import hf_key_map as reference
+
+    for n_layer in (2, 1, 3, 0):
+        got, want = fn(n_layer), reference(n_layer)
+        expect(isinstance(got, Mapping), f"return a dict {{hf_name: (our_name, transpose)}}, got {type(got).__name__}")
+        keys = {str(k) for k in got}
+        expect(not any(k.startswith("transformer.") for k in keys),
+               'leave out the "transformer." prefix: some files have it, some do not, and the loader strips it')
+        expect("lm_head.weight" not in keys,
+               "lm_head.weight is not in the file (it is tied to wte): the map has no entry for it")
+        for k, v in got.items():
+            expect(isinstance(v, tuple | list) and len(v) == 2 and isinstance(v[0], str),
+                   f"the value for {k!r} should be a pair (our name, transpose?), got {v!r}")
+        blocks = {_block_part(k)[0] for k in keys} - {""}
+        wanted_blocks = {str(i) for i in range(n_layer)}
+        expect(not (n_layer > 0 and blocks == {str(i + 1) for i in range(n_layer)}),
+               "blocks are numbered from 0 in the file and in our GPT: h.0 ... h.<n_layer - 1>")
+        expect(not (n_layer > 1 and blocks == {"0"}),
+               f"with n_layer={n_layer} only block 0 is mapped: add the twelve entries of every block h.0 ... h.{n_layer - 1}")
+        expect(blocks <= wanted_blocks, f"with n_layer={n_layer} the file has blocks h.0 ... h.{n_layer - 1} only, "
+                                        f"but the map has {sorted(blocks - wanted_blocks)[:3]}: use n_layer")
+        missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
+        expect(not missing, f"no entry for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                            f"(n_layer={n_layer}: 4 + 12 x {n_layer} = {len(want)} entries)")
+        expect(not extra, f"{', '.join(extra[:3])}: not the name of a tensor in the GPT-2 file")
+        ours = {name for name, _ in want.values()}
+        for k, (want_name, want_t) in want.items():
+            got_name, got_t = got[k][0], bool(got[k][1])
+            if got_name != want_name:
+                i, part = _block_part(k)
+                j, got_part = _block_part(got_name)
+                expect(got_name in ours, f"{k} goes to {got_name!r}, which is not a parameter of our GPT: "
+                                         "compare with the listing of our state_dict above")
+                expect(i or not j, f"{k} sits outside the blocks, in the file and in our GPT")
+                expect(i == j, f"{k} belongs to block {i} of our GPT, not to {'block ' + j if j else 'the top level'}")
+                pair = {part.split(".")[0], got_part.split(".")[0]}
+                expect(pair not in ({"ln_1", "ln2"}, {"ln_2", "ln1"}),
+                       "ln_1 and ln_2 are swapped: ln_1 normalises before the attention (our ln1), "
+                       "ln_2 before the MLP (our ln2)")
+                expect(not (".c_proj." in part and pair == {"attn", "mlp"} and ".proj." in got_part),
+                       "the two c_proj are swapped: attn.c_proj is the attention's output projection (our "
+                       "attn.proj), mlp.c_proj the MLP's (our mlp.proj)")
+                expect(not (part.endswith(".weight") != got_part.endswith(".weight")),
+                       f"{k} goes to {got_name}: a weight must go to a weight and a bias to a bias")
+                expect(False, f"{k} goes to {got_name!r}, which holds another tensor of ours: compare the names "
+                              "and the shapes in the two listings above")
+            if got_t != want_t and want_t:
+                expect(not k.endswith("attn.c_proj.weight"),
+                       f"{k} is a Conv1D weight too: it is square, [C, C], so a missing transpose raises no error "
+                       "and silently gives wrong outputs (Exercise 8.1)")
+                expect(False, f"{k} is a Conv1D weight, [in, out] in the file: it must be transposed for "
+                              "nn.Linear's [out, in]")
+            if got_t != want_t:
+                expect(not k.endswith(("wte.weight", "wpe.weight")),
+                       f"{k} is a lookup table (one row per token or position), stored the same way on both "
+                       "sides: do not transpose it")
+                expect(False, f"{k} is a vector (a bias or a LayerNorm parameter): there is nothing to transpose")
+
+
+# ---------------------------------------------------------------- 8.3 the packed q | k | v (debug)
+
+
+def _split_qkv(packed: torch.Tensor, n_head: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPT-2's packed c_attn output [B, T, 3C] = [q | k | v] -> (q, k, v), each [B, nh, T, hs]."""
+    C = packed.shape[-1] // 3
+    q, k, v = (split_heads(t, n_head) for t in packed.split(C, dim=-1))
+    return q, k, v
+
+
+@check("8.3", "my_split_qkv", reference="transformer_course.checks.pretrained:_split_qkv")
 def check_split_qkv(fn):
     """``fn(packed [B, T, 3C], n_head) -> (q, k, v)``, each [B, nh, T, hs], from GPT-2's [q | k | v]."""
-    B, T, C, nh = 2, 5, 12, 3
-    hs = C // nh
-    packed = _randn(B, T, 3 * C, seed=0)
-    got = fn(packed, nh)
-    expect(isinstance(got, tuple | list) and len(got) == 3, "return three tensors: (q, k, v)")
-    want = [split_heads(t, nh) for t in packed.split(C, dim=-1)]
-    for name, g in zip("qkv", got, strict=True):
-        expect(isinstance(g, torch.Tensor), f"{name} should be a tensor, got {type(g).__name__}")
-        expect(tuple(g.shape) != (B, T, nh, hs),
-               f"{name} is [B, T, nh, hs]: the heads must come before time, [B, nh, T, hs]; add .transpose(1, 2)")
-        expect(tuple(g.shape) == (B, nh, T, hs), f"{name} should be [B, nh, T, hs] = {(B, nh, T, hs)}, got {tuple(g.shape)}")
-    interleaved = packed.view(B, T, nh, 3, hs).permute(3, 0, 2, 1, 4)  # per head [q_h k_h v_h]: not GPT-2
-    expect(not _close(got[0], interleaved[0]),
-           "this reads each head's q, k and v side by side; GPT-2 packs [q | k | v]: the first C columns are "
-           "every head's query, so split into three C-wide parts first, then into heads")
-    regrouped = packed.split(C, dim=-1)[0].reshape(B, nh, T, hs)
-    expect(not _close(got[0], regrouped),
-           "view/reshape straight to [B, nh, T, hs] mixes positions and heads: view as [B, T, nh, hs], then transpose(1, 2)")
-    for name, g, w in zip("qkv", got, want, strict=True):
-        expect(not (name != "q" and _close(g, want[0])), f"{name} equals q: take the second C columns for k, the third for v")
-        expect_close(g, w, f"{name} differs from the reference split")
+    for B, T, C, nh, seed in ((2, 5, 12, 3, 0), (1, 4, 8, 1, 1)):  # several heads, then a single one
+        hs = C // nh
+        packed = _randn(B, T, 3 * C, seed=seed)
+        got = fn(packed, nh)
+        expect(isinstance(got, tuple | list) and len(got) == 3, "return three tensors: (q, k, v)")
+        want = _split_qkv(packed, nh)
+        for name, g in zip("qkv", got, strict=True):
+            expect(isinstance(g, torch.Tensor), f"{name} should be a tensor, got {type(g).__name__}")
+            expect(tuple(g.shape) != (B, T, nh, hs),
+                   f"{name} is [B, T, nh, hs]: the heads must come before time, [B, nh, T, hs]; add .transpose(1, 2)")
+            expect(tuple(g.shape) == (B, nh, T, hs),
+                   f"{name} should be [B, nh, T, hs] = {(B, nh, T, hs)}, got {tuple(g.shape)}")
+        if nh > 1:
+            per_head = packed.view(B, T, nh, 3, hs).permute(3, 0, 2, 1, 4)  # GPT-NeoX's layout, not GPT-2's
+            expect(not _close(got[0], per_head[0]),
+                   "this still reads each head's q, k and v side by side (GPT-NeoX's layout); GPT-2 packs "
+                   "[q | k | v]: the first C columns are every head's query, so split into three C-wide parts "
+                   "first, then each part into heads")
+            regrouped = packed.split(C, dim=-1)[0].reshape(B, nh, T, hs)
+            expect(not _close(got[0], regrouped),
+                   "view/reshape straight to [B, nh, T, hs] mixes positions and heads: view as [B, T, nh, hs], "
+                   "then transpose(1, 2)")
+        expect(not _close(got[0], want[1]), "q holds the keys: the first C columns are the queries, [q | k | v]")
+        for name, g, w in zip("qkv", got, want, strict=True):
+            expect(not (name != "q" and _close(g, want[0])), f"{name} equals q: take the second C columns for k, "
+                                                             "the third for v")
+            expect_close(g, w, f"{name} differs from GPT-2's split")
 
 
-# ---------------------------------------------------------------- 8.3 GPT-2's GELU
+# ---------------------------------------------------------------- 8.4 our GPT in GPT-2's layout (extend)
 
-_C = math.sqrt(2 / math.pi)
-
-
-@check("8.3", "my_gelu_tanh")
-def check_gelu_tanh(fn):
-    """``fn(x) -> 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))``, elementwise, any shape."""
-    x = torch.linspace(-5, 5, 401, dtype=torch.float64)
-    got = fn(x)
-    expect(isinstance(got, torch.Tensor) and got.shape == x.shape,
-           "return a tensor of the input's shape (the activation is elementwise)")
-    expect(not _close(got, F.gelu(x), atol=1e-9),
-           "this is the exact (erf) GELU; GPT-2 uses the tanh approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))")
-    expect(not _close(got, 0.5 * x * (1 + torch.tanh(x + 0.044715 * x**3)), atol=1e-9),
-           "the tanh's argument must be scaled by √(2/π) ≈ 0.7979")
-    expect(not _close(got, 0.5 * x * (1 + torch.tanh(_C * x)), atol=1e-9),
-           "the cubic term is missing: tanh(√(2/π)·(x + 0.044715·x³))")
-    expect(not _close(got, x * (1 + torch.tanh(_C * (x + 0.044715 * x**3))), atol=1e-9),
-           "the result is twice too large: the formula starts with 0.5·x")
-    expect_close(got, F.gelu(x, approximate="tanh"), "differs from the tanh approximation of GELU", atol=1e-6)
-    batch = _randn(2, 3, 4, seed=0)
-    expect_close(fn(batch), F.gelu(batch, approximate="tanh"), "works on a vector but not on a [B, T, C] batch",
-                 atol=1e-5)
+_PREFIX = "transformer."
 
 
-# ---------------------------------------------------------------- 8.4 one whole block
+def _to_hf_state_dict(model) -> dict[str, torch.Tensor]:
+    """Our GPT (GPT-2's shape) -> the tensors of a `GPT2LMHeadModel` state_dict, names and layouts included."""
+    from ..pretrained import hf_key_map
+
+    ours = model.state_dict()
+    out = {}
+    for hf_name, (name, transpose) in hf_key_map(len(model.blocks)).items():
+        t = ours[name].detach()
+        out[_PREFIX + hf_name] = (t.T if transpose else t).contiguous()
+    out["lm_head.weight"] = ours["lm_head.weight"].detach()
+    return out
 
 
-def _reference_block(seed: int = 0):
-    """Hugging Face's GPT2Block (C 32, 4 heads, every tensor random) and its tensors by HF name."""
-    from ..pretrained import make_hf_stand_in
+def _random_gpt(n_layer: int, seed: int):
+    """A small GPT shaped like GPT-2 whose every tensor is random (so no two can be mixed up unseen)."""
+    from ..model import GPT, GPTConfig
 
-    hf = make_hf_stand_in(vocab_size=16, n_positions=16, n_embd=32, n_layer=1, n_head=4, seed=seed)
-    block = hf.transformer.h[0]
-    return block, {k: v.detach().clone() for k, v in block.state_dict().items() if k not in ("attn.bias", "attn.masked_bias")}
+    with torch.random.fork_rng(devices=[]):  # the learner's global random state is left as it was
+        torch.manual_seed(seed)
+        model = GPT(GPTConfig(vocab_size=40, block_size=12, n_layer=n_layer, n_head=2, d_model=16,
+                              activation="gelu_tanh")).eval()
+    with torch.no_grad():
+        for i, p in enumerate(model.parameters()):
+            p.add_(0.1 * _randn(*p.shape, seed=100 * seed + i))
+    return model
 
 
-@check("8.4", "my_load_block")
-def check_load_block(fn):
-    """``fn(block: TransformerBlock, tensors: dict)`` copies one GPT-2 block's 12 tensors into ``block``."""
-    from ..block import TransformerBlock
-    from ..pretrained import _BLOCK_KEYS
-
+def _stand_in(n_layer: int):
+    """Hugging Face's GPT2LMHeadModel of the same sizes as `_random_gpt`, or None without transformers."""
     try:
-        hf_block, tensors = _reference_block()
+        from ..pretrained import make_hf_stand_in
+
+        with torch.random.fork_rng(devices=[]):  # transformers initialises from the global random state
+            return make_hf_stand_in(vocab_size=40, n_positions=12, n_embd=16, n_layer=n_layer, n_head=2)
     except ImportError:
-        expect(False, "this check compares with transformers' GPT2Block: pip install 'transformer-course[pretrained]'")
-    ours = TransformerBlock(32, 4, activation="gelu_tanh").eval()
-    with torch.no_grad():
-        fn(ours, {k: v.clone() for k, v in tensors.items()})
-    params = dict(ours.named_parameters())
-    for hf_name, (name, transpose) in _BLOCK_KEYS.items():
-        got, stored = params[name].detach(), tensors[hf_name]
-        want = stored.T if transpose else stored
-        if _close(got, want):
-            continue
-        expect(not (transpose and _close(got, stored)),
-               f"{name} holds {hf_name} untransposed: Conv1D stores [in, out], nn.Linear [out, in]; use .T")
-        other = next((k for k, t in tensors.items() if k != hf_name and _close(got, t)), None)
-        expect(other is None, f"{name} holds {other}, not {hf_name}: check the name map (ln_1 -> ln1, ln_2 -> ln2, ...)")
-        expect(False, f"{name} differs from {hf_name}{' transposed' if transpose else ''}")
-    x = _randn(2, 7, 32, seed=1)
-    with torch.no_grad():
-        out = hf_block(x)
-        out = out[0] if isinstance(out, tuple) else out
-        expect_close(ours(x), out, "the block's output differs from Hugging Face's GPT2Block", atol=1e-5)
+        return None
+
+
+@check("8.4", "my_to_hf_state_dict", reference="transformer_course.checks.pretrained:_to_hf_state_dict")
+def check_to_hf_state_dict(fn):
+    """``fn(model: GPT) -> {name: tensor}`` that ``GPT2LMHeadModel.load_state_dict`` accepts."""
+    from ..pretrained import convert_hf_state_dict
+
+    for n_layer, seed in ((2, 0), (1, 1)):
+        model = _random_gpt(n_layer, seed)
+        got, want = fn(model), _to_hf_state_dict(model)
+        expect(isinstance(got, Mapping), f"return a dict from names to tensors, got {type(got).__name__}")
+        keys = set(got)
+        expect(not (keys and not any(str(k).startswith(_PREFIX) for k in keys)),
+               'GPT2LMHeadModel names the body\'s tensors with "transformer." in front: "transformer.h.0.ln_1.weight"')
+        expect("transformer.lm_head.weight" not in keys,
+               'lm_head sits outside the transformer body: its name is "lm_head.weight", without the prefix')
+        expect("lm_head.weight" in keys, "GPT2LMHeadModel's state_dict also lists lm_head.weight (the same tensor "
+                                         "as transformer.wte.weight): include it")
+        missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
+        expect(not missing, f"no tensor for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
+                            f"(a GPT with {n_layer} block(s) has {len(want)})")
+        expect(not extra, f"{', '.join(extra[:3])}: not a name in GPT2LMHeadModel's state_dict")
+        for name, w in want.items():
+            g = got[name]
+            expect(isinstance(g, torch.Tensor), f"{name} should be a tensor, got {type(g).__name__}")
+            if g.ndim == 2 and g.shape != w.shape and g.shape == w.T.shape:
+                expect(False, f"{name} has our nn.Linear layout [out, in] = {tuple(g.shape)}; Conv1D keeps "
+                              f"[in, out] = {tuple(w.shape)}: transpose it")
+            expect(g.shape == w.shape, f"{name} should have shape {tuple(w.shape)}, got {tuple(g.shape)}")
+            if _close(g, w):
+                continue
+            expect(not (w.ndim == 2 and w.shape[0] == w.shape[1] and _close(g, w.T)),
+                   f"{name} is square, so it fits either way, but it is still a Conv1D weight: transpose it")
+            other = next((k for k, t in want.items() if k != name and _close(g, t)), None)
+            expect(other is None, f"{name} holds the tensor that belongs to {other}: check the name map")
+            expect(False, f"{name} differs from our model's tensor")
+        back = convert_hf_state_dict(got, model)  # the package's loader reads it back unchanged
+        for name, t in model.state_dict().items():
+            expect_close(back[name], t, f"loading your tensors back gives another {name}")
+        hf = _stand_in(n_layer)
+        if hf is not None:  # the real test: Hugging Face's GPT-2 runs on them
+            hf.load_state_dict({k: v.clone() for k, v in got.items()})
+            idx = torch.randint(0, 40, (2, 7), generator=torch.Generator().manual_seed(seed))
+            with torch.no_grad():
+                expect_close(hf(idx).logits, model(idx)[0], "GPT2LMHeadModel computes other logits than our "
+                                                            "GPT from your tensors", atol=1e-5)
