@@ -6,6 +6,7 @@ Modules:
 - `transformer_course.block`: The transformer block: layer normalisation, the position-wise feed-forward network, and the residual block that wraps chapter 04's multi-head attention and the feed-forward network.
 - `transformer_course.checks.attention`: Checks for chapter 03's exercises (single-head attention). Hand-written.
 - `transformer_course.checks.block`: Checks for chapter 05's exercises (the transformer block). Hand-written.
+- `transformer_course.checks.encoder_decoder`: Checks for chapter 09's exercises (encoder-decoder and cross-attention). Hand-written.
 - `transformer_course.checks.generation`: Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
 - `transformer_course.checks.model`: Checks for chapter 06's exercises (the GPT model and its training).
 - `transformer_course.checks.multihead`: Checks for chapter 04's exercises (multi-head attention). Hand-written.
