@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'autocast_for', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
 
-# %% ../chapters/06_gpt_and_training.ipynb #e89b2ed5
+# %% ../chapters/06_gpt_and_training.ipynb #5e88f3c0
 # Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
 # cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
 # and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
@@ -21,7 +21,9 @@ from .data import get_batch
 from .model import GPT, PRESETS, GPTConfig
 from .runtime import atomic_save, pick_device
 
+CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
 
+# %% ../chapters/06_gpt_and_training.ipynb #e3172482
 @dataclass
 class TrainConfig:
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
@@ -73,7 +75,7 @@ class TrainConfig:
     def from_dict(cls, d: dict) -> TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
 
-# %% ../chapters/06_gpt_and_training.ipynb #8baea0c4
+# %% ../chapters/06_gpt_and_training.ipynb #ca750e3b
 def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float = 1.0, autocast=None) -> float:
     """One optimizer step on a batch x, y [B, T]; returns the batch's loss (before the update).
     `autocast` is an optional context manager for the forward pass (bf16 autocast, see `train`)."""
@@ -86,7 +88,7 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: fl
     optimizer.step()
     return loss.item()
 
-# %% ../chapters/06_gpt_and_training.ipynb #964ec2e8
+# %% ../chapters/06_gpt_and_training.ipynb #38adfcf6
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: matrices and embeddings (dim >= 2) decayed, biases and LayerNorm gains (dim 1)
     not. `parameters()` yields a tied tensor once, so it is updated once per step."""
@@ -102,7 +104,7 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), fused=True)
 
-# %% ../chapters/06_gpt_and_training.ipynb #504d0536
+# %% ../chapters/06_gpt_and_training.ipynb #c81a3efd
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Learning rate for optimizer step `step` (0-based): linear warm-up to cfg.learning_rate over
     warmup_iters steps, half a cosine down to min_lr at lr_decay_iters (default max_iters), then flat."""
@@ -161,8 +163,7 @@ class History:
         """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
         return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
 
-# %% ../chapters/06_gpt_and_training.ipynb #93e4bb90
-CHECKPOINT_FORMAT = 1
+# %% ../chapters/06_gpt_and_training.ipynb #adbc7ba6
 _NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
 
 
