@@ -845,8 +845,7 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # and cache objects that serve every model on the Hub run at every step. Ours does one thing. The cell
 # below times both on the stand-in, on one thread and by CPU time (the work done, which other programs
 # on a busy machine do not inflate); its figures vary from machine to machine, so they are not part of
-# the stored outputs that the course checks. Ours also gets chapter 07's `tune_for_decoding`, which
-# gives each weight the memory layout and kernel this CPU multiplies fastest (the same tokens as before).
+# the stored outputs that the course checks.
 #
 # `benchmarks/bench_pretrained.py` repeats the race for models up to GPT-2's size, for one sequence and
 # for four, and writes `benchmarks/results/pretrained.md` and `.json`; the stored figures from the
@@ -880,9 +879,6 @@ def tokens_per_cpu_second(run, n_new=64, repeats=3):
 # NBVAL_IGNORE_OUTPUT
 threads = torch.get_num_threads()
 torch.set_num_threads(1)
-from transformer_course.decoding import tune_for_decoding  # noqa: E402
-
-tune_for_decoding(ours, layouts=("[out, in]", "[in, out]", "packed"))  # compiled layouts: see chapter 07
 ours_speed = tokens_per_cpu_second(lambda: generate(ours, prompt, 64, temperature=0))
 hf_speed = tokens_per_cpu_second(lambda: hf.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0,
                                                      attention_mask=torch.ones_like(prompt)))
