@@ -20,7 +20,6 @@ from torch import nn
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
 # %% ../chapters/03_single_head_attention.ipynb #b5c69494
-# Your turn - Exercise 3.2 (★☆☆, build): the causal mask.
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
     try:
@@ -82,7 +81,6 @@ def _check_mask(mask, scores_shape: tuple) -> None:
         )
 
 # %% ../chapters/03_single_head_attention.ipynb #83c2dcb2
-# Your turn - Exercise 3.4 (★★☆, build): scaled dot-product attention.
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
     """Attention of queries over keys: returns ``(out, weights)``.
 

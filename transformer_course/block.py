@@ -54,7 +54,6 @@ def _check_channels(x, d_model: int, who: str) -> None:
         )
 
 # %% ../chapters/05_transformer_block.ipynb #525e192f
-# Your turn - Exercise 5.1 (★☆☆, build): LayerNorm's formula, step by step.
 class LayerNorm(nn.Module):
     """Layer normalisation over the last dimension (Ba, Kiros and Hinton, 2016).
 
@@ -131,7 +130,6 @@ class FeedForward(nn.Module):
         return self.dropout(self.proj(h))  # (..., C)
 
 # %% ../chapters/05_transformer_block.ipynb #66becbfc
-# Your turn - Exercise 5.3 (★★☆, build): the block's forward pass, pre-norm and post-norm.
 class TransformerBlock(nn.Module):
     """One decoder block: causal multi-head self-attention, then the feed-forward network, each
     wrapped in a residual connection and a LayerNorm. Input [B, T, C] -> output [B, T, C].
@@ -187,7 +185,6 @@ def block_parameter_count(d_model: int, bias: bool = True) -> int:
     return attention + feed_forward + layer_norms
 
 # %% ../chapters/05_transformer_block.ipynb #192d0073
-# Your turn - Exercise 5.5 (★★★, build): measure the gradient reaching each layer's input.
 def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
     """How much gradient reaches the input of each layer in a stack.
 

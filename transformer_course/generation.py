@@ -49,7 +49,6 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits / temperature
 
 # %% ../chapters/07_generation.ipynb #25c5584c
-# Your turn - Exercise 7.2 (★★☆, build): top-k filtering.
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     """Keep the ``k`` largest logits of each row [..., V]; set the rest to -inf.
 
@@ -62,7 +61,6 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, indices, values)
 
 # %% ../chapters/07_generation.ipynb #9a1aead6
-# Your turn - Exercise 7.3 (★★☆, build): top-p (nucleus) filtering.
 def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep, in each row [..., V], the smallest set of most likely tokens whose probability reaches ``p``.
 
@@ -141,7 +139,6 @@ def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
     return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
 
 # %% ../chapters/07_generation.ipynb #639af57c
-# Your turn - Exercise 7.5 (★★★, build): the cached generation loop.
 def decode_with_cache(model, window: torch.Tensor, n: int, choose) -> Iterator[torch.Tensor]:
     """Generate ``n`` tokens after ``window`` [B, T] with a KV cache; yields each step's tokens, LongTensor [B].
 

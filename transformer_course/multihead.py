@@ -57,7 +57,6 @@ class LoopedMultiHeadAttention(nn.Module):
         return self.proj(y)  # (B, T, C)
 
 # %% ../chapters/04_multi_head_attention.ipynb #5d1365bd
-# Your turn - Exercise 4.1 (★☆☆, build): split the channels into heads.
 def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, C] -> [B, nh, T, hs]: head h gets channels h*hs .. (h+1)*hs - 1 of every token (a view)."""
     if x.ndim != 3:
@@ -67,7 +66,6 @@ def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
 
 # %% ../chapters/04_multi_head_attention.ipynb #cb6dffef
-# Your turn - Exercise 4.3 (★☆☆, build): merge the heads back.
 def merge_heads(y: torch.Tensor) -> torch.Tensor:
     """[B, nh, T, hs] -> [B, T, C]: the inverse of `split_heads`, the heads' outputs side by side."""
     if y.ndim != 4:
@@ -77,7 +75,6 @@ def merge_heads(y: torch.Tensor) -> torch.Tensor:
     return y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, C)
 
 # %% ../chapters/04_multi_head_attention.ipynb #6cd11c13
-# Your turn - Exercise 4.4 (★★☆, build): the causal mask when `past` positions are cached.
 def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
     """Bool [T, past + T]: True where new query t (at position past + t) may attend key j, j <= past + t.
 
@@ -291,7 +288,6 @@ class MultiHeadAttention(nn.Module):
         return f"n_head={self.n_head}, head_size={self.head_size}, causal={self.causal}, fast={self.fast}"
 
 # %% ../chapters/04_multi_head_attention.ipynb #820e8e6f
-# Your turn - Exercise 4.5 (★★☆, build): pack a loop of heads into one layer.
 @torch.no_grad()
 def pack_heads(looped: LoopedMultiHeadAttention, fast: bool = True) -> MultiHeadAttention:
     """A `MultiHeadAttention` computing the same function as ``looped``, its weights copied in.

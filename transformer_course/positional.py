@@ -57,7 +57,6 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     return float(base) ** (-two_i / d_model)
 
 # %% ../chapters/02_embeddings_and_positions.ipynb #f1099232
-# Your turn - Exercise 2.3 (★★☆, build): the sinusoidal position table.
 def sinusoidal_positional_encoding(
     n_positions: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
@@ -76,7 +75,6 @@ def sinusoidal_positional_encoding(
     return pe.to(dtype or torch.get_default_dtype())
 
 # %% ../chapters/02_embeddings_and_positions.ipynb #7b51cab2
-# Your turn - Exercise 2.5 (★★☆, build): the rotation that moves a code k positions on.
 def position_shift_matrix(
     offset: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:

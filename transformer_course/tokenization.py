@@ -114,7 +114,6 @@ class CharTokenizer:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
 
 # %% ../chapters/01_tokenization.ipynb #9f97172f
-# Your turn - Exercise 1.1 (★☆☆, build): count neighbouring pairs.
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
     """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
 
@@ -126,7 +125,6 @@ def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int 
     return counts
 
 # %% ../chapters/01_tokenization.ipynb #b4c85457
-# Your turn - Exercise 1.2 (★★☆, build): replace every occurrence of one pair.
 def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
 
@@ -144,7 +142,6 @@ def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[i
     return out
 
 # %% ../chapters/01_tokenization.ipynb #19ce607d
-# Your turn - Exercise 1.4 (★★☆, build): the training loop.
 def train_merges_simple(chunks: Counter, n_merges: int) -> list[tuple[int, int]]:
     """Learn up to ``n_merges`` merges from byte chunks with counts, recounting before every merge.
 
@@ -223,7 +220,6 @@ def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> li
     return merges
 
 # %% ../chapters/01_tokenization.ipynb #6f55778a
-# Your turn - Exercise 1.5 (★★☆, debug): apply the merges in the order they were learned.
 def apply_merges(ids: Sequence[int], merges: dict) -> list[int]:
     """Encode one chunk: ``ids`` (its byte ids) merged with ``merges`` ((a, b) -> new id, the rank).
 
