@@ -106,9 +106,31 @@ def decode_rows(path: Path, archived: bool) -> list[str]:
         extra = "" if bf16 == "n/a" else f"; bf16 weights {bf16} ({agree} same greedy choices)"
         out.append(
             f"| Greedy decoding vs Hugging Face `generate`, {r['model (layers x d_model)']}, one sequence "
-            f"(CPU time) | {machine(path)}{' (archived)' if archived else ''} | fp32 {r['ours fp32 / HF']} HF, same "
+            f"(CPU time; with the run-time layout tuner the course has since removed) | {machine(path)}"
+            f"{' (archived)' if archived else ''} | fp32 {r['ours fp32 / HF']} HF, same "
             f"tokens: {r['same tokens as HF']}; fp32 read bound "
             f"{r['bound: fp32 weights read once per token / HF']}{extra} | `{path.relative_to(RESULTS).as_posix()}` |"
+        )
+    return out
+
+
+def roofline_rows(path: Path) -> list[str]:
+    """`bench_decode.py`'s table: decode tokens/s at batch 1 as a fraction of the memory-read bound, and vs HF."""
+    rows = tables(path)[0]
+    found = re.search(r"read bandwidth measured in the same run: \*{0,2}([\d.]+ GB/s)", path.read_text(encoding="utf-8"))
+    bandwidth = found.group(1) if found else "not recorded"
+    out = []
+    for start in ("tiny", "gpt2-124M"):
+        r = next((r for r in rows if r["model (layers x d_model)"].startswith(start)), None)
+        if r is None:
+            continue
+        agree = r["bf16 greedy choices equal to fp32's"]
+        out.append(
+            f"| Greedy decoding at batch 1 vs the memory-read bound and Hugging Face `generate`, "
+            f"{r['model (layers x d_model)']} (CPU time) | {machine(path)} | {r['fraction of the bound']} of the "
+            f"bound ({r['ours fp32, tokens/s']} of {r['bound, tokens/s']} tokens/s at {bandwidth}); "
+            f"{r['ours / HF']} HF, same tokens: {r['same tokens as HF']}; bf16 weights: "
+            f"{agree} same greedy choices | `{path.relative_to(RESULTS).as_posix()}` |"
         )
     return out
 
@@ -132,7 +154,7 @@ def table() -> str:
         "|---|---|---|---|",
         *training_rows(RESULTS / "training.md", archived=False),
         *training_rows(ARCHIVE / AMD_TRAINING, archived=True),
-        *decode_rows(RESULTS / "pretrained.md", archived=False),
+        *roofline_rows(RESULTS / "decode.md"),
         *decode_rows(ARCHIVE / AMD_DECODE, archived=True),
         recipe_row(),
         *unrecorded_rows(),

@@ -13,7 +13,7 @@ sys.path.insert(0, str(BENCHMARKS))
 
 import machine  # noqa: E402
 
-BENCH_SCRIPTS = ("bench_attention.py", "bench_bpe.py", "bench_generation.py", "bench_pretrained.py",
+BENCH_SCRIPTS = ("bench_attention.py", "bench_bpe.py", "bench_generation.py", "bench_decode.py",
                  "bench_training.py")
 KEYS = {
     "cpu": str, "arch": str, "system": str, "isa_known": bool, "avx2": bool, "avx512f": bool,

@@ -70,7 +70,6 @@ _PUBLIC = {
     # chapter 07 (exported)
     "generate": "generation",
     "stream": "generation",
-    "tune_for_decoding": "decoding",
     # chapter 08 (exported)
     "load_hf_gpt2": "pretrained",
     # chapter 09 (exported)

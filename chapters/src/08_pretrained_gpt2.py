@@ -901,23 +901,15 @@ print("transformers, holding our GPT's weights, computes our logits within 1e-5:
 # and cache objects that serve every model on the Hub run at every step. Ours does one thing. The cell
 # below times both on the stand-in, on one thread and by CPU time (the work done, which other programs
 # on a busy machine do not inflate); its figures vary from machine to machine, so they are not part of
-# the stored outputs that the course checks. Ours also gets chapter 07's `tune_for_decoding`, which
-# gives each weight the memory layout and kernel this CPU multiplies fastest (the same tokens as before).
+# the stored outputs that the course checks.
 #
-# `benchmarks/bench_pretrained.py` repeats the race for models up to GPT-2's size, for one sequence and
-# for four, and writes `benchmarks/results/pretrained.md` and `.json`; the stored figures from the
-# course's machine follow the timing cell. Next to each race it measures a **bound**: the time to read
-# every fp32 weight once per token, with no arithmetic at all. A decode step multiplies by every weight
-# matrix, so every fp32 implementation reads each weight at least once per token, and none can beat
-# Hugging Face by more than that bound. Where the bound is low (the large models, one sequence), both
-# sides spend most of their time streaming weights from memory, and the matrix-vector kernels available
-# from Python stream more slowly than a plain read. Fewer bytes per weight move the bound itself: chapter
-# 07's `weights_dtype=torch.bfloat16`, whose speed is in the table too, with the share of greedy choices
-# that stay the same as Hugging Face's fp32 ones. The **4 KB pages** column is a deep copy of our tuned
-# model: the same layouts and compiled block steps, its weights in ordinary pages, which shows how much of
-# the lead the 2 MB pages of chapter 07 give (Hugging Face's weights sit in ordinary pages). Where the
-# layouts chosen are "packed", oneDNN keeps its packed copies in memory of its own in both models, so
-# those rows time the same computation twice, and their difference is the machine's noise.
+# `benchmarks/bench_decode.py` repeats the race for models up to GPT-2's size and writes
+# `benchmarks/results/decode.md` and `.json`; the stored figures from the machine it last ran on follow
+# the timing cell. Next to each race it measures a **bound**: the machine's speed of reading memory,
+# divided by the bytes of weights (and cache) a decode step must read. At one sequence every weight is
+# read once per token, so no implementation, ours or Hugging Face's, can beat that bound; for GPT-2's
+# size both come close to it, and only fewer bytes per weight would go faster. The optional appendix
+# chapter at the end of the course works this out and tries bf16 weights.
 
 # %%
 import time
@@ -936,9 +928,6 @@ def tokens_per_cpu_second(run, n_new=64, repeats=3):
 # NBVAL_IGNORE_OUTPUT
 threads = torch.get_num_threads()
 torch.set_num_threads(1)
-from transformer_course.decoding import tune_for_decoding  # noqa: E402
-
-tune_for_decoding(ours, layouts=("[out, in]", "[in, out]", "packed"))  # compiled layouts: see chapter 07
 ours_speed = tokens_per_cpu_second(lambda: generate(ours, prompt, 64, temperature=0))
 hf_speed = tokens_per_cpu_second(lambda: hf.generate(prompt, max_new_tokens=64, do_sample=False, pad_token_id=0,
                                                      attention_mask=torch.ones_like(prompt)))
@@ -951,15 +940,13 @@ print(f"ours {ours_speed:,.0f}, HF {hf_speed:,.0f} tokens per CPU second: {ours_
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-race = json.loads(Path("../benchmarks/results/pretrained.json").read_text())
-print(f"{race['meta']['cpu']}, {race['meta']['threads']} thread, stored {race['meta']['written']}\n")
-print(f"{'model':28s} {'params':>7s} {'batch':>5s} {'fp32/HF':>8s} {'same tokens':>11s} {'4 KB pages':>10s} "
-      f"{'bf16/HF':>8s} {'bf16 choices equal':>18s} {'bound/HF':>9s}")
+race = json.loads(Path("../benchmarks/results/decode.json").read_text())
+print(f"{race['meta']['cpu']}, {race['meta']['threads']} thread, stored {race['meta']['written']}, "
+      f"memory read at {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
+print(f"{'model':36s} {'params':>7s} {'ours/HF':>8s} {'same tokens':>11s} {'share of the bound':>18s}")
 for r in race["rows"]:
-    bf16 = ("n/a", "n/a") if r["bf16_agree"] is None else (f"{r['bf16_cpu'] / r['hf_cpu']:.2f}x", f"{r['bf16_agree']:.0%}")
-    print(f"{r['model']:28s} {r['params'] / 1e6:6.1f}M {r['batch']:5d} {r['ours_cpu'] / r['hf_cpu']:7.2f}x "
-          f"{str(r['same']):>11s} {r['small_pages_cpu'] / r['hf_cpu']:9.2f}x {bf16[0]:>8s} {bf16[1]:>18s} "
-          f"{r['read_cpu'] / r['hf_cpu']:8.2f}x")
+    print(f"{r['model']:36s} {r['params'] / 1e6:6.1f}M {r['vs_hf']:7.2f}x {str(r['same_tokens']):>11s} "
+          f"{r['fraction_of_bound']:18.2f}")
 
 # %% [markdown]
 # ## 8. The real GPT-2 (124M)

@@ -1,0 +1,295 @@
+# %% [markdown]
+# # Appendix: performance
+#
+# An optional chapter for the curious: how fast can decoding go at all, and why? Nothing in the main
+# chapters needs it. Chapter 07 made decoding cheap in *work* (the KV cache: one new position per step);
+# this appendix looks at the *time* a step takes on a CPU, for one sequence.
+#
+# **You will see**
+# - the **read-bandwidth roofline**: at batch 1 a decode step reads every weight once per token, so
+#   tokens/s can never exceed the memory bandwidth divided by the bytes of weights (and cache) per token;
+# - how a weight matrix sits in memory, `[out, in]` or `[in, out]`, gives the same numbers;
+# - **bf16 weights**, half the bytes, with their agreement with fp32 measured;
+# - the race against Hugging Face's `generate`, as `benchmarks/bench_decode.py` measured it.
+#
+# **It needs** chapter 06's model (the course ships it trained) and chapter 07's `generate`. It exports
+# one opt-in function, `bf16_weights`, to `transformer_course/performance.py`.
+#
+# Timings vary from machine to machine and from run to run, so the cells that time things print
+# nothing; one cell in section 4 prints everything your machine measured.
+
+# %%
+#| default_exp performance
+
+# %%
+#| export
+"""Performance helpers (the appendix): a bf16-weights copy of a model for decoding.
+
+Opt-in only: nothing in the course calls it for you.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+# %%
+import time
+
+import torch
+
+from transformer_course.course_model import load_course_model
+from transformer_course.generation import generate
+from transformer_course.model import GPT, GPTConfig, PRESETS, count_parameters
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.set_num_threads(1)  # decoding one sequence: one thread, as the benchmark measures it
+_ = torch.manual_seed(0)
+course = load_course_model()
+model, tok, cfg = course.model, course.tokenizer, course.config
+prompt = torch.tensor([tok.encode("ROMEO:\n")])
+print(f"the course model: {model.num_parameters():,} parameters, {cfg.n_layer} layers x {cfg.d_model}")
+
+# %% [markdown]
+# ## 1. The roofline: every weight, once per token
+#
+# With the cache, a decode step for one sequence feeds one position through the model: a `[1, C]` row
+# times every weight matrix. A matrix-vector product does two floating-point operations per weight it
+# reads, far too little arithmetic to keep a CPU busy; the time goes into bringing the weights in from
+# memory. So a step must read every weight at least once (the tied LM head and the token embedding are one
+# matrix), plus the cache's keys and values, and
+#
+# $$\text{tokens/s} \;\le\; \frac{\text{read bandwidth (bytes/s)}}{\text{bytes of weights} + \text{bytes of KV cache read per token}}.$$
+#
+# The bytes per token are arithmetic. For GPT-2's 124M shape in fp32:
+
+# %%
+def weight_bytes(cfg: GPTConfig, bytes_per_weight: int = 4) -> int:
+    """Bytes of the weights a decode step reads: all parameters but the position table (one row read)."""
+    positions = cfg.block_size * cfg.d_model if cfg.positional == "learned" else 0
+    return (count_parameters(cfg) - positions) * bytes_per_weight
+
+
+def cache_bytes(cfg: GPTConfig, length: int) -> int:
+    """Bytes of keys and values of one sequence of `length` positions, fp32."""
+    return 2 * cfg.n_layer * length * cfg.d_model * 4
+
+
+gpt2 = PRESETS["gpt2"]
+for name, c in (("course model", cfg), ("GPT-2 124M", gpt2)):
+    print(f"{name:13s} weights {weight_bytes(c) / 1e6:7.1f} MB fp32, {weight_bytes(c, 2) / 1e6:6.1f} MB bf16; "
+          f"cache at 512 positions {cache_bytes(c, min(512, c.block_size)) / 1e6:5.1f} MB")
+
+# %% [markdown]
+# At 124M the weights dominate: about half a gigabyte per token. How fast does one thread of this machine
+# read memory? Summing a large fp32 tensor reads every byte once with next to no arithmetic: the best of a
+# few sums is the bandwidth (this cell and the next only measure; section 4 prints the numbers).
+
+# %%
+def read_bandwidth(n_bytes: int = 128 * 2**20, repeats: int = 5) -> float:
+    """Bytes/s one thread reads: the best of `repeats` sums of an fp32 tensor of `n_bytes`."""
+    x = torch.ones(n_bytes // 4)
+    x.sum()  # touch every page first
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return n_bytes / best
+
+
+bandwidth = read_bandwidth()
+
+# %% [markdown]
+# Then decode with a model big enough for memory to matter (6 layers x 384, vocabulary 5,000, random
+# weights: the speed does not depend on their values), one sequence, 64 tokens, with the plain
+# `generate` of chapter 07:
+
+# %%
+mid_cfg = GPTConfig(vocab_size=5000, block_size=256, n_layer=6, n_head=6, d_model=384)
+mid = GPT(mid_cfg).eval()
+mid_prompt = torch.randint(0, 5000, (1, 16), generator=torch.Generator().manual_seed(0))
+
+
+def decode_speed(m, idx, n=64, repeats=3):
+    """Greedy tokens per second, best of `repeats` after a warm-up."""
+    generate(m, idx, 8, temperature=0)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        generate(m, idx, n, temperature=0)
+        best = min(best, time.perf_counter() - start)
+    return n / best
+
+
+mid_speed = decode_speed(mid, mid_prompt)
+mid_bytes = weight_bytes(mid_cfg) + cache_bytes(mid_cfg, 16 + 32)  # the cache at its mean length
+assert mid_bytes > 20e6  # tens of MB per token: much more than the CPU's caches hold
+
+# %% [markdown]
+# The fraction of the bound that the measured speed reaches is how close the plain PyTorch decoder comes to
+# the physics; the rest is per-step overhead (Python, the launch of a few dozen operations) and kernels
+# that stream a matrix-vector product a little slower than a plain sum. On the course's Intel Xeon, one thread reads about 10 GB/s, so GPT-2 124M in fp32 cannot decode faster
+# than about 20 tokens/s, and Hugging Face's `generate` already reaches about 19.7. No trick of kernels or
+# layouts beats that bound; only fewer bytes per token can (section 3), or more sequences per step
+# (a batch of B reads the weights once for B tokens).
+#
+# ## 2. How a weight sits in memory: `[out, in]` or `[in, out]`
+#
+# `nn.Linear` stores its weight `[out, in]`: one row per output, so the product for one output reads
+# one contiguous row. The same numbers can be stored transposed, `[in, out]`, and shown to the layer as the
+# transposed *view*: the layer still sees an `[out, in]` tensor, but the CPU library streams memory in
+# another order. The values and the results are the same (up to the order of additions):
+
+# %%
+layer = mid.blocks[0].mlp.fc  # [4C, C] = [1536, 384]
+w_out_in = layer.weight.detach()
+w_in_out = w_out_in.t().contiguous().t()  # the same values, stored transposed
+x = torch.randn(1, 384, generator=torch.Generator().manual_seed(1))
+print("same shape:", w_out_in.shape == w_in_out.shape, "| strides", w_out_in.stride(), "vs", w_in_out.stride())
+print("same product within 1e-5:", bool((x @ w_out_in.t() - x @ w_in_out.t()).abs().max() < 1e-5))
+
+# %%
+def matvec_seconds(w, repeats=200):
+    """Best time of one [1, in] x [in, out] product with weight w [out, in], over `repeats` runs."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x @ w.t()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+layout_times = {"[out, in]": matvec_seconds(w_out_in), "[in, out]": matvec_seconds(w_in_out)}
+
+# %% [markdown]
+# Which is faster depends on the CPU and the library's kernels, and on the shape; on the course's Xeon
+# the difference was within a few percent for whole models, which is why the course keeps `nn.Linear`'s
+# own layout. Section 4 prints what your machine measured.
+
+# %% [markdown]
+# ## 3. Fewer bytes: bf16 weights
+#
+# **bf16** keeps fp32's 8 exponent bits and 7 of its 23 mantissa bits: the same range, two to three
+# significant digits, half the bytes, so the bound of section 1 doubles. `bf16_weights(model)` returns a
+# copy for decoding whose `nn.Linear` layers hold bf16 weights: each casts its input to bf16 and its output
+# back to fp32, so everything else (LayerNorm, softmax, the residual stream) stays fp32. It uses only
+# public PyTorch (forward hooks); the original model is untouched. Whether it is *faster* depends on the
+# CPU: with native bf16 instructions (AVX512-BF16, AMX) products run at full speed; without them PyTorch
+# converts and may be slower. It is an opt-in trade, never chosen for you.
+
+# %%
+#| export
+def _input_to_bf16(module: torch.nn.Module, args: tuple) -> tuple:
+    return (args[0].to(torch.bfloat16),) + tuple(args[1:])
+
+
+def _output_to_fp32(module: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return output.float()
+
+
+def bf16_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` in eval mode whose ``nn.Linear`` weights and biases are bf16, for decoding.
+
+    Each Linear casts its input [..., in] to bf16 and its output [..., out] back to float32, so the
+    activations between layers stay float32. A tied LM head shares its matrix with the token embedding,
+    which becomes bf16 too (its rows are added to float32 positions, so the sum is float32). The weights
+    read per token halve; the results change by bf16 rounding (about 3 significant digits). ``model``
+    itself is not changed. For inference, not training.
+    """
+    bf16 = copy.deepcopy(model).eval()
+    for module in bf16.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.to(torch.bfloat16)
+            module.register_forward_pre_hook(_input_to_bf16)
+            module.register_forward_hook(_output_to_fp32)
+    return bf16
+
+# %% [markdown]
+# It is a different, rounded model, so "the same tokens" cannot be the test; whether it is as good a model
+# can. The validation loss on 32 windows of Shakespeare, fp32 against bf16 weights:
+
+# %%
+from transformer_course import load_shakespeare, train_val_split
+from transformer_course.training import encode_corpus
+
+small_bf16 = bf16_weights(model)
+_, val_data = train_val_split(encode_corpus(tok, load_shakespeare()).long())
+n = 32 * cfg.block_size
+x_val, y_val = val_data[:n].view(32, -1), val_data[1 : n + 1].view(32, -1)
+with torch.no_grad():
+    loss_fp32, loss_bf16 = float(model(x_val, y_val)[1]), float(small_bf16(x_val, y_val)[1])
+print("weights are bf16:", small_bf16.blocks[0].attn.qkv.weight.dtype, "| the original keeps", model.blocks[0].attn.qkv.weight.dtype)
+print("validation loss changed by less than 0.01:", abs(loss_bf16 - loss_fp32) < 0.01)
+
+# %% [markdown]
+# And the greedy choices: given fp32's own greedy text as the prefix, how often does the bf16 copy pick
+# the same next token? (Each position is counted alone: one flip would otherwise make every later token
+# of a free-running text differ.) Wherever the two most likely tokens are nearly tied, rounding can flip
+# the choice; how often depends on the CPU's bf16 kernels, so section 4 prints the share unchecked, with
+# the 6 x 384 model's and the speed of its bf16 copy:
+
+# %%
+def greedy_agreement(m, m_bf16, idx, n):
+    text = generate(m, idx, n, temperature=0)
+    with torch.no_grad():
+        picks = m_bf16(text[:, :-1])[0][:, idx.size(1) - 1 :].argmax(-1)
+    return float((picks == text[:, idx.size(1) :]).float().mean())
+
+
+mid_bf16 = bf16_weights(mid)
+n_fit = cfg.block_size - prompt.size(1)  # the whole text must fit in the context: 57 new tokens
+agreement = {f"course model, {n_fit} tokens": greedy_agreement(model, small_bf16, prompt, n_fit),
+             "6 x 384, 64 tokens": greedy_agreement(mid, mid_bf16, mid_prompt, 64)}
+mid_bf16_speed = decode_speed(mid_bf16, mid_prompt)
+assert all(0 <= a <= 1 for a in agreement.values())
+
+# %% [markdown]
+# ## 4. What your machine measured, and the race against Hugging Face's `generate`
+#
+# `benchmarks/bench_decode.py` runs the measurements above properly, for three sizes up to GPT-2's, in one
+# run: the read bandwidth, the plain decoder's tokens/s and its fraction of the bound, Hugging Face's
+# `generate` on the same random weights (asserting the same greedy tokens), and the bf16 agreement. It
+# writes `benchmarks/results/decode.md` and `.json`; `make bench` rewrites them on the machine it runs on.
+# The cell below prints this notebook's own measurements first, then the benchmark's stored table (none
+# of it is checked: every machine differs).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (timings of this run, then a file that `make bench` rewrites on the machine it runs on)
+import json
+from pathlib import Path
+
+bound = bandwidth / mid_bytes
+print(f"this machine: one-thread read bandwidth {bandwidth / 1e9:.1f} GB/s")
+print(f"  6 x 384 fp32: {mid_bytes / 1e6:.1f} MB per token -> bound {bound:,.0f} tokens/s; measured "
+      f"{mid_speed:,.0f} = {mid_speed / bound:.2f} of the bound; bf16 weights {mid_bf16_speed:,.0f} tokens/s")
+print(f"  GPT-2 124M fp32: bound {bandwidth / weight_bytes(gpt2):.1f} tokens/s")
+for name, t in layout_times.items():
+    print(f"  layout {name}: {t * 1e6:6.1f} µs per [1, 384] x [384, 1536] product")
+for name, a in agreement.items():
+    print(f"  bf16 weights, {name}: {a:.0%} of greedy choices equal to fp32's")
+race = json.loads(Path("../benchmarks/results/decode.json").read_text())
+print(f"{race['meta']['cpu']}, 1 thread, read bandwidth {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+      f"written {race['meta']['written']}{' (quick run)' if race['meta']['quick'] else ''}\n")
+for r in race["rows"]:
+    print(f"{r['model']:34s} bound {r['bound_tps']:7,.0f}  ours {r['ours_tps']:7,.0f} tokens/s "
+          f"({r['fraction_of_bound']:.2f} of it)  HF {r['hf_tps']:7,.0f} ({r['vs_hf']:.2f}x)  "
+          f"bf16 agreement {r['bf16_agree']:.0%}")
+
+# %% [markdown]
+# For the small models a step is mostly fixed overhead, and a decoder that does one thing beats a general
+# tool; at 124M both sides stream weights from memory, close to the bound, and neither can pull away.
+#
+# ## Summary
+#
+# - At batch 1 a decode step reads every weight once per token: tokens/s <= bandwidth / (bytes of weights
+#   + cache read per token). At GPT-2 124M in fp32 that is about half a gigabyte per token.
+# - A weight's layout changes how memory is streamed, not the results; on the course's CPU it gains little.
+# - bf16 weights halve the bytes and double the bound, at the price of some flipped greedy choices (the
+#   validation loss barely moves); `bf16_weights` is opt-in.
+# - Hugging Face's `generate` and the course's loop give the same greedy tokens; `benchmarks/bench_decode.py`
+#   measures both against the bound.
+#
+# **Exported to `transformer_course.performance`:** `bf16_weights`.
