@@ -86,3 +86,13 @@ def test_exported_modules_name_their_notebook():
             assert (module.parent / nb).resolve().exists(), f"{module.name} names missing {nb}"
             exported += 1
     assert exported >= 1
+
+
+def test_version_is_read_from_the_installed_metadata():
+    import importlib.metadata
+    import tomllib
+
+    import transformer_course
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
+    assert transformer_course.__version__ == importlib.metadata.version("transformer-course") == declared

@@ -37,8 +37,13 @@ Modules:
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _installed_version
 
-__version__ = "0.1.0"
+try:  # one source of truth: pyproject.toml's version, as pip installed it
+    __version__ = _installed_version("transformer-course")
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 # public name -> module that defines it (DESIGN.md, "Public API")
 _PUBLIC = {
