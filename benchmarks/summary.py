@@ -135,16 +135,39 @@ def roofline_rows(path: Path) -> list[str]:
     return out
 
 
-def unrecorded_rows() -> list[str]:
+def other_rows() -> list[str]:
+    """BPE training, attention paths and the KV cache: one row each, from their tables."""
     rows = []
-    for name, what in (("bpe.md", "BPE training, incremental vs naive pair counts"),
-                       ("attention.md", "Multi-head attention paths at T = 1,024"),
-                       ("generation.md", "KV cache vs uncached generation")):
-        path = RESULTS / name
-        if path.exists():
-            rows.append(f"| {what} | {machine(path)} | see the table (rerun `make bench` to record the machine) | "
-                        f"`{name}` |")
-    return rows
+
+    def where(name: str) -> str:
+        return f"{machine(RESULTS / name)} | "
+
+    path = RESULTS / "bpe.md"
+    if path.exists():
+        trainers = tables(path)[0]
+        naive = _row(trainers, "trainer", "recount every pair")
+        fast = _row(trainers, "trainer", "incremental pair counts")
+        rows.append(f"| BPE training, incremental pair counts vs recounting every pair | {where('bpe.md')}"
+                    f"{fast['time (s)']} s vs {naive['time (s)']} s: {fast['speed-up']} | `bpe.md` |")
+    path = RESULTS / "attention.md"
+    if path.exists():
+        longest = tables(path)[0][-1]
+        rows.append(f"| Multi-head attention at T = {longest['T']}: fused vs loop of heads vs batched teaching path | "
+                    f"{where('attention.md')}fused {longest['loop / fused']} faster than the loop, "
+                    f"{longest['batched / fused']} faster and {longest['batched / fused memory']} leaner than the "
+                    f"batched path | `attention.md` |")
+    path = RESULTS / "generation.md"
+    if path.exists():
+        found = tables(path)
+        window, past = found[-1][-1], found[0][-1]
+        rows.append(f"| Generation with the KV cache, {window['model']} | {where('generation.md')}"
+                    f"{window['speed-up']} the uncached loop within one window, {past['speed-up']} past it with "
+                    f"`crop_to`; {window['KV cache at a full window (batch 1, float32)'].split(' (')[0]} of cache "
+                    f"at a full window | `generation.md` |")
+    # a figure whose machine is unknown says only where to look
+    return [row if "| not recorded |" not in row else
+            "| ".join(row.split("| ")[:3]) + "| rerun `make bench` to measure it with its machine named | "
+            + row.split("| ")[-1] for row in rows]
 
 
 def table() -> str:
@@ -157,7 +180,7 @@ def table() -> str:
         *roofline_rows(RESULTS / "decode.md"),
         *decode_rows(ARCHIVE / AMD_DECODE, archived=True),
         recipe_row(),
-        *unrecorded_rows(),
+        *other_rows(),
         END,
     ]
     return "\n".join(lines)
