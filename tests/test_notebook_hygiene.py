@@ -92,3 +92,69 @@ def test_chapters_do_not_switch_to_bf16_unasked(path):
         source = "".join(cell["source"])
         if re.search(r"bf16\s*=\s*cpu_has_fast_bf16|if\s+cpu_has_fast_bf16\(\)", source):
             pytest.fail(f"a cell picks bf16 from the hardware probe: {source[:100]!r}")
+
+
+def _names(source: str) -> tuple[set[str], set[str], bool]:
+    """(module-level names a cell assigns, names it reads, whether a string in its code names
+    benchmarks/results), from its syntax tree; names local to functions, classes, lambdas and
+    comprehensions are left out."""
+    import ast
+
+    lines = ["" if ln.lstrip().startswith(("%", "!")) else ln for ln in source.split("\n")]
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return set(), set(), False
+    stored, loaded = set(), set()
+    reads = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and "benchmarks/results" in n.value
+                for n in ast.walk(tree))
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.ListComp, ast.SetComp,
+              ast.DictComp, ast.GeneratorExp)
+
+    def visit(node) -> None:
+        if isinstance(node, ast.Name):
+            (stored if isinstance(node.ctx, ast.Store) else loaded).add(node.id)
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, scopes):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    stored.add(child.name)
+                continue
+            visit(child)
+
+    visit(tree)
+    return stored, loaded, reads
+
+
+def _tainted_compared_cells(cells) -> list[str]:
+    """Compared cells that print something computed from a file `make bench` rewrites: the names a
+    reading cell assigns are tainted, so is every name assigned in a cell that reads a tainted one,
+    in cell order (a name assigned in a clean cell is clean again)."""
+    tainted: set[str] = set()
+    found = []
+    for cell in cells:
+        source = "".join(cell["source"])
+        stored, loaded, reads = _names(source)
+        uses = reads or bool(loaded & tainted)
+        if not uses:
+            tainted -= stored  # assigned afresh from clean values
+        else:
+            tainted |= stored
+            if _compared(cell) and any(o.get("output_type") == "stream" for o in cell.get("outputs", [])):
+                found.append(source[:100])
+    return found
+
+
+@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+def test_no_compared_cell_prints_what_make_bench_rewrites(path):
+    """`make bench` rewrites benchmarks/results/: a compared cell may not print values derived from it."""
+    _, cells = _code_cells(path)
+    assert _tainted_compared_cells(cells) == []
+
+
+def test_the_benchmark_taint_check_can_fail():
+    read = {"source": ["# NBVAL_IGNORE_OUTPUT\n", "rows = json.loads(open('../benchmarks/results/a.json').read())\n"],
+            "outputs": []}
+    derived = {"source": ["best = max(rows)\n"], "outputs": []}
+    printed = {"source": ["print(best)\n"], "outputs": [{"output_type": "stream", "name": "stdout", "text": "3"}]}
+    assert _tainted_compared_cells([read, derived, printed]) == ["print(best)\n"]
+    assert _tainted_compared_cells([printed]) == []

@@ -1014,6 +1014,8 @@ fig.suptitle("Multi-head attention, d_model 256, 8 heads (this machine's figures
 plt.show()
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (figures from benchmarks/results/attention.json, which `make bench` rewrites)
 T_max = lengths[-1]
 lo, ba, fu = (series[v][T_max] for v in ("loop", "batched", "fused"))
 print(f"at T = {T_max}: loop / fused time {lo['ms'] / fu['ms']:.1f}x, batched / fused time {ba['ms'] / fu['ms']:.1f}x")
@@ -1107,6 +1109,8 @@ quiz([
 #   The ratios, from the stored figures:
 
 # %%
+# NBVAL_IGNORE_OUTPUT
+# (figures from benchmarks/results/attention.json, which `make bench` rewrites)
 for T_b in (lengths[0], lengths[-1]):
     lo, ba, fu = (series[v][T_b] for v in ("loop", "batched", "fused"))
     print(f"T = {T_b:4}: time loop / fused {lo['ms'] / fu['ms']:.1f}x, batched / fused {ba['ms'] / fu['ms']:.1f}x; "
