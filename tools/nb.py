@@ -120,6 +120,9 @@ def pull(nb_path: Path) -> Path:
 def export(cwd: Path = ROOT) -> None:
     exe = Path(sys.executable).with_name("nbdev-export")
     subprocess.run([str(exe)], cwd=cwd, check=True)
+    # nbdev also writes _modidx.py, an index of symbols for its documentation site; this course
+    # publishes no such site and nothing imports it, so the package does not carry it (55 kB)
+    (cwd / "transformer_course" / "_modidx.py").unlink(missing_ok=True)
 
 
 def _cells(nb) -> list[tuple[str, str]]:
