@@ -90,5 +90,9 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
 	$(BIN)/python benchmarks/summary.py
 
+# student/ may hold learners' work (student/submissions/, edited notebooks): only the edition's own,
+# unchanged files go (the manifest student/.student-edition.json lists them), and the command says what stays
 clean:
-	rm -rf build student .pytest_cache .ruff_cache
+	rm -rf build .pytest_cache .ruff_cache
+	@if [ -d student ] && [ -x $(BIN)/transformer-course ]; then $(BIN)/transformer-course student-edition student --remove; \
+	elif [ -d student ]; then echo "kept student/: without $(BIN)/transformer-course the edition's files can't be told from learners' work"; fi

@@ -1,6 +1,7 @@
 """Student edition and grading: no solution leaks, stubs run, checks say "not done", grades add up."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from transformer_course.classroom import (
     write_csv,
     write_student_edition,
 )
+from transformer_course.grading_sandbox import sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -119,7 +121,7 @@ def test_instructor_notebooks_grade_all_passed():
 @pytest.mark.parametrize("name", [p.name for p in CHAPTERS])
 def test_student_edition_runs_and_every_exercise_is_not_done(student_dir, name):
     """Each student notebook runs top to bottom; every check there reports "not done"."""
-    (grade,) = grade_notebooks([student_dir / name], timeout=900)  # runs in student/chapters/
+    (grade,) = grade_notebooks([student_dir / name], timeout=1800, sandbox=not sandbox_problem())  # in student/chapters/
     assert not grade.error, format_table([grade])
     instructor = nbformat.read(ROOT / "chapters" / name, 4)
     assert len(grade.exercises) == sum(is_exercise_cell(c) for c in instructor.cells), format_table([grade])
@@ -214,3 +216,51 @@ def test_student_edition_command_fails_on_a_leak(tmp_path):
     nbformat.write(_nb("import math\nimport torch", EXERCISE, copy), chapters / "03_a.ipynb")
     result = subprocess.run(run, capture_output=True, text=True)
     assert result.returncode == 1 and "03_a.ipynb: Exercise 3.3" in result.stderr
+
+
+def _edition(tmp_path):
+    chapters = tmp_path / "course" / "chapters"
+    chapters.mkdir(parents=True)
+    nbformat.write(_nb("import math\nimport torch", EXERCISE), chapters / "03_a.ipynb")
+    nbformat.write(_nb("print(1)"), chapters / "04_b.ipynb")
+    return chapters, tmp_path / "student"
+
+
+def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
+    chapters, out = _edition(tmp_path)
+    written = write_student_edition(out, chapters)
+    assert json.loads((written[0]).read_text())["metadata"]["transformer_course"] == {"chapter": "03_a"}
+    assert write_student_edition(out, chapters) == written  # unchanged files: written again, silently
+    edited = out / "chapters" / "03_a.ipynb"
+    edited.write_text(edited.read_text().replace("raise NotImplementedError", "return 42  #"))
+    mine = edited.read_text()
+    with pytest.raises(FileExistsError, match=r"(?s)changed since the student edition wrote them.*03_a\.ipynb.*--force"):
+        write_student_edition(out, chapters)
+    assert edited.read_text() == mine
+    run = [sys.executable, "-m", "transformer_course", "student-edition", str(out), "--chapters", str(chapters)]
+    result = subprocess.run(run, capture_output=True, text=True)
+    assert result.returncode == 2 and "03_a.ipynb" in result.stderr and edited.read_text() == mine
+    result = subprocess.run([*run, "--force"], capture_output=True, text=True)
+    assert result.returncode == 0 and edited.read_text() != mine
+
+
+def test_removing_the_edition_keeps_submissions_and_edited_notebooks(tmp_path):
+    chapters, out = _edition(tmp_path)
+    write_student_edition(out, chapters)
+    (out / "submissions").mkdir()
+    (out / "submissions" / "alice_03_a.ipynb").write_text("{}")
+    edited = out / "chapters" / "04_b.ipynb"
+    edited.write_text(edited.read_text().replace("print(1)", "print(2)"))
+    result = subprocess.run([sys.executable, "-m", "transformer_course", "student-edition", str(out), "--remove"],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "removed 1 files" in result.stdout and "kept 2 files" in result.stdout and "submissions" in result.stdout
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ipynb")) == ["chapters/04_b.ipynb",
+                                                                                   "submissions/alice_03_a.ipynb"]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="no make")
+def test_make_clean_keeps_student_work():
+    recipe = subprocess.run(["make", "-n", "clean"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert "student-edition student --remove" in recipe
+    assert not [line for line in recipe.splitlines() if line.startswith("rm") and "student" in line], recipe
