@@ -1,5 +1,6 @@
 """Benchmark chapter 01's BPE: training (incremental pair counts against a full recount before every
-merge) and encoding throughput (the pure-Python teaching encoder against its tiktoken form).
+merge, with GPT-4's pre-split pattern and without one), encoding throughput (the pure-Python teaching
+encoder against its tiktoken form) and streaming encoding of a file (its memory peak).
 
     .venv/bin/python benchmarks/bench_bpe.py            # writes benchmarks/results/bpe.md
     .venv/bin/python benchmarks/bench_bpe.py --quick    # smaller sizes, prints only
@@ -11,12 +12,15 @@ trainers must learn the same merges (checked here too); the tests check it on mo
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 
 import machine
 
 from transformer_course.data import load_shakespeare
+from transformer_course.presplit import GPT4_SPLIT_PATTERN
 from transformer_course.tokenization import BPETokenizer, get_encoding
 
 RESULTS = Path(__file__).resolve().parent / "results" / "bpe.md"
@@ -32,9 +36,9 @@ def best_of(fn, repeats: int) -> tuple[float, object]:
     return min(times), result
 
 
-def bench_training(text: str, vocab_size: int) -> dict:
-    fast_s, fast = best_of(lambda: BPETokenizer.train(text, vocab_size, incremental=True), repeats=3)
-    naive_s, naive = best_of(lambda: BPETokenizer.train(text, vocab_size, incremental=False), repeats=1)
+def bench_training(text: str, vocab_size: int, pattern: str | None = GPT4_SPLIT_PATTERN) -> dict:
+    fast_s, fast = best_of(lambda: BPETokenizer.train(text, vocab_size, pattern, incremental=True), repeats=3)
+    naive_s, naive = best_of(lambda: BPETokenizer.train(text, vocab_size, pattern, incremental=False), repeats=1)
     if fast.merges != naive.merges:
         raise AssertionError("the incremental and the recount trainers learned different merges")
     return {"fast_s": fast_s, "naive_s": naive_s, "merges": len(fast.merges), "tokenizer": fast}
@@ -55,6 +59,32 @@ def bench_encoding(name: str, teaching: BPETokenizer, text: str) -> dict:
             "tokens": len(ids_rust)}
 
 
+def bench_stream(tokenizer: BPETokenizer, text: str, folder: Path) -> dict:
+    """Encode ``text`` from a file, line by line, with ``encode_stream``: time and tracemalloc's peak,
+    against ``encode`` of the whole text read from the same file (same ids, checked as they come, so
+    the check holds no second list)."""
+    path = folder / "stream.txt"
+    path.write_text(text, encoding="utf-8")
+    tokenizer.encode(text)  # a warm chunk cache for both (it is the tokenizer's, bounded, not the stream's)
+    tracemalloc.start()
+    start = time.perf_counter()
+    whole = tokenizer.encode(path.read_text(encoding="utf-8"))
+    whole_s, whole_peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    same, done = True, 0
+    with open(path, encoding="utf-8") as f:
+        tracemalloc.start()
+        start = time.perf_counter()
+        for part in tokenizer.encode_stream(f):
+            same, done = same and whole[done:done + len(part)] == part, done + len(part)
+        stream_s, stream_peak = time.perf_counter() - start, tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    if not same or done != len(whole):
+        raise AssertionError("encode_stream and encode disagree")
+    return {"mb": len(text.encode("utf-8")) / 1e6, "stream_s": stream_s, "stream_peak": stream_peak,
+            "whole_s": whole_s, "whole_peak": whole_peak}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 KB and vocabulary 512; print, do not write")
@@ -65,11 +95,19 @@ def main() -> None:
     train = bench_training(text, vocab)
     print(f"training V={vocab} on {size:,} chars: incremental {train['fast_s']:.2f} s, "
           f"recount {train['naive_s']:.1f} s, {train['naive_s'] / train['fast_s']:.0f}x")
+    one_size = size // 10  # without a pattern the recount passes over the whole text once per merge
+    one = bench_training(corpus[:one_size], vocab, pattern=None)
+    print(f"training V={vocab} on {one_size:,} chars, no pattern: incremental {one['fast_s']:.2f} s, "
+          f"recount {one['naive_s']:.1f} s, {one['naive_s'] / one['fast_s']:.0f}x")
     encode_text = corpus[size: size + size]
     rows = [bench_encoding(f"Shakespeare BPE (V={vocab})", train["tokenizer"], encode_text)]
     rows.append(bench_encoding("cl100k_base", BPETokenizer.from_tiktoken("cl100k_base"), encode_text))
     for r in rows:
         print(f"encode {r['name']}: Python {r['python_mbs']:.2f} MB/s, tiktoken {r['rust_mbs']:.2f} MB/s")
+    with tempfile.TemporaryDirectory() as folder:
+        stream = bench_stream(train["tokenizer"], corpus[size:], Path(folder))
+    print(f"stream {stream['mb']:.1f} MB: peak {stream['stream_peak'] / 1e6:.2f} MB in {stream['stream_s']:.1f} s; "
+          f"whole: peak {stream['whole_peak'] / 1e6:.1f} MB in {stream['whole_s']:.1f} s")
     if args.quick:
         return
 
@@ -88,7 +126,16 @@ def main() -> None:
         f"| incremental pair counts + heap (`incremental=True`, best of 3) | {train['fast_s']:.2f} | "
         f"{train['naive_s'] / train['fast_s']:.0f}x |",
         "",
-        "Both learn identical merges (checked by the benchmark).",
+        f"## Training without a pre-split pattern: vocabulary {vocab:,} ({one['merges']} merges) on the first "
+        f"{one_size:,} characters, the whole text one chunk",
+        "",
+        "| trainer | time (s) | speed-up |",
+        "|---|---:|---:|",
+        f"| recount every pair before each merge (`incremental=False`) | {one['naive_s']:.1f} | 1x |",
+        f"| incremental, positions of the merged pair only (`incremental=True`, best of 3) | {one['fast_s']:.2f} | "
+        f"{one['naive_s'] / one['fast_s']:.0f}x |",
+        "",
+        "Both learn identical merges in each table (checked by the benchmark).",
         "",
         f"## Encoding throughput: the next {len(encode_text):,} characters (held out from training)",
         "",
@@ -100,7 +147,13 @@ def main() -> None:
                      f"{r['rust_mbs'] / r['python_mbs']:.1f}x |")
     lines += ["", "Identical ids from both encoders in every row (checked by the benchmark). The Python encoder "
               "starts with an empty chunk cache; tiktoken is `to_tiktoken()` of the same tokenizer (cl100k: "
-              "`get_encoding`). Best of 2 (Python) and 3 (tiktoken) runs.", ""]
+              "`get_encoding`). Best of 2 (Python) and 3 (tiktoken) runs.", "",
+              f"## Streaming: the rest of the corpus ({stream['mb']:.1f} MB) from a file, line by line", "",
+              "| encoder | peak memory (tracemalloc, MB) | time (s) |", "|---|---:|---:|",
+              f"| `encode(text)` of the whole text | {stream['whole_peak'] / 1e6:.1f} | {stream['whole_s']:.1f} |",
+              f"| `encode_stream(file)` | {stream['stream_peak'] / 1e6:.2f} | {stream['stream_s']:.1f} |", "",
+              "Identical ids (checked by the benchmark). The chunk cache was filled first; tracemalloc slows both.",
+              ""]
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join(lines), encoding="utf-8")
     print(f"wrote {RESULTS}")

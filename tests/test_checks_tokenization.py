@@ -8,6 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from transformer_course.bpe import (
+    apply_merges,
+    get_pair_counts,
+    merge_pair,
+    train_merges_simple,
+)
 from transformer_course.checks._core import FAILED, NOT_DONE, PASSED
 from transformer_course.checks.tokenization import (
     _stream_decode,
@@ -17,12 +23,6 @@ from transformer_course.checks.tokenization import (
     check_predict_tiny_merges,
     check_stream_decode,
     check_train_merges_simple,
-)
-from transformer_course.tokenization import (
-    apply_merges,
-    get_pair_counts,
-    merge_pair,
-    train_merges_simple,
 )
 
 CHECKS = [check_get_pair_counts, check_merge_pair, check_predict_tiny_merges, check_train_merges_simple,

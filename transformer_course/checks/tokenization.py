@@ -1,6 +1,6 @@
 """Checks for chapter 01's exercises (tokenization). Hand-written.
 
-Each check runs the learner's function against ``transformer_course.tokenization`` (or, for the
+Each check runs the learner's function against ``transformer_course.bpe`` (or, for the
 extend exercise, a reference kept here) on ordinary and edge inputs and names the likely mistake.
 """
 
@@ -14,10 +14,10 @@ from ._core import check, expect
 # ---------------------------------------------------------------- 1.1 get_pair_counts
 
 
-@check("1.1", "get_pair_counts", reference="transformer_course.tokenization:get_pair_counts")
+@check("1.1", "get_pair_counts", reference="transformer_course.bpe:get_pair_counts")
 def check_get_pair_counts(fn):
     """``fn(ids, counts=None, weight=1) -> {(a, b): count}`` over adjacent, overlapping pairs."""
-    from transformer_course.tokenization import get_pair_counts
+    from transformer_course.bpe import get_pair_counts
 
     for ids in ([], [7]):
         got = fn(list(ids))
@@ -53,10 +53,10 @@ def check_get_pair_counts(fn):
 # ---------------------------------------------------------------- 1.2 merge_pair
 
 
-@check("1.2", "merge_pair", reference="transformer_course.tokenization:merge_pair")
+@check("1.2", "merge_pair", reference="transformer_course.bpe:merge_pair")
 def check_merge_pair(fn):
     """``fn(ids, pair, new_id) -> list`` replacing each left-to-right occurrence, input unchanged."""
-    from transformer_course.tokenization import merge_pair
+    from transformer_course.bpe import merge_pair
 
     ids = [5, 6, 7, 5, 6]
     got = fn(ids, (5, 6), 99)
@@ -85,7 +85,7 @@ def check_merge_pair(fn):
 @check("1.3", "prediction")
 def check_predict_tiny_merges(fn):
     """``fn() -> list[int]``: "aaabdaaabac" after three merges."""
-    from transformer_course.tokenization import merge_pair, train_merges
+    from transformer_course.bpe import merge_pair, train_merges
 
     tiny = list(b"aaabdaaabac")
     steps = [tiny]
@@ -105,10 +105,10 @@ def check_predict_tiny_merges(fn):
 # ---------------------------------------------------------------- 1.4 the training loop
 
 
-@check("1.4", "train_merges_simple", reference="transformer_course.tokenization:train_merges_simple")
+@check("1.4", "train_merges_simple", reference="transformer_course.bpe:train_merges_simple")
 def check_train_merges_simple(fn):
     """``fn(chunks: Counter[bytes], n_merges) -> list of pairs``, merge k making id 256 + k."""
-    from transformer_course.tokenization import train_merges
+    from transformer_course.bpe import train_merges
 
     def run(chunks, n):
         given = Counter(chunks)
@@ -177,10 +177,10 @@ class _LookupOnlyMerges(dict):
         return super().items()
 
 
-@check("1.5", "apply_merges", reference="transformer_course.tokenization:apply_merges")
+@check("1.5", "apply_merges", reference="transformer_course.bpe:apply_merges")
 def check_apply_merges(fn):
     """``fn(ids, merges: (a, b) -> new id) -> list`` applying the lowest new id first, as training did."""
-    from transformer_course.tokenization import apply_merges
+    from transformer_course.bpe import apply_merges
 
     a, b, c = b"abc"
     # (b, c) was learned before (a, b); the dict lists them in the other order on purpose
