@@ -1,11 +1,13 @@
 """Multi-head attention three ways on the CPU: a loop of heads, batched heads, one fused call (chapter 04).
 
-- loop: `LoopedMultiHeadAttention`, nh chapter-03 `AttentionHead`s one after another, concatenated;
+- loop: chapter 04's scaffold (it stays in the notebook; `Loop` below), nh chapter-03 `AttentionHead`s
+  one after another, concatenated, then W_o;
 - batched: `MultiHeadAttention(fast=False)`, one packed projection, all heads in one batched product,
   full [B, nh, T, T] scores and weights (chapter 03's function);
 - fused: `MultiHeadAttention(fast=True)`, PyTorch's ``F.scaled_dot_product_attention`` with ``is_causal``.
 
-All three hold the same weights (`pack_heads`) and are checked to agree before timing. For each
+All three hold the same weights (each loop head is a slice of the packed layer's) and are checked to
+agree before timing. For each
 sequence length T (64 to 1,024; d_model 256, 8 heads of 32, batch 1, float32, forward pass under
 ``torch.no_grad``, one thread) we record the median CPU time of repeated calls (the work done, which
 other programs on a shared CPU do not inflate as they do wall time) and the peak memory the call allocates
@@ -30,7 +32,8 @@ import machine
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from transformer_course.multihead import LoopedMultiHeadAttention, pack_heads
+from transformer_course.attention import AttentionHead
+from transformer_course.multihead import MultiHeadAttention
 
 RESULTS = Path(__file__).resolve().parent / "results"
 VARIANTS = ("loop", "batched", "fused")
@@ -70,10 +73,33 @@ def peak_bytes(fn) -> int:
     return peak
 
 
+class Loop(torch.nn.Module):
+    """Chapter 04's scaffold on ``mha``'s weights: head h is an `AttentionHead` holding rows
+    h*hs .. (h+1)*hs - 1 of W_q, W_k and W_v; the heads run one after another, their outputs
+    [B, T, hs] are concatenated to [B, T, C] and mixed by ``mha.proj`` (W_o). ``mha.qkv.bias`` must be zero."""
+
+    def __init__(self, mha: MultiHeadAttention) -> None:
+        super().__init__()
+        C, hs = mha.d_model, mha.head_size
+        self.heads = torch.nn.ModuleList(AttentionHead(C, hs) for _ in range(mha.n_head))
+        with torch.no_grad():
+            for h, head in enumerate(self.heads):
+                for linear, w in zip((head.query, head.key, head.value), mha.qkv.weight.split(C), strict=True):
+                    linear.weight.copy_(w[h * hs:(h + 1) * hs])  # (hs, C)
+        self.proj = mha.proj
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(torch.cat([head(x) for head in self.heads], dim=-1))  # (B, T, C)
+
+
 def build(seed: int = 0) -> dict[str, torch.nn.Module]:
     torch.manual_seed(seed)
-    looped = LoopedMultiHeadAttention(D_MODEL, N_HEAD).eval()
-    return {"loop": looped, "batched": pack_heads(looped, fast=False).eval(), "fused": pack_heads(looped, fast=True).eval()}
+    batched = MultiHeadAttention(D_MODEL, N_HEAD, fast=False).eval()
+    with torch.no_grad():
+        batched.qkv.bias.zero_()  # chapter 03's heads have no bias
+    fused = MultiHeadAttention(D_MODEL, N_HEAD, fast=True).eval()
+    fused.load_state_dict(batched.state_dict())
+    return {"loop": Loop(batched).eval(), "batched": batched, "fused": fused}
 
 
 def measure(lengths=LENGTHS) -> list[dict]:

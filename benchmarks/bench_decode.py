@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import transformers  # noqa: E402
 
 from transformer_course.generation import generate  # noqa: E402
+from transformer_course.model import GPT  # noqa: E402
 from transformer_course.performance import bf16_weights  # noqa: E402
-from transformer_course.pretrained import load_hf_gpt2, make_hf_stand_in  # noqa: E402
+from transformer_course.pretrained import make_hf_stand_in  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -89,7 +90,7 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, re
                           std=0.02, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        ours = load_hf_gpt2(tmp).eval()
+        ours = GPT.from_pretrained(tmp).eval()
     hf.eval()
     prompt = torch.randint(0, vocab, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
 

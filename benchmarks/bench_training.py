@@ -37,7 +37,7 @@ RESULTS_JSON = RESULTS.with_suffix(".json")
 STEP_VARIANTS = {
     "teaching": ("teaching paths (chapter 03 attention, step-by-step LayerNorm) + for-loop AdamW, fp32",
                  {"fast": False}, "loop", False, None, False),
-    # what nanoGPT's model.py runs on a CPU: fused attention, F.layer_norm, foreach AdamW, float32
+    # the kernels nanoGPT's model.py runs on a CPU (fused attention, F.layer_norm, float32), with foreach AdamW
     "nanogpt_ops": ("nanoGPT's operations: fused attention and LayerNorm, foreach AdamW, fp32",
                     {}, "foreach", False, None, False),
     "fused_fp32": ("fused attention, LayerNorm and AdamW, fp32", {}, "fused", False, None, False),
@@ -94,7 +94,7 @@ def run_steps(name: str, steps: int, warmup: int) -> dict:
     cfg = TrainConfig(bf16=bf16)
     if optimizer_kind == "fused":
         optimizer = make_optimizer(model, cfg)
-    else:  # "loop": the plain reference implementation, one tensor at a time; "foreach": PyTorch's CPU default
+    else:  # "loop": the plain reference implementation, one tensor at a time (PyTorch's default on a CPU); "foreach": the multi-tensor kernel
         optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                                       betas=(cfg.beta1, cfg.beta2), foreach=optimizer_kind == "foreach", fused=False)
     forward = torch.compile(model) if compile_ else model
@@ -190,7 +190,7 @@ def write_report(step_results: dict, run_results: dict, kernels: dict, load: tup
     lines += [f"| nanoGPT `train.py` itself (NOTES.md, quiet machine, another day) | 44-49 | "
               f"{_fmt_range(NANOGPT['tokens_per_s'])} | | | {_fmt_range(NANOGPT['rss_mb'])} |", "",
               "\"nanoGPT's operations\" is our model running exactly the kernels nanoGPT's `model.py` runs on a CPU "
-              "(its `train.py` keeps float32 and foreach AdamW there), measured in this same run: the in-run stand-in "
+              "(float32; AdamW's multi-tensor foreach kernel, where nanoGPT's `train.py` on a CPU gets PyTorch's default, the per-tensor loop), measured in this same run: the in-run stand-in "
               "for nanoGPT, since nanoGPT itself cannot be downloaded here.", ""]
     if kernels:
         m32, m16, a32, a16 = (kernels[k] for k in ("matmul_fp32_us", "matmul_bf16_us", "attention_fp32_us", "attention_bf16_us"))

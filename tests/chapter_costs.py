@@ -13,6 +13,7 @@ COSTS = {
     "07_generation": 2.5,
     "08_pretrained_gpt2": 1.5,
     "09_encoder_decoder": 2.5,
+    "10_modern_decoder": 2,
     "90_appendix_performance": 3,
 }
 

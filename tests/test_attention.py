@@ -9,7 +9,12 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer_course.attention import AttentionHead, causal_mask, scaled_dot_product_attention
+from transformer_course.attention import (
+    AttentionHead,
+    causal_mask,
+    check_mask,
+    scaled_dot_product_attention,
+)
 
 # ---------------------------------------------------------------- causal_mask
 
@@ -274,13 +279,26 @@ def test_mask_wrong_shape(shape):
         scaled_dot_product_attention(q, k, v, torch.ones(shape, dtype=torch.bool))
 
 
+def test_check_mask_names_the_axes_a_padding_mask_lacks():
+    keep = torch.ones(2, 5, dtype=torch.bool)  # [B, T_k]
+    with pytest.raises(ValueError, match=r"\(2, 5, 5\); a key-padding mask \[B, T_k\] needs a query axis: mask\[:, None, :\]$"):
+        check_mask(keep, (2, 5, 5))
+    with pytest.raises(ValueError, match=r"\(2, 4, 5, 5\); a key-padding mask \[B, T_k\] needs head and query axes: mask\[:, None, None, :\]$"):
+        check_mask(keep, (2, 4, 5, 5))
+    with pytest.raises(ValueError, match=r"does not broadcast to the scores' shape \[\.\.\., T_q, T_k\] = \(5, 5\)$"):
+        check_mask(torch.ones(3, 5, dtype=torch.bool), (5, 5))  # no batch axis: no padding hint
+    with pytest.raises(TypeError, match=r"bool torch.Tensor \(True = may attend\), got list"):
+        check_mask([[True]], (1, 1))
+    check_mask(keep[:, None, None, :], (2, 4, 5, 5))  # fits: no error
+
+
 def re_shape(shape):
     return str(tuple(shape)).replace("(", r"\(").replace(")", r"\)")
 
 
 def test_bad_dropout_p():
     q = torch.zeros(3, 2)
-    with pytest.raises(ValueError, match=r"dropout_p must be in \[0, 1\)"):
+    with pytest.raises(ValueError, match=r"dropout_p must be a finite number >= 0.0 and < 1.0, got 1.0"):
         scaled_dot_product_attention(q, q, q, dropout_p=1.0)
 
 
@@ -292,16 +310,16 @@ def test_head_bad_input():
         head(torch.zeros(5, 8))
     with pytest.raises(TypeError, match="bool tensor"):
         head(torch.zeros(2, 5, 8), torch.ones(2, 1, 5))
-    with pytest.raises(ValueError, match=r"mask of shape \(2, 6\)"):
+    with pytest.raises(ValueError, match=r"mask of shape \(2, 6\).*needs a query axis: mask\[:, None, :\]"):
         head(torch.zeros(2, 5, 8), torch.ones(2, 6, dtype=torch.bool))
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"d_model": 0, "head_size": 4}, "d_model must be a positive int"),
-        ({"d_model": 8, "head_size": 2.0}, "head_size must be a positive int"),
-        ({"d_model": 8, "head_size": 4, "dropout": 1.5}, r"dropout must be in \[0, 1\)"),
+        ({"d_model": 0, "head_size": 4}, "d_model must be a whole number >= 1, got 0"),
+        ({"d_model": 8, "head_size": 2.0}, "head_size must be a whole number >= 1, got 2.0"),
+        ({"d_model": 8, "head_size": 4, "dropout": 1.5}, r"dropout must be a finite number >= 0.0 and < 1.0, got 1.5"),
     ],
 )
 def test_head_bad_construction(kwargs, match):

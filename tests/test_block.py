@@ -401,25 +401,25 @@ def test_block_needs_a_batch_dimension():
 
 
 def test_unknown_choices_list_the_options():
-    with pytest.raises(ValueError, match=r"unknown norm 'sandwich': choose one of 'pre', 'post'"):
+    with pytest.raises(ValueError, match=r"norm must be one of 'pre', 'post', got 'sandwich'"):
         TransformerBlock(32, 4, norm="sandwich")
-    with pytest.raises(ValueError, match=r"unknown activation 'swish': choose one of 'relu', 'gelu', 'gelu_tanh'"):
+    with pytest.raises(ValueError, match=r"activation must be one of 'relu', 'gelu', 'gelu_tanh', got 'swish'"):
         FeedForward(32, activation="swish")
-    with pytest.raises(ValueError, match=r"unknown activation 'GELU'"):
+    with pytest.raises(ValueError, match=r"activation must be one of .* got 'GELU'"):
         TransformerBlock(32, 4, activation="GELU")
-    with pytest.raises(ValueError, match=r"unknown norm None"):
+    with pytest.raises(ValueError, match=r"norm must be one of .* got None"):
         TransformerBlock(32, 4, norm=None)
 
 
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: LayerNorm(0), "d_model must be a positive int"),
-        (lambda: LayerNorm(4.0), "d_model must be a positive int"),
-        (lambda: LayerNorm(4, eps=0), "eps must be a positive number"),
-        (lambda: FeedForward(8, d_ff=0), "d_ff must be a positive int"),
-        (lambda: FeedForward(8, dropout=1.0), r"dropout must be in \[0, 1\)"),
-        (lambda: TransformerBlock(8, 2, dropout=-0.1), r"dropout must be in \[0, 1\)"),
+        (lambda: LayerNorm(0), "d_model must be a whole number >= 1, got 0"),
+        (lambda: LayerNorm(4.0), "d_model must be a whole number >= 1, got 4.0"),
+        (lambda: LayerNorm(4, eps=0), "eps must be a finite number > 0.0, got 0: GPT-2 uses 1e-5"),
+        (lambda: FeedForward(8, d_ff=0), "d_ff must be a whole number >= 1"),
+        (lambda: FeedForward(8, dropout=1.0), r"dropout must be a finite number >= 0.0 and < 1.0, got 1.0"),
+        (lambda: TransformerBlock(8, 2, dropout=-0.1), r"dropout must be a finite number >= 0.0 and < 1.0"),
         (lambda: TransformerBlock(30, 4), "not divisible by n_head=4"),
     ],
 )

@@ -88,8 +88,11 @@ class Planted(CrossAttention):
         q = split_heads(F.linear(x, w[q_rows], b[q_rows]), self.n_head)
         k = split_heads(F.linear(kv_in, w[k_rows], b[k_rows]), self.n_head)
         v = split_heads(F.linear(kv_in, w[2 * C :], b[2 * C :]), self.n_head)
-        attend = self._attend_fast if self.fast or self.fast_only else self._attend_teaching
-        y = merge_heads(attend(q, k, v, None if self.no_mask else mask))
+        mask = None if self.no_mask else mask
+        if self.fast_only:  # PyTorch's kernel called directly: the teaching path's weights are never kept
+            y = merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        else:
+            y = merge_heads(self.attend(q, k, v, mask))
         return y if self.no_proj else self.proj(y)
 
 

@@ -16,12 +16,12 @@ from transformer_course.checks.multihead import (
     check_predict_scores_shape,
     check_split_heads,
     grouped_query_attention_reference,
+    pack_heads,
 )
 from transformer_course.multihead import (
     MultiHeadAttention,
     causal_mask_with_past,
     merge_heads,
-    pack_heads,
     split_heads,
 )
 
@@ -211,22 +211,22 @@ def test_mask_with_past_accepts_reference():
     assert run(check_causal_mask_with_past, lambda T, past=0, device=None: ones(T, past, device).tril(past)).passed
 
 
-# ---------------------------------------------------------------- 4.5 pack the heads (build)
+# ---------------------------------------------------------------- 4.5 pack the heads (extend)
 
 
-def _new_layer(looped, fast=True):
-    heads = list(looped.heads)
-    mha = MultiHeadAttention(heads[0].d_model, len(heads), bias=looped.proj.bias is not None, fast=fast)
+def _new_layer(heads, proj, fast=True):
+    heads = list(heads)
+    mha = MultiHeadAttention(heads[0].d_model, len(heads), bias=proj.bias is not None, fast=fast)
     return heads, mha
 
 
-def _finish(mha, looped, weight, zero_bias=True, copy_proj=True):
+def _finish(mha, proj, weight, zero_bias=True, copy_proj=True):
     with torch.no_grad():
         mha.qkv.weight.copy_(weight)
         if zero_bias and mha.qkv.bias is not None:
             mha.qkv.bias.zero_()
         if copy_proj:
-            mha.proj.load_state_dict(looped.proj.state_dict())
+            mha.proj.load_state_dict(proj.state_dict())
     return mha
 
 
@@ -234,38 +234,38 @@ def by_kind(heads):
     return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
 
 
-def pack_by_head(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
-    return _finish(mha, looped, torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads]))
+def pack_by_head(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
+    return _finish(mha, proj, torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads]))
 
 
-def pack_reversed(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
-    return _finish(mha, looped, by_kind(heads[::-1]))
+def pack_reversed(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
+    return _finish(mha, proj, by_kind(heads[::-1]))
 
 
-def pack_keeps_random_bias(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
-    return _finish(mha, looped, by_kind(heads), zero_bias=False)
+def pack_keeps_random_bias(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
+    return _finish(mha, proj, by_kind(heads), zero_bias=False)
 
 
-def pack_forgets_proj(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
-    return _finish(mha, looped, by_kind(heads), copy_proj=False)
+def pack_forgets_proj(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
+    return _finish(mha, proj, by_kind(heads), copy_proj=False)
 
 
-def pack_two_heads_only(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
+def pack_two_heads_only(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
     two = by_kind(heads[:2])
-    return _finish(mha, looped, two if two.shape == mha.qkv.weight.shape else torch.zeros_like(mha.qkv.weight))
+    return _finish(mha, proj, two if two.shape == mha.qkv.weight.shape else torch.zeros_like(mha.qkv.weight))
 
 
-def pack_assumes_bias(looped, fast=True):
-    heads, mha = _new_layer(looped, fast)
+def pack_assumes_bias(heads, proj, fast=True):
+    heads, mha = _new_layer(heads, proj, fast)
     with torch.no_grad():
         mha.qkv.weight.copy_(by_kind(heads))
         mha.qkv.bias.zero_()  # AttributeError when the layer has no biases
-        mha.proj.load_state_dict(looped.proj.state_dict())
+        mha.proj.load_state_dict(proj.state_dict())
     return mha
 
 
@@ -284,8 +284,8 @@ def test_pack_heads_rejects(candidate, hint):
 def test_pack_heads_accepts_reference_and_a_loop_version():
     assert run(check_pack_heads, pack_heads).passed
 
-    def by_rows(looped, fast=True):
-        heads, mha = _new_layer(looped, fast)
+    def by_rows(heads, proj, fast=True):
+        heads, mha = _new_layer(heads, proj, fast)
         C, hs = heads[0].d_model, heads[0].query.weight.shape[0]  # query.weight is [hs, C]
         with torch.no_grad():
             for i, kind in enumerate(("query", "key", "value")):
@@ -293,9 +293,9 @@ def test_pack_heads_accepts_reference_and_a_loop_version():
                     mha.qkv.weight[i * C + h * hs:i * C + (h + 1) * hs] = getattr(head, kind).weight
             if mha.qkv.bias is not None:
                 mha.qkv.bias.fill_(0.0)
-            mha.proj.weight.copy_(looped.proj.weight)
+            mha.proj.weight.copy_(proj.weight)
             if mha.proj.bias is not None:
-                mha.proj.bias.copy_(looped.proj.bias)
+                mha.proj.bias.copy_(proj.bias)
         return mha
 
     assert run(check_pack_heads, by_rows).passed

@@ -1,7 +1,8 @@
-"""Tests for transformer_course.generation (chapter 07): sampling knobs, the loop, the KV cache.
+"""Tests for transformer_course.generation (chapter 07): sampling knobs, the loop, the KV cache,
+streaming text and the `generate` command.
 
 References: Hugging Face's logits warpers (temperature, top-k, top-p), a naive uncached loop written
-here, hand-worked distributions, and sampling frequencies over many draws.
+here, hand-worked distributions, sampling frequencies over many draws, and `tokenizer.decode`.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transformer_course.generation import (
-    apply_temperature,
-    check_sampling_args,
+    decode_stream,
     next_token_probs,
     sample_next,
     top_k_filter,
@@ -23,9 +23,6 @@ from transformer_course.generation import (
 )
 
 hf = pytest.importorskip("transformers.generation.logits_process")
-
-
-
 
 def _rows(seed: int, rows: int = 4, vocab: int = 50, scale: float = 3.0) -> torch.Tensor:
     return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
@@ -35,17 +32,17 @@ def _rows(seed: int, rows: int = 4, vocab: int = 50, scale: float = 3.0) -> torc
 @pytest.mark.parametrize("t", [0.1, 0.7, 1.0, 1.5, 10.0])
 def test_temperature_matches_hugging_face(t):
     logits = _rows(0)
-    want = hf.TemperatureLogitsWarper(t)(None, logits.clone())
-    torch.testing.assert_close(apply_temperature(logits, t), want, rtol=0, atol=0)
+    want = torch.softmax(hf.TemperatureLogitsWarper(t)(None, logits.clone()), -1)
+    torch.testing.assert_close(next_token_probs(logits, t), want, rtol=0, atol=0)
 
 
 def test_temperature_sharpens_and_flattens():
-    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-    top = [torch.softmax(apply_temperature(z, t), -1).max().item() for t in (0.25, 0.5, 1.0, 2.0, 8.0)]
+    z = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]])
+    top = [next_token_probs(z, t).max().item() for t in (0.25, 0.5, 1.0, 2.0, 8.0)]
     assert top == sorted(top, reverse=True)
     # very low temperature -> (almost) one-hot; very high -> (almost) uniform
-    assert torch.softmax(apply_temperature(z, 0.01), -1)[0] > 1 - 1e-6
-    torch.testing.assert_close(torch.softmax(apply_temperature(z, 1e6), -1), torch.full((5,), 0.2), atol=1e-5, rtol=0)
+    assert next_token_probs(z, 0.01)[0, 0] > 1 - 1e-6
+    torch.testing.assert_close(next_token_probs(z, 1e6)[0], torch.full((5,), 0.2), atol=1e-5, rtol=0)
 
 
 def test_temperature_zero_is_greedy_in_next_token_probs():
@@ -166,33 +163,47 @@ def test_sampling_order_is_temperature_then_top_k_then_top_p():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(temperature=-0.1), r"temperature must be >= 0.*0 for greedy"),
-        (dict(temperature=float("nan")), r"temperature must be a number"),
-        (dict(temperature=float("inf")), r"temperature must be finite"),
+        (dict(temperature=-0.1), r"temperature must be a finite number >= 0, got -0.1: 0 means greedy"),
+        (dict(temperature=float("nan")), r"temperature must be a finite number"),
+        (dict(temperature=float("inf")), r"temperature must be a finite number"),
+        (dict(temperature=True), r"temperature must be a finite number"),
         (dict(top_k=0), r"top_k must be a whole number >= 1"),
         (dict(top_k=2.5), r"top_k must be a whole number >= 1"),
-        (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-        (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-        (dict(top_p=-0.2), r"top_p must be in \(0, 1\]"),
+        (dict(top_p=0.0), r"top_p must be a finite number > 0 and <= 1"),
+        (dict(top_p=1.5), r"top_p must be a finite number > 0 and <= 1"),
+        (dict(top_p=-0.2), r"top_p must be a finite number > 0 and <= 1"),
     ],
 )
 def test_bad_sampling_settings_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        check_sampling_args(**kwargs)
+        next_token_probs(_rows(0), **kwargs)
     with pytest.raises(ValueError, match=match):
-        sample_next(_rows(0), **kwargs)
+        sample_next(_rows(0), **kwargs, generator=torch.Generator())
 
 
-def test_apply_temperature_zero_points_to_greedy():
-    with pytest.raises(ValueError, match="greedy"):
-        apply_temperature(_rows(0), 0)
+def test_a_temperature_that_overflows_points_to_greedy():
+    with pytest.raises(ValueError, match="too small for these logits.*use 0 for greedy"):
+        next_token_probs(_rows(0), 1e-40)
 
 
-def test_nan_logits_are_reported_not_sampled():
+@pytest.mark.parametrize("temperature", [0, 1.0])
+@pytest.mark.parametrize("bad", ["nan", "+inf", "all -inf"])
+def test_logits_without_a_distribution_are_refused_even_greedy(temperature, bad):
     logits = _rows(0)
-    logits[1, 3] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        sample_next(logits)
+    if bad == "all -inf":
+        logits[1] = float("-inf")
+    else:
+        logits[1, 3] = float(bad.replace("+", ""))
+    with pytest.raises(ValueError, match="NaN or \\+inf, or a row that is all -inf"):
+        sample_next(logits, temperature, generator=torch.Generator())
+    with pytest.raises(ValueError, match="NaN or \\+inf, or a row that is all -inf"):
+        next_token_probs(logits, temperature)
+
+
+def test_sampling_needs_an_explicit_generator():
+    with pytest.raises(ValueError, match=r"sampling needs a generator, got None: pass generator=torch.Generator"):
+        sample_next(_rows(0), temperature=1.0)
+    assert torch.equal(sample_next(_rows(0), temperature=0), _rows(0).argmax(-1))  # greedy draws nothing
 
 
 # ------------------------------------------------------------------ the loop and the KV cache
@@ -359,6 +370,31 @@ def test_generate_does_not_track_gradients():
     assert not out.requires_grad
 
 
+def test_stream_turns_autograd_off_only_inside_a_step():
+    model = _model(11)
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_grad_enabled()))
+    for _ in stream(model, _prompt(seed=11), 5, temperature=0, use_cache=False):
+        assert torch.is_grad_enabled()  # the caller's code between two tokens
+    assert seen == [False] * 5  # every forward pass
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_never_touches_the_global_random_state(use_cache):
+    model, idx = _model(13), _prompt(seed=13)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    first = generate(model, idx, 20, temperature=1.0, top_p=0.9, use_cache=use_cache)  # no generator given
+    assert torch.equal(torch.get_rng_state(), state)
+    torch.manual_seed(456)  # another global state: the same text
+    assert torch.equal(generate(model, idx, 20, temperature=1.0, top_p=0.9, use_cache=use_cache), first)
+    # the default is a fresh generator seeded with 0
+    seeded = generate(model, idx, 20, temperature=1.0, top_p=0.9, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(first, seeded)
+    assert not torch.equal(first, generate(model, idx, 20, temperature=1.0, top_p=0.9,
+                                           generator=torch.Generator().manual_seed(1)))
+
+
 # ------------------------------------------------------------------ bad requests
 @pytest.mark.parametrize(
     ("call", "match"),
@@ -372,18 +408,57 @@ def test_generate_does_not_track_gradients():
         (lambda m: generate(m, torch.tensor([[-1, 2]]), 3), "token id -1 is outside"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), -1), "max_new_tokens must be a whole number >= 0"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 2.5), "max_new_tokens must be a whole number >= 0"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, temperature=-1), "0 for greedy"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, temperature=-1), "got -1: 0 means greedy"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, top_k=0), "top_k must be"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, top_p=0), r"top_p must be in \(0, 1\]"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=99), "eos_id must be a token id in 0..16"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=0), "crop_to must be a whole number in 1..block_size=12"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, top_p=0), r"top_p must be a finite number > 0 and <= 1"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=99), r"eos_id must be a whole number >= 0 and <= 16 \(or None\)"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=True), "eos_id must be a whole number.*got True"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=0), "crop_to must be a whole number >= 1 and <= 12.*block_size=12"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=13), "crop_to must be"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, use_cache="no"), "use_cache must be True or False"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, generator=7), r"generator must be a torch.Generator.*manual_seed"),
         (lambda m: stream(m, torch.tensor([[1, 2]]), -2), "max_new_tokens"),  # raised at the call, not at next()
     ],
 )
 def test_bad_requests_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call(_model())
+
+
+# ------------------------------------------------------------------ streaming text
+def _bpe(vocab_size: int = 300):
+    from transformer_course.tokenization import BPETokenizer
+
+    text = "café crème brûlée, naïve façade; ½ € 👋 日本語 " * 20
+    return BPETokenizer.train(text, vocab_size)
+
+
+@pytest.mark.parametrize("vocab_size", [256, 300])
+def test_decode_stream_gives_whole_characters_with_bpe(vocab_size):
+    tok = _bpe(vocab_size)
+    text = "Une crème brûlée, s'il vous plaît: 👋 日本語 ½ €"
+    ids = tok.encode(text)
+    pieces = list(decode_stream(tok, ids))
+    assert "".join(pieces) == tok.decode(ids) == text
+    assert len(pieces) == len(ids) and "\ufffd" not in "".join(pieces)
+    one_by_one = "".join(tok.decode([i]) for i in ids)
+    assert vocab_size > 256 or "\ufffd" in one_by_one  # what decoding each token alone would print
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(0, 255), max_size=40))
+def test_decode_stream_joins_to_decode_for_any_bytes(ids):
+    tok = _bpe(256)  # no merges: every id is one byte, so any list of ids is any byte string
+    assert "".join(decode_stream(tok, ids)) == tok.decode(ids)
+
+
+def test_decode_stream_with_a_character_tokenizer():
+    from transformer_course.tokenization import CharTokenizer
+
+    tok = CharTokenizer.from_text("héllo wörld")
+    ids = tok.encode("wörld héllo")
+    assert list(decode_stream(tok, ids)) == list("wörld héllo")
+    assert list(decode_stream(tok, torch.tensor(ids))) == list("wörld héllo")  # tensor ids too
 
 
 def test_encode_prompt():
@@ -404,7 +479,7 @@ def test_greedy_generation_matches_hugging_face(tmp_path):
     pretrained = pytest.importorskip("transformer_course.pretrained")
     hf_model = pretrained.make_hf_stand_in(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4, seed=3)
     hf_model.save_pretrained(tmp_path)
-    ours = pretrained.load_hf_gpt2(tmp_path)
+    ours = GPT.from_pretrained(str(tmp_path))
     idx = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = hf_model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=30, do_sample=False,
@@ -415,8 +490,8 @@ def test_greedy_generation_matches_hugging_face(tmp_path):
 
 # ------------------------------------------------------------------ the command line
 def _saved(tmp_path):
+    from transformer_course.checkpoint import save_checkpoint
     from transformer_course.tokenization import CharTokenizer
-    from transformer_course.training import save_checkpoint
 
     tok = CharTokenizer.from_text("abcdefg hij\n")
     model = _model(12, vocab_size=tok.vocab_size)
@@ -441,9 +516,9 @@ def test_cli_generate_streams_the_same_text_as_generate(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["--temperature", "-1"], "0 for greedy"),
+        (["--temperature", "-1"], "got -1.0: 0 means greedy"),
         (["--top-k", "0"], "top_k must be"),
-        (["--top-p", "1.5"], r"top_p must be in \(0, 1\]"),
+        (["--top-p", "1.5"], r"top_p must be a finite number > 0 and <= 1"),
         (["--max-new-tokens", "-1"], "max_new_tokens must be"),
         (["--prompt", ""], "the prompt is empty"),
         (["--prompt", "abZ"], "characters the tokenizer does not know: 'Z'"),
@@ -457,6 +532,57 @@ def test_cli_generate_bad_input(tmp_path, capsys, extra, match):
     path, _, _ = _saved(tmp_path)
     assert main(["generate", "--checkpoint", str(path), "--prompt", "abc", *extra]) == 2
     assert re.search(match, capsys.readouterr().err)
+
+
+def test_cli_generate_without_a_seed_is_generate_without_a_generator(tmp_path, capsys):
+    from transformer_course.cli import main
+
+    path, model, tok = _saved(tmp_path)
+    assert main(["generate", "--checkpoint", str(path), "--prompt", "abc", "--max-new-tokens", "20"]) == 0
+    want = generate(model, encode_prompt(tok, "abc"), 20)
+    assert capsys.readouterr().out == tok.decode(want[0].tolist()) + "\n"
+
+
+def test_cli_generate_streams_whole_characters_from_a_bpe_checkpoint(tmp_path, capsys):
+    from transformer_course.checkpoint import save_checkpoint
+    from transformer_course.cli import main
+
+    tok = _bpe(300)
+    model = _model(14, vocab_size=tok.vocab_size, block_size=32)
+    path = save_checkpoint(tmp_path / "bpe.pt", model, tokenizer=tok)
+    argv = ["generate", "--checkpoint", str(path), "--prompt", "café crè", "--max-new-tokens", "40", "--seed", "5"]
+    assert main(argv) == 0
+    want = generate(model, encode_prompt(tok, "café crè"), 40, generator=torch.Generator().manual_seed(5))
+    assert capsys.readouterr().out == tok.decode(want[0].tolist()) + "\n"  # not one token decoded at a time
+
+
+def test_cli_generate_refuses_a_tokenizer_smaller_than_the_model(tmp_path, capsys):
+    from transformer_course.checkpoint import save_checkpoint
+    from transformer_course.cli import main
+    from transformer_course.tokenization import CharTokenizer
+
+    tok = CharTokenizer.from_text("abcdefg hij\n")  # 12 characters
+    path = save_checkpoint(tmp_path / "model.pt", _model(12, vocab_size=17), tokenizer=tok)
+    assert main(["generate", "--checkpoint", str(path), "--prompt", "abc"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # refused before anything is generated
+    assert "its tokenizer knows 12 tokens but the model samples from 17" in out.err
+
+
+def test_cli_generate_into_a_closed_pipe_ends_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    path, _, _ = _saved(tmp_path)
+    cmd = [sys.executable, "-m", "transformer_course", "generate", "--checkpoint", str(path), "--prompt", "abc",
+           "--max-new-tokens", "100000", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**__import__("os").environ,
+                            "OMP_NUM_THREADS": "1"})
+    assert proc.stdout.read(10)  # the reader takes a few characters, then stops, as `head` does
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert err == b""  # no traceback, no "Exception ignored"
+    assert proc.returncode == 141
 
 
 def test_cli_generate_missing_checkpoint(tmp_path, capsys):

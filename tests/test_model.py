@@ -20,14 +20,20 @@ def small(**overrides) -> GPTConfig:
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"vocab_size": 0}, "vocab_size must be a positive integer"),
-        ({"n_layer": 2.0}, "n_layer must be a positive integer"),
+        ({"vocab_size": 0}, "GPTConfig.vocab_size must be a whole number >= 1, got 0"),
+        ({"n_layer": 2.0}, "n_layer must be a whole number"),
+        ({"n_layer": True}, "n_layer must be a whole number"),
         ({"n_head": 5}, r"d_model \(32\) must be divisible by n_head \(5\)"),
-        ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
+        ({"dropout": 1.0}, r"dropout must be a finite number >= 0.0 and < 1.0"),
         ({"positional": "rotary"}, "positional must be one of"),
         ({"norm": "sandwich"}, "norm must be one of"),
         ({"activation": "swish"}, "activation must be one of"),
-        ({"eps": 0.0}, "eps must be positive"),
+        ({"eps": 0.0}, "eps must be a finite number > 0.0"),
+        ({"eps": float("inf")}, "eps must be a finite number > 0.0, got inf"),
+        ({"eps": float("nan")}, "eps must be a finite number"),
+        ({"bias": "no"}, "GPTConfig.bias must be True or False, got 'no'"),
+        ({"tie_weights": "False"}, "GPTConfig.tie_weights must be True or False, got 'False'"),
+        ({"fast": 1}, "GPTConfig.fast must be True or False"),
         ({"positional": "sinusoidal", "d_model": 33, "n_head": 3}, "sinusoidal position code needs an even d_model"),
     ],
 )
@@ -41,6 +47,10 @@ def test_config_dict_round_trip_and_unknown_fields():
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     with pytest.raises(ValueError, match=r"unknown GPTConfig field\(s\) \['n_embd'\]"):
         GPTConfig.from_dict({**cfg.to_dict(), "n_embd": 32})
+    with pytest.raises(ValueError, match="GPTConfig is stored as a dict of its fields, got list"):
+        GPTConfig.from_dict([1, 2])
+    with pytest.raises(ValueError, match="GPTConfig: .*missing 1 required"):
+        GPTConfig.from_dict({k: v for k, v in cfg.to_dict().items() if k != "d_model"})
 
 
 def test_gpt_needs_a_config():
@@ -258,3 +268,28 @@ def test_bad_targets_and_cache():
         model(idx, idx[:, :3])
     with pytest.raises(ValueError, match="cache has 1 layers, the model 2"):
         model(idx, cache=model.new_cache()[:1])
+
+
+def test_targets_that_are_all_ignored_are_refused_not_a_silent_nan():
+    """F.cross_entropy averages over the targets that count; with none it returns NaN (0 / 0), and a NaN
+    loss turns every gradient into NaN. The model refuses such a batch instead."""
+    model = GPT(small())
+    idx = torch.zeros(2, 4, dtype=torch.long)
+    ignored = torch.full((2, 4), -1)
+    assert F.cross_entropy(model(idx)[0].flatten(0, 1), ignored.flatten(), ignore_index=-1).isnan()  # the silent case
+    with pytest.raises(ValueError, match=r"every target is -1 \(ignored\), so there is no loss to average"):
+        model(idx, ignored)
+    one = ignored.clone()
+    one[1, 2] = 3
+    logits, loss = model(idx, one)
+    assert torch.isfinite(loss) and torch.allclose(loss, F.cross_entropy(logits[1, 2][None], torch.tensor([3])))
+
+
+def test_generate_method_is_generations_generate():
+    from transformer_course.generation import generate
+
+    model = GPT(small()).eval()
+    idx = torch.tensor([[1, 2, 3]])
+    assert torch.equal(model.generate(idx, 5, temperature=0.0), generate(model, idx, 5, temperature=0.0))
+    one, two = (torch.Generator().manual_seed(4) for _ in range(2))
+    assert torch.equal(model.generate(idx, 6, top_k=5, generator=one), generate(model, idx, 6, top_k=5, generator=two))

@@ -96,3 +96,69 @@ def test_version_is_read_from_the_installed_metadata():
 
     declared = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["version"]
     assert transformer_course.__version__ == importlib.metadata.version("transformer-course") == declared
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """module -> the package modules it imports anywhere in its code (module level or inside functions;
+    an `if TYPE_CHECKING:` block runs nothing and is skipped), read from the syntax tree."""
+    import ast
+
+    pkg = ROOT / "transformer_course"
+    modules = {".".join(p.relative_to(pkg).with_suffix("").parts): p for p in pkg.rglob("*.py")}
+    modules = {name.removesuffix(".__init__") if name != "__init__" else "": p for name, p in modules.items()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                node.body = []
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".") if package else []
+                    base = base[: len(base) - node.level + 1] if node.level > 1 else base
+                    target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                elif (node.module or "").startswith("transformer_course"):
+                    target = node.module.removeprefix("transformer_course").lstrip(".")
+                else:
+                    continue
+                for alias in node.names:  # `from . import tokenization` imports a module
+                    sub = f"{target}.{alias.name}" if target else alias.name
+                    found.add(sub if sub in modules else target)
+            elif isinstance(node, ast.Import):
+                found |= {a.name.removeprefix("transformer_course").lstrip(".") for a in node.names
+                          if a.name.startswith("transformer_course")}
+        graph[name] = {m for m in found if m in modules and m != name and m != ""}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    found, state = [], {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    return found
+
+
+def test_the_package_has_no_import_cycle():
+    """Chapter modules build on earlier ones only: no module imports one that (directly or not) imports it,
+    not even from inside a function (a lazy import hides a cycle; it does not remove it)."""
+    graph = _package_imports()
+    assert {"config", "model", "checkpoint", "training", "pretrained"} <= set(graph)
+    assert "pretrained" in graph["model"] and "model" not in graph["pretrained"]  # GPT.from_pretrained's direction
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []

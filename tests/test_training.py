@@ -1,5 +1,7 @@
-"""transformer_course.training (chapter 06): schedule, optimizer groups, the loop, checkpoints, the CLI."""
+"""transformer_course.config, training and checkpoint (chapter 06): settings, schedule, optimizer groups, the
+loop, checkpoints, and the `train` command."""
 
+import collections
 import copy
 import json
 import math
@@ -13,21 +15,27 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transformer_course import cli
-from transformer_course.model import GPT, GPTConfig
+from transformer_course import cli, training
+from transformer_course.checkpoint import (
+    MAX_PARAMETERS,
+    CheckpointError,
+    config_differences,
+    load_checkpoint,
+    save_checkpoint,
+    state_sha256,
+)
+from transformer_course.config import GPTConfig, History, TrainConfig
+from transformer_course.model import GPT, count_parameters
 from transformer_course.tokenization import CharTokenizer
 from transformer_course.training import (
-    History,
-    TrainConfig,
     autocast_for,
-    config_differences,
     encode_corpus,
-    load_checkpoint,
+    estimate_loss,
+    fused_adamw_works,
     lr_at,
     make_optimizer,
     param_groups,
     plot_history,
-    save_checkpoint,
     train,
     train_step,
 )
@@ -55,17 +63,22 @@ def data():
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [
-        ({"learning_rate": 0.0}, "learning_rate must be a positive number"),
-        ({"learning_rate": -1e-3}, "learning_rate must be a positive number"),
-        ({"learning_rate": float("nan")}, "learning_rate must be a positive number"),
-        ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-        ({"batch_size": -4}, "batch_size must be a positive integer"),
-        ({"max_iters": 1.5}, "max_iters must be a positive integer"),
-        ({"min_lr": 1.0}, r"min_lr must be in \[0, learning_rate"),
-        ({"warmup_iters": 100, "lr_decay_iters": 50}, "warmup_iters < lr_decay_iters"),
-        ({"beta2": 1.0}, r"betas must be in \[0, 1\)"),
-        ({"grad_clip": -1.0}, "grad_clip must be >= 0"),
-        ({"max_seconds": 0}, "max_seconds must be positive"),
+        ({"learning_rate": 0.0}, "TrainConfig.learning_rate must be a finite number > 0.0, got 0.0: such as 1e-3"),
+        ({"learning_rate": -1e-3}, "learning_rate must be a finite number > 0.0"),
+        ({"learning_rate": float("nan")}, "learning_rate must be a finite number > 0.0, got nan"),
+        ({"learning_rate": "1e-3"}, "learning_rate must be a finite number"),
+        ({"batch_size": 0}, "TrainConfig.batch_size must be a whole number >= 1, got 0"),
+        ({"batch_size": -4}, "batch_size must be a whole number >= 1"),
+        ({"max_iters": 1.5}, "max_iters must be a whole number >= 1"),
+        ({"min_lr": 1.0}, "min_lr must be a finite number >= 0.0 and <= 0.001, got 1.0: the floor of the cosine"),
+        ({"warmup_iters": 100, "lr_decay_iters": 50}, "lr_decay_iters must be a whole number >= 101 .*warmup_iters=100"),
+        ({"warmup_iters": -1}, "warmup_iters must be a whole number >= 0"),
+        ({"beta2": 1.0}, "beta2 must be a finite number >= 0.0 and < 1.0"),
+        ({"grad_clip": -1.0}, "grad_clip must be a finite number >= 0.0, got -1.0: 0 turns clipping off"),
+        ({"weight_decay": float("inf")}, "weight_decay must be a finite number"),
+        ({"max_seconds": 0}, r"max_seconds must be a finite number > 0.0 \(or None\)"),
+        ({"progress": "no"}, "TrainConfig.progress must be True or False, got 'no'"),
+        ({"seed": -1}, "seed must be a whole number >= 0"),
     ],
 )
 def test_train_config_rejects_bad_values(overrides, match):
@@ -158,7 +171,7 @@ def test_autocast_on_the_cpu_is_opt_in_whatever_the_cpu(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["yes", 1, 0.0, "True"])
 def test_bf16_setting_must_be_none_or_a_bool(bad):
-    with pytest.raises(ValueError, match="TrainConfig.bf16 must be None"):
+    with pytest.raises(ValueError, match="TrainConfig.bf16 must be True or False, got .*: or None for bf16 on a CUDA"):
         TrainConfig(bf16=bad)
 
 
@@ -287,7 +300,7 @@ class _Payload:
 def test_checkpoint_with_code_is_not_unpickled(tmp_path, capsys):
     path = tmp_path / "evil.pt"
     torch.save({"format": 1, "model": _Payload()}, path)
-    with pytest.raises(ValueError, match="refusing to unpickle them"):
+    with pytest.raises(CheckpointError, match="asks to run code when opened .*refused, nothing was run"):
         load_checkpoint(path)
     assert "this must never run" not in capsys.readouterr().out
 
@@ -355,3 +368,277 @@ def test_python_dash_m_shows_the_train_command():
 def test_loss_at_step_zero_is_about_ln_vocab(data):
     history = train(fresh(), *data, TrainConfig(max_iters=1, **QUICK))
     assert abs(history.val_loss[0] - math.log(12)) < 0.05
+
+
+# ---------------------------------------------------------------- safe by default
+def test_fused_adamw_where_this_torch_runs_it_and_the_plain_loop_elsewhere(monkeypatch):
+    assert fused_adamw_works("cpu") == ("fused" in __import__("inspect").signature(torch.optim.AdamW).parameters)
+    assert fused_adamw_works("meta") is False  # no fused kernel there: PyTorch refuses at the first step
+    cfg = TrainConfig(learning_rate=1e-2)
+    fused = make_optimizer(fresh(), cfg)
+    assert fused.defaults["fused"] is fused_adamw_works("cpu")
+    monkeypatch.setattr(training, "fused_adamw_works", lambda device_type: False)
+    model, twin = fresh(), fresh()
+    plain = make_optimizer(model, cfg)
+    assert not plain.defaults["fused"]
+    fused = torch.optim.AdamW(param_groups(twin, cfg.weight_decay), lr=cfg.learning_rate, betas=(cfg.beta1, cfg.beta2),
+                              fused=fused_adamw_works("cpu"))
+    seq = torch.randint(0, 12, (4, 17), generator=torch.Generator().manual_seed(3))
+    for _ in range(2):
+        train_step(model, plain, seq[:, :-1], seq[:, 1:])
+        train_step(twin, fused, seq[:, :-1], seq[:, 1:])
+    for a, b in zip(model.parameters(), twin.parameters(), strict=True):  # the same update, up to rounding
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_evaluation_leaves_the_global_random_state_alone(data):
+    model = fresh()
+    before = torch.get_rng_state()
+    first = estimate_loss(model, data[1], 16, 4, 3, seed=5)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert estimate_loss(model, data[1], 16, 4, 3, seed=5) == first  # its own seeded generator: the same batches
+
+
+def test_get_batch_refuses_data_that_is_not_token_ids():
+    from transformer_course.data import get_batch
+
+    for bad in (torch.rand(100), torch.ones(100, dtype=torch.bool), torch.arange(100.0)):
+        with pytest.raises(TypeError, match=f"data must hold integer token ids, got a tensor of {bad.dtype}"):
+            get_batch(bad, 8, 2)
+
+
+def test_encode_corpus_equals_one_encode_for_bpe_across_blank_lines():
+    """A BPE pre-split joins "\\n\\n" into one piece; cutting the text after a newline split it (5,314 ids
+    for 5,200 on the corpus). encode_corpus must give exactly tokenizer.encode(text)."""
+    from transformer_course.tokenization import BPETokenizer
+
+    text = "ROMEO:\nBut soft, what light\n\n\nJULIET:\nAy me!\n\n" * 40
+    bpe = BPETokenizer.train(text, vocab_size=280)
+    assert encode_corpus(bpe, text, chunk=5).tolist() == bpe.encode(text)
+    chars = CharTokenizer.from_text(text)
+    assert encode_corpus(chars, text, chunk=5).tolist() == chars.encode(text)
+
+
+# ---------------------------------------------------------------- hostile and damaged checkpoints
+def _flip(path: Path, at: int, n: int = 64) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[at : at + n] = bytes(b ^ 0xFF for b in raw[at : at + n])
+    path.write_bytes(bytes(raw))
+
+
+def test_flipped_bytes_inside_the_weights_are_found_by_the_checksum(tmp_path):
+    model = fresh()
+    path = save_checkpoint(tmp_path / "m.pt", model)
+    at = path.read_bytes().find(model.embed.token.weight.detach().numpy().tobytes()[:64])
+    assert at > 0
+    torch.load(path, weights_only=True)  # the zip layer itself does not notice
+    _flip(path, at)
+    assert torch.load(path, weights_only=True)["model"]["embed.token.weight"].shape == (12, 16)  # it loads...
+    with pytest.raises(CheckpointError, match="do not match the SHA-256 saved with them"):  # ...but not here
+        load_checkpoint(path)
+
+
+def test_the_checksum_covers_every_value():
+    state = {"a": torch.arange(4.0), "b": [1, 2.5, None], "c": {"d": "x"}}
+    digest = state_sha256(state)
+    assert state_sha256({"a": torch.arange(4.0), "b": [1, 2.5, None], "c": {"d": "x"}}) == digest
+    for changed in ({**state, "a": torch.arange(4)}, {**state, "b": [1, 2.5000001, None]}, {**state, "c": {"d": "y"}},
+                    {**state, "b": (1, 2.5, None)}):
+        assert state_sha256(changed) != digest
+
+
+class _System:
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_file_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    marker = tmp_path / "it-ran"
+    path = tmp_path / "evil.pt"
+    torch.save({"format": 1, "model_config": {}, "model": _System(marker), "step": 0}, path)
+    with pytest.raises(CheckpointError, match=r"asks to run code when opened \(it calls the Python object "
+                                              r"(posix|os)\.system\); refused, nothing was run"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def _rewrite(path: Path, **changes) -> Path:
+    """A checkpoint edited by hand, with a valid checksum (as a hostile file would carry)."""
+    state = torch.load(path, weights_only=True)
+    state.pop("sha256")
+    state.update(changes)
+    state["sha256"] = state_sha256(state)
+    torch.save(state, path)
+    return path
+
+
+def test_a_config_larger_than_the_stored_tensors_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "m.pt", fresh())
+    huge = {**CFG.to_dict(), "n_layer": 10**6, "d_model": 4096, "n_head": 32, "vocab_size": 10**6}
+    _rewrite(path, model_config=huge)
+    from transformer_course import checkpoint
+
+    monkeypatch.setattr(checkpoint, "GPT", lambda cfg: pytest.fail("a model was built"))
+    with pytest.raises(CheckpointError, match=r"more than max_parameters=2,000,000,000; pass max_parameters=None"):
+        load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"asks for [\d,]+ parameters but the file holds [\d,]+ numbers"):
+        load_checkpoint(path, max_parameters=None)
+    assert count_parameters(GPTConfig(**huge)) > MAX_PARAMETERS
+
+
+def test_max_parameters_is_a_stated_limit_the_caller_can_lift(tmp_path):
+    path = save_checkpoint(tmp_path / "m.pt", fresh())
+    n = count_parameters(CFG)
+    with pytest.raises(CheckpointError, match=f"a model of {n:,} parameters, more than max_parameters=1,000"):
+        load_checkpoint(path, max_parameters=1000)
+    assert load_checkpoint(path, max_parameters=None).model.num_parameters() == n
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"tokenizer": {"state": {"chars": ["a"]}}}, "tokenizer entry is not a dict with 'class' and 'state'"),
+        ({"tokenizer": {"class": "Pickle", "state": {}}}, "tokenizer class 'Pickle' is unknown"),
+        ({"history": {"step": [0], "bogus": 1}}, r"unknown History field\(s\) \['bogus'\]"),
+        ({"train_config": {"max_iters": "many"}}, "TrainConfig.max_iters must be a whole number"),
+        ({"model_config": {"vocab_size": 12}}, r"GPTConfig: .*missing 4 required"),
+        ({"step": -3}, "its step must be a whole number >= 0"),
+        ({"rng": [1, 2]}, "random-number states are a list, not a dict"),
+        ({"model": {"w": [1.0]}}, "stores its weights in another layout"),
+        ({"format": 7}, "has checkpoint format 7; this version reads format 1"),
+    ],
+)
+def test_malformed_entries_give_a_clear_error(tmp_path, changes, match):
+    path = _rewrite(save_checkpoint(tmp_path / "m.pt", fresh(), tokenizer=CharTokenizer.from_text("abc")), **changes)
+    with pytest.raises(CheckpointError, match=match):
+        load_checkpoint(path)
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")  # torch's remark on junk bytes; the load then fails
+@settings(max_examples=60, deadline=None)
+@given(case=st.one_of(
+    st.tuples(st.just("flip"), st.floats(0, 1, exclude_max=True), st.integers(1, 64)),
+    st.tuples(st.just("truncate"), st.floats(0, 1, exclude_max=True), st.just(0)),
+    st.tuples(st.just("junk"), st.binary(max_size=600), st.just(0)),
+))
+def test_a_damaged_checkpoint_loads_the_same_or_fails_with_the_loaders_own_error(tmp_path_factory, case):
+    folder = tmp_path_factory.mktemp("damaged")
+    model = fresh()
+    original = save_checkpoint(folder / "good.pt", model, step=3, tokenizer=CharTokenizer.from_text("abcdefghijkl"),
+                               history=History(step=[0, 1, 2]))
+    raw = original.read_bytes()
+    kind, what, n = case
+    if kind == "flip":
+        at = int(what * len(raw))
+        damaged = raw[:at] + bytes(b ^ 0xA5 for b in raw[at : at + n]) + raw[at + n :]
+    elif kind == "truncate":
+        damaged = raw[: int(what * len(raw))]
+    else:
+        damaged = what
+    path = folder / "damaged.pt"
+    path.write_bytes(damaged)
+    try:
+        loaded = load_checkpoint(path)
+    except CheckpointError:
+        return
+    # a change the checksum cannot see (zip metadata torch does not read) must change nothing
+    idx = torch.arange(12).reshape(1, 12)
+    assert loaded.step == 3 and torch.equal(loaded.model(idx)[0], model.eval()(idx)[0])
+
+
+# ---------------------------------------------------------------- interrupted and failed saves
+def test_a_save_killed_mid_write_leaves_a_temporary_file_that_the_next_save_removes(tmp_path):
+    import signal
+    import time
+
+    target = tmp_path / "checkpoint.pt"
+    script = (
+        "import time, torch\n"
+        "from transformer_course import runtime\n"
+        "def slow(obj, f):\n"
+        "    f.write(b'x' * 100000); f.flush(); time.sleep(60)\n"
+        "runtime.torch.save = slow\n"
+        f"runtime.atomic_save({{'a': 1}}, {str(target)!r})\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        for _ in range(300):
+            stale = list(tmp_path.glob(".checkpoint.pt.*.tmp"))
+            if stale and stale[0].stat().st_size >= 100000:
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the child never started writing")
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert not target.exists() and len(stale) == 1  # killed mid-write: only the hidden temporary file is there
+    with pytest.warns(UserWarning, match=r"removed 1 unfinished temporary file\(s\) of .*checkpoint.pt left by an "
+                                         "interrupted save"):
+        save_checkpoint(target, fresh())
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    load_checkpoint(target)
+
+
+def test_a_full_disk_at_save_time_says_so_and_keeps_the_old_file(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "m.pt", fresh(), step=1)
+    before = path.read_bytes()
+    from transformer_course import runtime
+
+    real_save = torch.save
+
+    def onto_a_full_disk(obj, f):  # what torch.save meets when the disk fills up: /dev/full
+        with open("/dev/full", "wb") as full:
+            real_save(obj, full)
+
+    monkeypatch.setattr(runtime.torch, "save", onto_a_full_disk)
+    with pytest.raises(OSError, match=r"could not write .*m.pt \(No space left on device\); [\d,]+ MB free on its "
+                                      "disk: if it is full, free some space"):
+        save_checkpoint(path, fresh(), step=2)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.pt"]
+    monkeypatch.setattr(runtime.torch, "save", lambda obj, f: (_ for _ in ()).throw(
+        RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 470")))
+    with pytest.raises(OSError, match=r"could not write .*enforce fail.*MB free on its disk"):
+        save_checkpoint(path, fresh(), step=2)
+
+
+# ---------------------------------------------------------------- the train command's output folder
+@pytest.fixture
+def no_data(monkeypatch):
+    """The command must fail before it loads the corpus."""
+    from transformer_course import data
+
+    monkeypatch.setattr(data, "load_shakespeare", lambda *a, **k: pytest.fail("the corpus was loaded"))
+
+
+def test_train_out_that_is_a_file_is_found_before_any_data_is_loaded(tmp_path, capsys, no_data):
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["train", "--out", str(tmp_path / "file")]) == 2
+    assert "--out " + str(tmp_path / "file") + " is a file; give a folder" in capsys.readouterr().err
+    assert cli.main(["train", "--out", str(tmp_path / "file" / "run")]) == 2  # a folder that cannot be made
+    assert "cannot write into --out" in capsys.readouterr().err
+
+
+def test_train_out_that_cannot_be_written_is_found_before_any_data_is_loaded(tmp_path, capsys, no_data, monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)  # as a read-only folder answers (root may write anywhere)
+    assert cli.main(["train", "--out", str(tmp_path / "run")]) == 2
+    assert "cannot write into --out " + str(tmp_path / "run") + " (Permission denied)" in capsys.readouterr().err
+
+
+def test_train_out_on_a_full_disk_is_found_before_any_data_is_loaded(tmp_path, capsys, no_data, monkeypatch):
+    import shutil
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 1000, 1000))
+    assert cli.main(["train", "--out", str(tmp_path / "run")]) == 2
+    assert "its disk has 0 MB free, and a checkpoint of this run needs about" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 Modules:
 
+- `transformer_course.arguments`: Argument checks shared by every module (hand-written, not exported): one wording for one mistake.
 - `transformer_course.attention`: Scaled dot-product attention, the causal mask, and one attention head. Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and keys, d_v the width of values. Attention is softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
 - `transformer_course.block`: The transformer block: layer normalisation, the position-wise feed-forward network, and the residual block that wraps chapter 04's multi-head attention and the feed-forward network.
 - `transformer_course.checks.attention`: Checks for chapter 03's exercises (single-head attention). Hand-written.
@@ -9,22 +10,28 @@ Modules:
 - `transformer_course.checks.encoder_decoder`: Checks for chapter 09's exercises (encoder-decoder and cross-attention). Hand-written.
 - `transformer_course.checks.generation`: Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
 - `transformer_course.checks.model`: Checks for chapter 06's exercises (the GPT model and its training).
+- `transformer_course.checks.modern`: Checks for chapter 10's exercises (the modern decoder: RMSNorm, RoPE, grouped-query attention). Hand-written.
 - `transformer_course.checks.multihead`: Checks for chapter 04's exercises (multi-head attention). Hand-written.
 - `transformer_course.checks.positional`: Checks for chapter 02's exercises: embeddings and positional encoding (hand-written).
 - `transformer_course.checks.pretrained`: Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written.
 - `transformer_course.checks.tokenization`: Checks for chapter 01's exercises (tokenization). Hand-written.
-- `transformer_course.classroom`: Classroom tools: the student edition of the chapters, and grading of student notebooks.
+- `transformer_course.classroom`: Classroom tools: the student edition of the chapters, and grading of student notebooks (hand-written).
 - `transformer_course.cli`: The ``transformer-course`` command (hand-written, not exported).
 - `transformer_course.course_model`: The course's trained models: trained once by the course's own code and shipped inside the package (hand-written, not exported).
 - `transformer_course.data`: Training data for the course: Shakespeare's plays as plain text, and batches of token ids.
 - `transformer_course.encoder_decoder`: The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
+- `transformer_course.exercise_cells`: Exercise cells: how the student edition, the leak check and the grader find and name an exercise (hand-written).
 - `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
-- `transformer_course.model`: The whole GPT (`model.py`: embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry) and its training (`training.py`: AdamW with weight decay on matrices, warm-up then cosine learning rate, gradient clipping, evaluation, atomic checkpoints that resume exactly, the `train` command). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
+- `transformer_course.grading`: Grading handed-in notebooks: which exercises passed, failed, are not done, were not run or are missing (hand-written).
+- `transformer_course.grading_sandbox`: Run one handed-in notebook for the grader: a fresh kernel, one time limit for the whole notebook and, where Linux allows it, a sandbox (hand-written).
+- `transformer_course.leak_check`: The leak check: does a student edition reproduce a solution somewhere else in its notebook? (hand-written)
+- `transformer_course.model`: The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry (exported from chapter 06, which also writes its settings, `config.py`, its training, `training.py`, and its checkpoints, `checkpoint.py`). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
+- `transformer_course.modern`: From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
 - `transformer_course.multihead`: Multi-head causal self-attention (chapter 04), with the KV cache used for generation.
 - `transformer_course.positional`: Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].
 - `transformer_course.pretrained`: Load GPT-2 weights saved in Hugging Face's layout into the course's `GPT` (exported from chapter 08).
 - `transformer_course.quiz`: Quick self-test questions at the end of each chapter, as an offline ipywidgets quiz.
-- `transformer_course.tokenization`: Tokenization: text to integer ids and back. A text of T tokens becomes T ids in 0..V-1 (V the vocabulary size). `CharTokenizer`: one id per distinct character. `BPETokenizer`: byte-level byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019), trained with incremental pair counts, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a fast `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's encodings; "cl100k_base" (GPT-4) works offline.
+- `transformer_course.tokenization`: Tokenization: text to integer ids and back. A text of T tokens becomes T ids in 0..V-1 (V the vocabulary size). `CharTokenizer`: one id per distinct character. `BPETokenizer`: byte-level byte-pair encoding (Sennrich et al. 2016; GPT-2, Radford et al. 2019) on the merge loop of `bpe.py` and the pre-splitting of `presplit.py` (both exported from this chapter too); trained, encoded in flat memory however long the text (`encode_stream`), loaded from untrusted files with checks, built from a tiktoken vocabulary (`from_tiktoken`) or turned into a fast `tiktoken.Encoding` with identical ids (`to_tiktoken`). `get_encoding`: tiktoken's encodings; "cl100k_base" (GPT-4) works offline.
 - `transformer_course.viz`: Plotting helpers shared by several chapters (hand-written, not exported)."""
 
 # The docstring above is written by nbdev-export (one line per module, from each module's docstring).
@@ -66,17 +73,15 @@ _PUBLIC = {
     "FeedForward": "block",
     "TransformerBlock": "block",
     # chapter 06 (exported)
-    "GPTConfig": "model",
+    "GPTConfig": "config",
     "GPT": "model",
-    "TrainConfig": "training",
+    "TrainConfig": "config",
     "train": "training",
-    "save_checkpoint": "training",
-    "load_checkpoint": "training",
+    "save_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
     # chapter 07 (exported)
     "generate": "generation",
     "stream": "generation",
-    # chapter 08 (exported)
-    "load_hf_gpt2": "pretrained",
     # chapter 09 (exported)
     "EncoderDecoder": "encoder_decoder",
     "Seq2SeqConfig": "encoder_decoder",

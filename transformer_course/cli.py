@@ -21,7 +21,7 @@ def _positive_int(text: str) -> int:
 # ---------------------------------------------------------------- train (chapter 06)
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a character-level GPT on Shakespeare (chapter 06)")
-    p.add_argument("--preset", default="tiny", help="model/training preset (see transformer_course.model.PRESETS)")
+    p.add_argument("--preset", default="tiny", help="model and training preset (transformer_course.config.PRESETS and TRAIN_PRESETS)")
     p.add_argument("--out", required=True, help="directory for checkpoints and the loss history")
     p.add_argument("--max-iters", type=_positive_int, default=None, help="stop after this many steps")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
@@ -33,10 +33,72 @@ def _add_train(sub) -> None:
     p.set_defaults(handler=_cmd_train)
 
 
-def _cmd_train(args) -> int:
-    from .training import run_train_command
+def _check_out_folder(out, needed_bytes: int) -> None:
+    """Fail now, before any data is loaded, if checkpoints cannot be written into folder `out`."""
+    import os
+    import shutil
+    import tempfile
 
-    return run_train_command(args)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder (it will hold checkpoint.pt and history.json)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out) as probe:  # a real write: permissions, read-only or full disks
+            probe.write(bytes(1 << 16))
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as error:
+        raise OSError(f"cannot write into --out {out} ({error.strerror or error}); choose a folder you can "
+                      "write to, on a disk with free space") from None
+    if (free := shutil.disk_usage(out).free) < needed_bytes:
+        raise OSError(f"--out {out}: its disk has {free / 1e6:,.0f} MB free, and a checkpoint of this run needs about "
+                      f"{needed_bytes / 1e6:,.0f} MB (twice, while the new one replaces the old); free some space "
+                      "or choose another folder")
+
+
+def _cmd_train(args) -> int:
+    """`transformer-course train`: train a preset on Shakespeare, checkpointing into args.out; resume if
+    a checkpoint is there. The out folder is checked before the data is loaded."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from .checkpoint import load_checkpoint
+    from .config import PRESETS, TRAIN_PRESETS
+    from .data import load_shakespeare, train_val_split
+    from .model import GPT, count_parameters
+    from .runtime import pick_device, seed_everything
+    from .tokenization import CharTokenizer
+    from .training import encode_corpus, train
+
+    if args.preset not in TRAIN_PRESETS:
+        raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
+    out = Path(args.out)
+    # weights and AdamW's two running averages, in float32, for the old and the new file
+    _check_out_folder(out, 2 * 3 * 4 * count_parameters(PRESETS[args.preset]))
+    checkpoint = out / "checkpoint.pt"
+    text = load_shakespeare()
+    tokenizer = CharTokenizer.from_text(text)
+    train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
+    del text
+    overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
+    if args.bf16:
+        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
+    cfg = replace(TRAIN_PRESETS[args.preset], **overrides, **({"max_iters": args.max_iters} if args.max_iters else {}))
+    seed_everything(args.seed)
+    model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
+    resume = load_checkpoint(checkpoint, model) if checkpoint.exists() else None
+    if resume is not None:
+        print(f"resuming from step {resume.step} ({checkpoint})")
+    print(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
+          f"{cfg.batch_size} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
+    history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer)
+    written = out / ".history.json.tmp"  # then renamed: a run killed while writing leaves the old file whole
+    written.write_text(json.dumps(history.to_dict()))
+    written.replace(out / "history.json")
+    print(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
+          f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
+    return 0
 
 
 # ---------------------------------------------------------------- generate (chapter 07)
@@ -48,27 +110,86 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draws: the same seed, the same text")
     p.add_argument("--device", default=None)
     p.set_defaults(handler=_cmd_generate)
 
 
 def _cmd_generate(args) -> int:
-    from .generation import run_generate_command
+    """Stream the text to stdout; a reader that stops early (`... | head`) ends it quietly, as Unix tools
+    end: no traceback, exit status 141 (128 + SIGPIPE), what a shell reports for `yes | head`."""
+    import os
 
-    return run_generate_command(args)
+    try:
+        return _run_generate(args)
+    except BrokenPipeError:
+        # stdout's buffer still holds text for the closed pipe: point stdout at /dev/null so that the
+        # interpreter's final flush does not fail again (the recipe of Python's `signal` documentation)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141
+
+
+def _run_generate(args) -> int:
+    import torch
+
+    from .checkpoint import load_checkpoint
+    from .generation import check_sampling, decode_stream, encode_prompt, stream
+    from .runtime import pick_device
+
+    check_sampling(args.temperature, args.top_k, args.top_p)  # before the (slow) load
+    device = pick_device(args.device)
+    ckpt = load_checkpoint(args.checkpoint, map_location=device)
+    tok, vocab = ckpt.tokenizer, ckpt.model.cfg.vocab_size
+    if tok is None:
+        raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: save it with save_checkpoint(..., tokenizer=tok)")
+    if tok.vocab_size < vocab:
+        raise ValueError(f"checkpoint {args.checkpoint}: its tokenizer knows {tok.vocab_size} tokens but the model "
+                         f"samples from {vocab}, so it could pick ids the tokenizer cannot decode: save the checkpoint "
+                         "with the tokenizer the model was trained with")
+    idx = encode_prompt(tok, args.prompt, device=device)
+    generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
+    steps = stream(ckpt.model.to(device), idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                   generator=generator)
+    print(args.prompt, end="", flush=True)
+    for piece in decode_stream(tok, (int(step[0]) for step in steps)):
+        print(piece, end="", flush=True)
+    print()
+    return 0
 
 
 # ---------------------------------------------------------------- classroom (issue 12)
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text} (there is no 'no limit')")
+    return value
+
+
 def _add_classroom(sub) -> None:
     p = sub.add_parser("student-edition", help="write the chapters with solutions removed, checks kept")
     p.add_argument("out_dir", help="directory to write the student notebooks into")
     p.add_argument("--chapters", default=None, help="source chapters directory (default: the course's)")
+    p.add_argument("--force", action="store_true",
+                   help="overwrite files of the edition that changed since it wrote them (learners' edits are lost)")
+    p.add_argument("--remove", action="store_true",
+                   help="remove the edition's own unchanged files from OUT_DIR; keep everything learners wrote")
     p.set_defaults(handler=_cmd_student_edition)
-    g = sub.add_parser("grade", help="run student notebooks and report exercises passed/failed/not done")
-    g.add_argument("notebooks", nargs="+", help="student notebooks (.ipynb)")
-    g.add_argument("--csv", default=None, help="also write the table as CSV to this file")
-    g.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell")
+    g = sub.add_parser("grade", help="run student notebooks and report exercises passed/failed/not done",
+                       description="Exit status: 0 every notebook graded to its end, 1 some notebook could not be "
+                                   "(its row says why: not a notebook, a cell raised, the kernel died, timed out), "
+                                   "2 a usage error or no sandbox (nothing was run).")
+    g.add_argument("notebooks", nargs="+", help="student notebooks (.ipynb), named ..._NN_chapter.ipynb")
+    g.add_argument("--csv", default=None, help="also write the table as CSV to this file (written when all are graded)")
+    g.add_argument("--timeout", type=_positive_float, default=1800,
+                   help="seconds allowed for each whole notebook, every cell together (default 1800)")
+    g.add_argument("--chapters", default=None, help="the original chapters to grade against (default: the course's)")
+    g.add_argument("--no-sandbox", action="store_true",
+                   help="run the notebooks without a sandbox, as you, where none can be made (know what you run)")
     g.set_defaults(handler=_cmd_grade)
 
 
@@ -107,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return int(args.handler(args) or 0)
-    except (ValueError, FileNotFoundError, RuntimeError) as error:
+    except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable or unwritable files, full disks
         print(f"transformer-course {args.command}: error: {error}", file=sys.stderr)
         return 2
 

@@ -75,9 +75,9 @@ def _verified(name: str) -> Path:
 
 
 def load_course_model(map_location="cpu"):
-    """Chapter 06's trained GPT, as a `training.Checkpoint`: ``.model`` (eval mode), ``.tokenizer`` (a
+    """Chapter 06's trained GPT, as a `checkpoint.Checkpoint`: ``.model`` (eval mode), ``.tokenizer`` (a
     CharTokenizer), ``.config``, ``.train_config`` and ``.history`` of its run."""
-    from .training import load_checkpoint
+    from .checkpoint import load_checkpoint
 
     return load_checkpoint(_verified("shakespeare_char"), map_location=map_location)
 
@@ -133,11 +133,13 @@ def _write_manifest(out_dir: Path, name: str, path: Path, wall_seconds: float, *
 def build_course_model(out_dir: Path = ASSETS, *, max_iters: int | None = None, progress: bool = True) -> Path:
     """Train chapter 06's GPT with its recorded recipe; write ``shakespeare_char.pt`` and its manifest
     into `out_dir` (the package's assets by default). `max_iters` shortens the run (tests)."""
+    from .checkpoint import load_checkpoint, save_checkpoint
+    from .config import PRESETS, TRAIN_PRESETS
     from .data import load_shakespeare, train_val_split
-    from .model import GPT, PRESETS
+    from .model import GPT
     from .runtime import seed_everything
     from .tokenization import CharTokenizer
-    from .training import TRAIN_PRESETS, encode_corpus, load_checkpoint, save_checkpoint, train
+    from .training import encode_corpus, train
 
     out_dir = Path(out_dir)
     text = load_shakespeare()

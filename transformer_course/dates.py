@@ -4,10 +4,11 @@ from __future__ import annotations
 
 __all__ = ['MONTHS', 'PAD', 'BOS', 'EOS', 'FIRST', 'LAST', 'TARGET_CHARS', 'SOURCE_CHARS', 'FORMATS', 'ordinal_word', 'ordinal_suffix', 'random_example', 'make_examples', 'encode_batch', 'decode_ids', 'make_batch', 'new_dates_model', 'train_dates']
 
-# %% ../chapters/09_encoder_decoder.ipynb #78be867f
+# %% ../chapters/09_encoder_decoder.ipynb #0d904068
 # Dates written the ways people write them, and their ISO form: a seq2seq task (chapter 09).
 # Each example pairs a source like "the twenty-second of November 2026" or "Nov 22nd, 2026" with the
 # target "2026-11-22". Vocabularies are characters, with 0 = padding, 1 = begin, 2 = end.
+# Shapes: B batch, S source ids (characters, end mark, padding), T target ids.
 import datetime
 import random
 

@@ -15,7 +15,7 @@ import torch
 # %% auto #0
 __all__ = ['bf16_weights']
 
-# %% ../chapters/90_appendix_performance.ipynb #cdad4b0b
+# %% ../chapters/90_appendix_performance.ipynb #6fc59971
 def _input_to_bf16(module: torch.nn.Module, args: tuple) -> tuple:
     return (args[0].to(torch.bfloat16),) + tuple(args[1:])
 
@@ -30,7 +30,7 @@ def bf16_weights(model: torch.nn.Module) -> torch.nn.Module:
     Each Linear casts its input [..., in] to bf16 and its output [..., out] back to float32, so the
     activations between layers stay float32. A tied LM head shares its matrix with the token embedding,
     which becomes bf16 too (its rows are added to float32 positions, so the sum is float32). The weights
-    read per token halve; the results change by bf16 rounding (about 3 significant digits). ``model``
+    read per token halve; the results change by bf16 rounding (2 to 3 significant digits). ``model``
     itself is not changed. For inference, not training.
     """
     bf16 = copy.deepcopy(model).eval()

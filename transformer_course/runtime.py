@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import glob
 import os
 import random
+import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -91,9 +95,17 @@ def cpu_has_fast_bf16() -> bool:
 def atomic_save(obj, path) -> Path:
     """``torch.save(obj)`` to `path` atomically: written to a hidden temporary file in the same folder,
     flushed to disk, then renamed over `path`, so a reader sees the old file or the new one, never half
-    of one (a crash or a full disk mid-write leaves `path` as it was, and no temporary file behind)."""
+    of one. A failed write (a full disk) leaves `path` as it was and raises an ``OSError`` that says how
+    much room is left; a temporary file of `path` left by a save that was killed mid-write is removed
+    (with a warning) by the next save. One process at a time may save to a given `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    stale = sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+    for old in stale:
+        old.unlink(missing_ok=True)
+    if stale:
+        warnings.warn(f"removed {len(stale)} unfinished temporary file(s) of {path} left by an interrupted save: "
+                      f"{', '.join(p.name for p in stale)}", stacklevel=2)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -101,7 +113,13 @@ def atomic_save(obj, path) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError | RuntimeError):  # torch's writer words a full disk as "enforce fail at ..."
+            free = shutil.disk_usage(path.parent).free
+            reason = getattr(error, "strerror", None) or str(error).splitlines()[0][:100]
+            raise OSError(getattr(error, "errno", None) or errno.EIO,
+                          f"could not write {path} ({reason}); {free / 1e6:,.0f} MB free on its disk: if it is full, "
+                          "free some space or write elsewhere. The previous file, if any, is unchanged") from error
         raise
     return path

@@ -2,78 +2,30 @@
 
 from __future__ import annotations
 
-__all__ = ['CHECKPOINT_FORMAT', 'TRAIN_PRESETS', 'TrainConfig', 'train_step', 'param_groups', 'make_optimizer', 'lr_at', 'estimate_loss', 'History', 'config_differences', 'save_checkpoint', 'Checkpoint', 'load_checkpoint', 'autocast_for', 'train', 'plot_history', 'encode_corpus', 'run_train_command']
+__all__ = ['train_step', 'param_groups', 'fused_adamw_works', 'make_optimizer', 'lr_at', 'estimate_loss', 'autocast_for', 'train', 'plot_history', 'encode_corpus']
 
-# %% ../chapters/06_gpt_and_training.ipynb #5e88f3c0
-# Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
-# cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
-# and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
-import json
+# %% ../chapters/06_gpt_and_training.ipynb #2f0ee636
+# Training a GPT (exported from chapter 06 to transformer_course/training.py): AdamW with weight decay on
+# matrices only (fused where this PyTorch offers it), linear warm-up then cosine learning rate, gradient
+# clipping, periodic evaluation on fixed batches, checkpoints at every evaluation and exact resuming.
+# Shapes: B batch, T time (block_size), V vocabulary.
+import functools
+import inspect
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 
 import torch
 
+from .checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
+from .config import TRAIN_PRESETS, History, TrainConfig
 from .data import get_batch
-from .model import GPT, PRESETS, GPTConfig
-from .runtime import atomic_save, pick_device
+from .model import GPT
+from .runtime import pick_device
+from .tokenization import CharTokenizer
 
-CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
-
-# %% ../chapters/06_gpt_and_training.ipynb #e3172482
-@dataclass
-class TrainConfig:
-    """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
-
-    max_iters: int = 2000  # optimizer steps; a resumed run continues the count
-    batch_size: int = 12  # B windows per step
-    learning_rate: float = 1e-3  # peak, reached at the end of warm-up
-    min_lr: float = 1e-4  # where the cosine ends
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None  # step at which the cosine reaches min_lr (None: max_iters)
-    weight_decay: float = 0.1  # applied to matrices and embeddings only
-    beta1: float = 0.9
-    beta2: float = 0.99
-    grad_clip: float = 1.0  # largest allowed global gradient norm; 0 turns clipping off
-    eval_interval: int = 250  # evaluate every this many steps, and at the end
-    eval_iters: int = 20  # batches averaged per evaluation, for train and for val
-    max_seconds: float | None = None  # stop early after this much wall time
-    seed: int = 1337  # seeds the batch sampler
-    device: str | None = None  # None: CUDA, then MPS, then CPU
-    compile: bool = False  # torch.compile the model (pays off only for long runs)
-    bf16: bool | None = None  # bf16 autocast: None = on a CUDA GPU only; True = on the CPU too (opt-in); False = never
-    progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
-
-    def __post_init__(self):
-        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        lr = self.learning_rate
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-            raise ValueError(f"TrainConfig.learning_rate must be a positive number such as 1e-3, got {lr!r}")
-        if not 0 <= self.min_lr <= lr:
-            raise ValueError(f"TrainConfig.min_lr must be in [0, learning_rate={lr}], got {self.min_lr!r}")
-        if self.warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters <= self.warmup_iters):
-            raise ValueError(f"need 0 <= warmup_iters < lr_decay_iters, got {self.warmup_iters} and {self.lr_decay_iters}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("TrainConfig.weight_decay and grad_clip must be >= 0 (0 turns them off)")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(f"AdamW betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise ValueError(f"TrainConfig.max_seconds must be positive or None, got {self.max_seconds!r}")
-        if not (self.bf16 is None or isinstance(self.bf16, bool)):
-            raise ValueError(f"TrainConfig.bf16 must be None (bf16 on a GPU only), True or False, got {self.bf16!r}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
+# training.py held these before they moved to checkpoint.py and config.py: importable from here for one more release
+_MOVED = (load_checkpoint, TRAIN_PRESETS)
 
 # %% ../chapters/06_gpt_and_training.ipynb #ca750e3b
 def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float = 1.0, autocast=None) -> float:
@@ -88,7 +40,7 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: fl
     optimizer.step()
     return loss.item()
 
-# %% ../chapters/06_gpt_and_training.ipynb #38adfcf6
+# %% ../chapters/06_gpt_and_training.ipynb #6461e92b
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: matrices and embeddings (dim >= 2) decayed, biases and LayerNorm gains (dim 1)
     not. `parameters()` yields a tied tensor once, so it is updated once per step."""
@@ -99,10 +51,28 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+@functools.cache
+def fused_adamw_works(device_type: str) -> bool:
+    """Whether this PyTorch runs AdamW's fused kernel on `device_type` ("cpu", "cuda", "mps"): it tries
+    one step on a one-number tensor there (PyTorch checks the device only at the first step)."""
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    p = torch.zeros(1, device=device_type, requires_grad=True)
+    p.grad = torch.zeros_like(p)
+    try:
+        torch.optim.AdamW([p], fused=True).step()
+    except RuntimeError:
+        return False
+    return True
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups`, using the fused kernel (one pass over all tensors per step)."""
+    """AdamW over `param_groups`: the fused kernel (one pass over all tensors per step) where
+    `fused_adamw_works` on the parameters' device, else PyTorch's default for that device (the same
+    update, up to rounding)."""
+    fused = fused_adamw_works(next(model.parameters()).device.type)
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), fused=True)
+                             betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 # %% ../chapters/06_gpt_and_training.ipynb #c81a3efd
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -116,11 +86,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_iters) / (end - cfg.warmup_iters)  # 0 -> 1
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
-# %% ../chapters/06_gpt_and_training.ipynb #53dc62ca
+# %% ../chapters/06_gpt_and_training.ipynb #12520ab1
 @torch.no_grad()
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
                   device=None) -> float:
-    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn with `seed`."""
+    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data`, drawn by a generator
+    of its own seeded with `seed` (the global random state is neither used nor changed)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -131,143 +102,24 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
     model.train(was_training)
     return total / iters
 
-
-@dataclass
-class History:
-    """What happened in a run: one entry per step, one per evaluation, and the time it took."""
-
-    tokens_per_step: int = 0  # batch_size * block_size
-    step: list[int] = field(default_factory=list)
-    loss: list[float] = field(default_factory=list)  # loss of that step's batch
-    lr: list[float] = field(default_factory=list)
-    eval_step: list[int] = field(default_factory=list)
-    train_loss: list[float] = field(default_factory=list)  # mean over eval_iters batches
-    val_loss: list[float] = field(default_factory=list)
-    eval_seconds: list[float] = field(default_factory=list)  # wall time since the start, at each evaluation
-    train_seconds: float = 0.0  # time inside training steps (evaluation excluded)
-    wall_seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> History:
-        return cls(**d)
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Training throughput: tokens through forward, backward and update per second of step time."""
-        return len(self.step) * self.tokens_per_step / self.train_seconds if self.train_seconds else 0.0
-
-    def time_to(self, val_loss: float) -> float | None:
-        """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
-        return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
-
-# %% ../chapters/06_gpt_and_training.ipynb #adbc7ba6
-_NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
-
-
-def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
-    """Fields (other than dropout and fast) in which two configs differ, as 'name (checkpoint a, model b)'."""
-    return [f"{f.name} (checkpoint {getattr(saved, f.name)!r}, model {getattr(current, f.name)!r})"
-            for f in fields(GPTConfig) if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
-
-
-def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
-                    tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None) -> Path:
-    """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically."""
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
-    if batch_generator is not None:
-        rng["batch"] = batch_generator.get_state()
-    state = {"format": CHECKPOINT_FORMAT, "model_config": model.cfg.to_dict(), "model": model.state_dict(),
-             "optimizer": None if optimizer is None else optimizer.state_dict(),
-             "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
-             "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
-             "history": None if history is None else history.to_dict()}
-    return atomic_save(state, path)  # readers see the old file or the new one, never half of one
-
-# %% ../chapters/06_gpt_and_training.ipynb #bcb343ac
-@dataclass
-class Checkpoint:
-    """A loaded checkpoint: the model (weights in place, eval mode) and what resuming needs."""
-
-    model: GPT
-    config: GPTConfig
-    step: int
-    optimizer_state: dict | None
-    train_config: TrainConfig | None
-    rng: dict
-    tokenizer: object | None
-    history: History | None
-
-
-def _read(path: Path, map_location) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (transformer-course train --out DIR)")
-    try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
-        message = str(error)
-        if "Unsupported global" in message:  # weights_only refused a pickled object: never run it
-            raise ValueError(f"checkpoint {path} holds Python objects other than tensors and plain data; "
-                             "refusing to unpickle them (weights_only=True). Save with save_checkpoint") from error
-        detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise ValueError(f"checkpoint {path} is truncated or corrupted and cannot be read ({type(error).__name__}: "
-                         f"{detail[0][:120]}); delete it and train again, or use an older copy") from error
-    missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
-    if missing:
-        raise ValueError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
-    if state["format"] != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} has checkpoint format {state['format']}; this version reads format {CHECKPOINT_FORMAT}")
-    return state
-
-
-def _tokenizer_from(entry: dict | None):
-    if entry is None:
-        return None
-    from transformer_course import tokenization
-
-    cls = getattr(tokenization, entry["class"], None)
-    if cls is None or not hasattr(cls, "from_dict"):
-        raise ValueError(f"the checkpoint's tokenizer class {entry['class']!r} is unknown to this version")
-    return cls.from_dict(entry["state"])
-
-
-def load_checkpoint(path, model: GPT | None = None, map_location="cpu") -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint` (weights_only=True). With `model`, its config must
-    match the checkpoint's (the differing fields are named) and the weights are loaded into it;
-    without, a GPT is built from the stored config."""
-    path = Path(path)
-    state = _read(path, map_location)
-    config = GPTConfig.from_dict(state["model_config"])
-    if model is None:
-        model = GPT(config)
-    elif differences := config_differences(config, model.cfg):
-        raise ValueError(f"checkpoint {path} does not match the model: {'; '.join(differences)}. "
-                         "Use the checkpoint's own model (load_checkpoint(path).model) or retrain")
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as error:
-        raise ValueError(f"checkpoint {path} holds weights that do not fit its config: {error}") from error
-    train_config, history = state.get("train_config"), state.get("history")
-    return Checkpoint(model=model.eval(), config=config, step=state["step"], optimizer_state=state.get("optimizer"),
-                      train_config=None if train_config is None else TrainConfig.from_dict(train_config),
-                      rng=state.get("rng", {}), tokenizer=_tokenizer_from(state.get("tokenizer")),
-                      history=None if history is None else History.from_dict(history))
-
-# %% ../chapters/06_gpt_and_training.ipynb #2104d0da
+# %% ../chapters/06_gpt_and_training.ipynb #e597f36b
 def autocast_for(device: torch.device, cfg: TrainConfig):
     """The forward pass's precision: bf16 autocast on a CUDA GPU that supports it (unless cfg.bf16 is
     False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
     The CPU never switches to bf16 on its own, so a run's numbers do not depend on the CPU's
     instruction set (`runtime.cpu_has_fast_bf16` tells whether bf16 is fast here)."""
-    if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and cfg.bf16 is True:
         return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
     return nullcontext()
+
+
+def _now(device: torch.device) -> float:
+    """`time.perf_counter()` once the device has finished its queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
@@ -283,7 +135,7 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
     if "cuda" in resume.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(resume.rng["cuda"])
 
-# %% ../chapters/06_gpt_and_training.ipynb #8d61aa31
+# %% ../chapters/06_gpt_and_training.ipynb #8814c401
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids; return the History.
@@ -303,7 +155,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         _restore(resume, model, optimizer, batches)
         history, step = resume.history or history, resume.step
     forward = torch.compile(model) if cfg.compile else model
-    began, base = time.perf_counter(), history.wall_seconds
+    began, base = _now(device), history.wall_seconds
 
     def evaluate() -> None:
         with autocast_for(device, cfg):
@@ -311,7 +163,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                 losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
                                             seed=cfg.seed + 1, device=device))
         history.eval_step.append(step)
-        history.eval_seconds.append(base + time.perf_counter() - began)
+        history.eval_seconds.append(base + _now(device) - began)
         bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
@@ -322,21 +174,21 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     while step < cfg.max_iters:
         if step % cfg.eval_interval == 0 and step not in history.eval_step:
             evaluate()
-        if cfg.max_seconds is not None and time.perf_counter() - began > cfg.max_seconds:
+        if cfg.max_seconds is not None and _now(device) - began > cfg.max_seconds:
             break
-        tick, lr = time.perf_counter(), lr_at(step, cfg)
+        tick, lr = _now(device), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(train_data, model.cfg.block_size, cfg.batch_size, generator=batches, device=device)
         history.loss.append(train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg)))
         history.step.append(step)
         history.lr.append(lr)
-        history.train_seconds += time.perf_counter() - tick
+        history.train_seconds += _now(device) - tick
         step += 1
         bar.update(1)
     if step not in history.eval_step:
         evaluate()
-    history.wall_seconds = base + time.perf_counter() - began
+    history.wall_seconds = base + _now(device) - began
     bar.close()
     model.eval()
     return history
@@ -355,62 +207,16 @@ def plot_history(history: History, ax=None, title: str | None = None):
     ax.legend()
     return ax
 
-# %% ../chapters/06_gpt_and_training.ipynb #bd7f8d56
+# %% ../chapters/06_gpt_and_training.ipynb #8e2e0177
 def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
-    """All of `text` as a 1-D tensor of token ids: uint8 when the vocabulary fits in a byte, else int32.
-    Encoded a chunk at a time (cut after a newline) straight into one preallocated tensor, so the Python
-    list of ids never holds more than about `chunk` entries (0.5 MB; for all 4.8 M characters at once the
-    list alone would take about 40 MB) and no second copy of the corpus is ever made."""
+    """All of `text` as a 1-D tensor of token ids, equal to `tokenizer.encode(text)`: uint8 when the
+    vocabulary fits in a byte, else int32. A `CharTokenizer` (one id per character, whatever its
+    neighbours) is encoded `chunk` characters at a time straight into one preallocated tensor, so its
+    Python list of ids never holds more than `chunk` entries; any other tokenizer in one call."""
     dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
-    out = torch.empty(len(text), dtype=dtype)  # a character-level tokenizer gives exactly one id per character
-    n = start = 0
-    while start < len(text):
-        end = text.find("\n", start + chunk) + 1 or len(text)
-        ids = tokenizer.encode(text[start:end])
-        if n + len(ids) > len(out):  # a byte-level tokenizer on non-ASCII text can give more ids than characters
-            out.resize_(max(n + len(ids), 2 * len(out)))
-        out[n : n + len(ids)] = torch.tensor(ids, dtype=dtype)
-        n, start = n + len(ids), end
-    return out if n == len(out) else out[:n].clone()  # the clone lets the unused tail go
-
-
-TRAIN_PRESETS: dict[str, TrainConfig] = {
-    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.88 in about
-    # 75 s of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
-    "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
-    # nanoGPT's shakespeare-char GPU recipe: wants a GPU
-    "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
-                         eval_iters=200),
-}
-
-
-def run_train_command(args) -> int:
-    """`transformer-course train`: args.preset, out, max_iters, max_seconds, seed, device (see cli.py)."""
-    from transformer_course.data import load_shakespeare, train_val_split
-    from transformer_course.runtime import seed_everything
-    from transformer_course.tokenization import CharTokenizer
-
-    if args.preset not in TRAIN_PRESETS:
-        raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
-    out = Path(args.out)
-    checkpoint = out / "checkpoint.pt"
-    text = load_shakespeare()
-    tokenizer = CharTokenizer.from_text(text)
-    train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
-    del text
-    overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
-    if getattr(args, "bf16", False):
-        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
-    cfg = replace(TRAIN_PRESETS[args.preset], **overrides, **({"max_iters": args.max_iters} if args.max_iters else {}))
-    seed_everything(args.seed)
-    model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
-    resume = load_checkpoint(checkpoint, model) if checkpoint.exists() else None
-    if resume is not None:
-        print(f"resuming from step {resume.step} ({checkpoint})")
-    print(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
-          f"{cfg.batch_size} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
-    history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer)
-    (out / "history.json").write_text(json.dumps(history.to_dict()))
-    print(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
-          f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
-    return 0
+    if not isinstance(tokenizer, CharTokenizer):
+        return torch.tensor(tokenizer.encode(text), dtype=dtype)
+    out = torch.empty(len(text), dtype=dtype)  # exactly one id per character
+    for start in range(0, len(text), chunk):
+        out[start : start + chunk] = torch.tensor(tokenizer.encode(text[start : start + chunk]), dtype=dtype)
+    return out

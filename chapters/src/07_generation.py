@@ -10,24 +10,22 @@
 # - the path from logits to probabilities, greedy decoding, and sampling with a seeded `torch.Generator`;
 # - three ways to reshape the distribution before sampling: **temperature** (you fix a version that
 #   quietly does nothing), and **top-k** and **top-p** (nucleus) filtering, which you write yourself;
-# - the autoregressive loop itself: feed each sample back, stop at an end token, crop the context when it
-#   outgrows `block_size`, and run several prompts as one batch;
+# - the autoregressive loop: feed each sample back, crop the context when it outgrows `block_size`, stop
+#   at an end token, run several prompts as one batch;
 # - the **cached generation loop**, yours: the prompt goes through the model once, then one token per
 #   step, with a **KV cache** that stops the loop from recomputing the past, proven to change no output;
-# - `stream`, an iterator that yields tokens as they are made, a fourth knob of your own (**min-p**) and
-#   a playground widget.
+# - streaming text as it is made (whole characters, even when a token holds half of one), a fourth knob
+#   of your own (**min-p**) and a playground widget.
 #
 # Your top-k, top-p and cached loop are exported cells: once their checks pass, every text this chapter
-# writes from then on goes through them.
+# writes from then on goes through them. **You will be able to** sample text from chapter 06's model (the
+# course ships it, trained with chapter 06's recipe) with any of these settings, explain what each one
+# does to the distribution, and say what the cache saves and what it costs.
 #
-# **You will be able to** sample text from the model chapter 06 trains (the course ships it, trained) with any of these settings,
-# explain what each one does to the distribution, and say what the cache saves and what it costs.
-#
-# **It needs** the character tokenizer (chapter 01), `GPT` and `load_checkpoint` (chapter 06) and the `KVCache`
-# that chapter 04 built into the attention path. Everything this chapter exports lands in
-# `transformer_course/generation.py`. How fast decoding can go at all (memory layouts, bf16 weights, the
-# race against Hugging Face and the memory-bandwidth bound) is the subject of the optional appendix,
-# `90_appendix_performance`.
+# **It needs** the tokenizers (chapter 01), `GPT` and `load_checkpoint` (chapter 06) and the `KVCache`
+# that chapter 04 built into the attention path. It exports to `transformer_course/generation.py`. How
+# fast decoding can go (time per token, bf16 weights, the memory-bandwidth bound, the race against
+# Hugging Face) is the subject of the optional appendix, `90_appendix_performance`.
 
 # %%
 #| default_exp generation
@@ -39,117 +37,92 @@
 Sampling knobs (applied in this order to the last position's logits [B, V]): temperature, top-k,
 top-p. ``temperature=0`` means greedy decoding (always the most likely token). ``generate`` and
 ``stream`` run the autoregressive loop with an optional KV cache (on by default); the cache never
-changes a result, only the time it takes. Shapes: B batch, T time, V vocabulary size.
+changes a result, only the time it takes. ``decode_stream`` turns the tokens into text, whole
+characters at a time. Randomness comes only from the ``torch.Generator`` passed in (``generate``
+and ``stream`` make a fresh one seeded with 0 when none is given): PyTorch's global random state is
+neither read nor changed. Shapes: B batch, T time, V vocabulary size.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+import codecs
+from collections.abc import Iterable, Iterator
 
 import torch
 
+from transformer_course.arguments import flag, real_number, whole_number
+
 # %%
+import math
+
 import matplotlib.pyplot as plt
 import torch
 
 torch.set_printoptions(precision=4, sci_mode=False)
-# The models here are tiny: one thread is about as fast as several, does not fight other programs for
-# the cores, and makes every printed number the same on every machine (the order of float additions can
-# depend on the number of threads).
-torch.set_num_threads(1)
+torch.set_num_threads(1)  # tiny models: one thread is as fast as several and does not fight for the cores
 _ = torch.manual_seed(0)
 
 # %% [markdown]
-# ## 1. From logits to probabilities
+# ## 1. From logits to probabilities, and greedy decoding
 #
 # Chapter 06's model ends with a final LayerNorm (`ln_f`) and a linear layer, the language-modelling
-# head, that maps each position's `d_model` numbers to `V` logits. For a batch of `B` sequences of
-# length `T` the output has shape `[B, T, V]`. One of the seeds works through exactly this with a
-# vocabulary of 3,771 tokens, `d_model = 64`, a batch of 4 and a context of 16: the logits are
-# `[4, 16, 3771]`. We build an (untrained) model of that size and look.
+# head, that maps each position's `d_model` numbers to `V` logits: for a batch of `B` sequences of length
+# `T` the output is `[B, T, V]`. One of the seeds works this through with a vocabulary of 3,771 tokens,
+# `d_model = 64`, a batch of 4 and a context of 16. We build an (untrained) model of that size and look.
+# Every position gets a distribution, because training scores all of them at once; at inference only
+# what comes *after* the sequence matters, so we keep the last position, `[B, V]`.
 
 # %%
 from transformer_course import GPT, GPTConfig
 
-seed_cfg = GPTConfig(vocab_size=3771, block_size=16, n_layer=2, n_head=4, d_model=64)
-untrained = GPT(seed_cfg).eval()
+untrained = GPT(GPTConfig(vocab_size=3771, block_size=16, n_layer=2, n_head=4, d_model=64)).eval()
 batch = torch.randint(0, 3771, (4, 16), generator=torch.Generator().manual_seed(0))
 with torch.no_grad():
     logits, _ = untrained(batch)
-print("logits:", tuple(logits.shape))
 last = logits[:, -1, :]  # only the last position predicts the token that comes next
-print("last position:", tuple(last.shape))
+print("logits:", tuple(logits.shape), "| last position:", tuple(last.shape))
+print("top-level pieces:", [name for name, _ in untrained.named_children()])
 
 # %% [markdown]
-# Every position gets a distribution, because training scores all of them at once. At inference we only
-# want what comes *after* the sequence, so we keep the last position: `[B, V]`.
+# Softmax turns one row of logits into probabilities, $p_i = e^{z_i} / \sum_j e^{z_j}$: every $p_i$ is
+# positive and each row sums to 1. **A correction to one seed.** Seed 002 applies "one final softmax"
+# after the transformer blocks, then the language-modelling head, then "softmax again". There is only one
+# softmax, after the head; between the last block and the head sits a LayerNorm (`ln_f`, listed above).
+# Seed 003 stores the result of that softmax in a variable called `logits`: keep the names apart.
+# **Logits** are unnormalised scores (any real number); **probabilities** are what softmax makes of them,
+# and every knob below acts on the logits.
 #
-# Softmax turns one row of logits into probabilities: $p_i = e^{z_i} / \sum_j e^{z_j}$. Every $p_i$ is
-# positive and each row sums to 1.
-#
-# **A correction to one seed.** Seed 002 says the model applies "one final softmax" at the end of the
-# transformer blocks, then the language-modelling head, then "softmax again". There is only one softmax,
-# and it comes after the head; what sits between the last block and the head is a LayerNorm. We can
-# list the model's top-level pieces to see it:
+# The simplest rule for choosing, the one seed 003 describes, takes the most likely token every time:
+# **greedy decoding**. Softmax preserves the order of its inputs, so the largest logit is also the
+# largest probability and greedy needs no softmax at all:
 
 # %%
-print([name for name, _ in untrained.named_children()])
 probs = torch.softmax(last, dim=-1)
-print("rows sum to 1:", torch.allclose(probs.sum(-1), torch.ones(4)))
-print("all positive:", bool((probs > 0).all()))
+print("rows sum to 1:", torch.allclose(probs.sum(-1), torch.ones(4)), "| all positive:", bool((probs > 0).all()))
+print("greedy:", last.argmax(dim=-1), "| the same from the probabilities:", torch.equal(last.argmax(-1), probs.argmax(-1)))
 
 # %% [markdown]
-# Seed 003 stores the result of that softmax in a variable called `logits`. Keep the names apart:
-# **logits** are unnormalised scores (any real number, the head's output); **probabilities** are what
-# softmax makes of them. The distinction matters below, where every knob acts on the logits.
+# Greedy is deterministic, which is handy for tests, but it never takes the second-best word; section 7
+# shows what that does to a trained model's text. What real systems do instead is *sample*.
 #
-# ## 2. Greedy decoding
+# ## 2. Sampling from the distribution
 #
-# The simplest rule, and the one seed 003 describes ("select one with the highest probability"), is to
-# take the most likely token every time: **greedy decoding**. Softmax is strictly increasing, so the
-# largest logit is also the largest probability: greedy needs no softmax at all.
-
-# %%
-greedy_from_logits = last.argmax(dim=-1)
-greedy_from_probs = probs.argmax(dim=-1)
-print(greedy_from_logits, torch.equal(greedy_from_logits, greedy_from_probs))
-
-# %% [markdown]
-# Greedy is deterministic: the same prompt always gives the same text. That is handy for tests, but for
-# writing it is a poor rule: it never takes the second-best word, and a small model quickly falls into a
-# loop ("the the the ..."). We will see that with the trained model in section 9. What real systems do
-# instead is *sample*.
-#
-# ## 3. Sampling from the distribution
-#
-# Sampling picks a token at random, weighted by its probability. Seed 002 puts it as: a token with
-# probability 0.9 is chosen 90% of the time. `torch.multinomial` does the draw; giving it an explicit,
-# seeded `torch.Generator` makes the draw reproducible without touching the global random state. Let us
-# check the 90% claim with 100,000 draws from a two-token distribution.
+# Sampling picks a token at random, weighted by its probability; seed 002's example is a token of
+# probability 0.9 chosen 90% of the time. `torch.multinomial` does the draw. Every draw in this course
+# takes an explicit, seeded `torch.Generator`: the same seed gives the same draws, and PyTorch's global
+# random state (which any other code may also use) is never touched. The 90% claim, with 100,000 draws:
 
 # %%
 p = torch.tensor([0.1, 0.9])
-gen = torch.Generator().manual_seed(42)
-draws = torch.multinomial(p, num_samples=100_000, replacement=True, generator=gen)
-freq = torch.bincount(draws, minlength=2) / draws.numel()
-print("frequencies:", freq)
+draws = [torch.multinomial(p, 100_000, replacement=True, generator=torch.Generator().manual_seed(s)) for s in (42, 42, 43)]
+freq = torch.bincount(draws[0], minlength=2) / draws[0].numel()
+print("frequencies:", freq, "| same seed, same draws:", torch.equal(draws[0], draws[1]),
+      "| another seed, other draws:", not torch.equal(draws[0], draws[2]))
 # the standard error of a frequency is sqrt(p(1-p)/n) ~ 0.00095; 4 of them is a generous bound
 assert (freq - p).abs().max() < 4 * math.sqrt(0.9 * 0.1 / 100_000)
 
 # %% [markdown]
-# Same seed, same draws; a different seed, different draws:
-
-# %%
-def five_draws(seed):
-    g = torch.Generator().manual_seed(seed)
-    return torch.multinomial(torch.tensor([0.2, 0.3, 0.5]), 5, replacement=True, generator=g).tolist()
-
-print(five_draws(1), five_draws(1), five_draws(2))
-assert five_draws(1) == five_draws(1)
-
-# %% [markdown]
-# ## 4. Temperature
+# ## 3. Temperature
 #
 # Before the softmax we may divide the logits by a **temperature** $\tau > 0$:
 #
@@ -211,58 +184,11 @@ probs_at_temperature = check_probs_at_temperature(probs_at_temperature).use
 # Dividing every probability by the same number changes none of their ratios, so normalising undoes it.
 # The temperature has to act where it changes the *gaps*: on the logits, before the exponential. (Raising
 # the probabilities to the power $1/\tau$ and normalising would have been right, since
-# $(e^{z_i})^{1/\tau} = e^{z_i/\tau}$.)
-#
-# The package checks the knobs once, with messages that say what is wrong, and divides the logits by the
-# temperature in `apply_temperature`:
-
-# %%
-#| export
-def check_sampling_args(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
-    """Raise a ValueError that names the problem and the fix for a bad sampling setting."""
-    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or math.isnan(temperature):
-        raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
-    if temperature < 0:
-        raise ValueError(
-            f"temperature must be >= 0, got {temperature}: use 0 for greedy decoding (always the most "
-            "likely token), values below 1 for sharper and above 1 for flatter distributions"
-        )
-    if math.isinf(temperature):
-        raise ValueError("temperature must be finite: a very large temperature already gives a near-uniform distribution")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be a whole number >= 1 (or None to keep every token), got {top_k!r}")
-    if top_p is not None and (
-        isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0.0 < top_p <= 1.0
-    ):
-        raise ValueError(f"top_p must be in (0, 1] (1 or None keeps every token), got {top_p!r}")
-
-
-def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Logits [..., V] divided by ``temperature`` (> 0). Greedy decoding (temperature 0) is handled by
-    ``next_token_probs`` and ``sample_next``, never by dividing by zero."""
-    check_sampling_args(temperature)
-    if temperature == 0:
-        raise ValueError("temperature 0 means greedy decoding: take logits.argmax(-1) instead of dividing by 0")
-    return logits / temperature
-
-# %% [markdown]
-# Here is the same distribution over five tokens under four temperatures, through your
-# `probs_at_temperature` (the logits are made up, the probabilities are computed):
+# $(e^{z_i})^{1/\tau} = e^{z_i/\tau}$.) Here is one distribution over five tokens under four temperatures,
+# through your `probs_at_temperature`:
 
 # %%
 temps = [0.25, 0.5, 1.0, 2.0]
-
-def entropy_bits(p):
-    """Shannon entropy in bits: 0 for a certain choice, log2(V) for uniform."""
-    p = p[p > 0]
-    return float(-(p * p.log2()).sum())
-
-for t in temps:
-    p_t = probs_at_temperature(z, t)
-    print(f"T={t:<4}  p={[round(x, 3) for x in p_t.tolist()]}  entropy={entropy_bits(p_t):.3f} bits")
-print(f"uniform over 5 tokens: {math.log2(5):.3f} bits")
-
-# %%
 fig, axes = plt.subplots(1, len(temps), figsize=(12, 2.6), sharey=True)
 for ax, t in zip(axes, temps):
     ax.bar(range(5), probs_at_temperature(z, t).numpy(), color="tab:blue")
@@ -271,22 +197,34 @@ for ax, t in zip(axes, temps):
 axes[0].set_ylabel("probability")
 fig.suptitle("Temperature reshapes one distribution: low = sharp, high = flat", y=1.04)
 plt.show()
+print("top probability:", [round(float(probs_at_temperature(z, t).max()), 3) for t in temps])
+assert all(probs_at_temperature(z, t).argmax() == z.argmax() for t in temps)
 
 # %% [markdown]
-# The order of the tokens never changes, only how far apart their probabilities are. So temperature
-# changes *which* sample you are likely to get, never which token greedy picks.
+# The order of the tokens never changes, only how far apart their probabilities are: temperature changes
+# *which* sample you are likely to get, never which token greedy picks.
+#
+# The package checks every sampling setting before it uses it, with a message that names the fix (the
+# shared checks of `transformer_course.arguments`):
 
 # %%
-for t in temps:
-    assert probs_at_temperature(z, t).argmax() == z.argmax()
-for bad in (-0.5, 0):
-    try:
-        apply_temperature(z, bad)
-    except ValueError as e:
-        print(e)
+#| export
+def check_sampling(temperature, top_k, top_p) -> None:
+    """Raise a ValueError naming the fix for a bad temperature, top_k or top_p."""
+    real_number(temperature, "temperature", low=0,
+                hint="0 means greedy decoding (always the most likely token), below 1 sharper, above 1 flatter")
+    whole_number(top_k, "top_k", low=1, none_ok=True, hint="the number of most likely tokens to keep")
+    real_number(top_p, "top_p", low=0, low_open=True, high=1, none_ok=True, hint="1 or None keeps every token")
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    """Refuse logits [B, V] that give no distribution: NaN, +inf, or a row with no finite value."""
+    if bool(logits.isnan().any() | (logits == float("inf")).any() | ~torch.isfinite(logits).any(-1).all()):
+        raise ValueError("the logits contain NaN or +inf, or a row that is all -inf, so they give no distribution "
+                         "(and no most likely token): check the model's output")
 
 # %% [markdown]
-# ## 5. Top-k: keep only the k most likely tokens
+# ## 4. Top-k: keep only the k most likely tokens
 #
 # Even a well-trained model leaves a little probability on thousands of absurd tokens. One draw rarely
 # hits them, but a long text makes many draws, and a single absurd token derails everything after it.
@@ -321,7 +259,7 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
     Exactly ``k`` survive, even when several logits tie with the k-th largest. ``k`` larger than V
     keeps everything.
     """
-    check_sampling_args(top_k=k)
+    whole_number(k, "k", hint="the number of most likely tokens to keep")
     ### BEGIN SOLUTION
     k = min(k, logits.size(-1))
     values, indices = torch.topk(logits, k, dim=-1)
@@ -332,15 +270,13 @@ def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
 top_k_filter = check_top_k_filter(top_k_filter).use
 
 # %%
-print(top_k_filter(z, 2))
-print(torch.softmax(top_k_filter(z, 2), -1))
-ties = torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0]])
-kept = torch.isfinite(top_k_filter(ties, 2)).sum().item()
+print(top_k_filter(z, 2), torch.softmax(top_k_filter(z, 2), -1))
+kept = torch.isfinite(top_k_filter(torch.tensor([[1.0, 3.0, 2.0, 2.0, 2.0]]), 2)).sum().item()
 print("with ties at the 2nd place, tokens kept:", kept)
 assert kept == 2
 
 # %% [markdown]
-# ## 6. Top-p (nucleus): keep the smallest set that holds mass p
+# ## 5. Top-p (nucleus): keep the smallest set that holds mass p
 #
 # A fixed `k` suits some distributions and not others. When the model is sure (one token holds 95%),
 # `k = 40` still lets 39 poor choices in; when it is unsure (the mass spread over 200 plausible words),
@@ -367,10 +303,11 @@ assert kept == 2
 # Write `top_p_filter(logits, p)`: logits `[V]` or `[B, V]` in, the same shape out, every token outside
 # its row's nucleus at `-inf`, the others unchanged. The logits arrive in vocabulary order, not sorted:
 # sort each row's probabilities largest first, decide there, and put the decision back in vocabulary
-# order (`torch.sort` returns the permutation it applied). Two details keep it exact: sum the running
-# total in float64, so rounding cannot make it reach `p` a token too early; and treat `p = 1` as the
-# whole distribution, nothing to drop (a long tail of tiny probabilities can make even a float64 running
-# total round to 1 before the tail ends). The first line checks `p` and is not part of the exercise.
+# order (`torch.sort` returns the permutation it applied). Two details keep it close to exact: sum the
+# running total in float64, which makes it unlikely (not impossible) that rounding reaches `p` a token too
+# early; and treat `p = 1` as the whole distribution, nothing to drop (a long tail of tiny probabilities
+# can make even a float64 running total round to 1 before the tail ends). The first line checks `p` and
+# is not part of the exercise.
 
 # %%
 #| export
@@ -381,7 +318,7 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     The other logits become -inf. The most likely token always survives; ``p = 1`` keeps every token
     that has a non-zero probability.
     """
-    check_sampling_args(top_p=p)
+    real_number(p, "p", low=0, low_open=True, high=1, hint="the probability mass to keep; 1 keeps every token")
     ### BEGIN SOLUTION
     if p >= 1.0:  # the whole distribution: nothing to drop (and no rounding to drop it by accident)
         return logits.clone()
@@ -402,79 +339,55 @@ print("probabilities, sorted:", p5.sort(descending=True).values)
 for top_p in (0.3, 0.6, 0.8, 0.95, 1.0):
     keep = torch.isfinite(top_p_filter(z, top_p))
     print(f"p={top_p:<4}: keeps {int(keep.sum())} tokens holding {float(p5[keep].sum()):.4f}")
+    assert p5[keep].sum() >= top_p - 1e-6 > p5[keep].sum() - p5[keep].min()  # reaches p; one token fewer would not
 
 # %% [markdown]
-# Just below the top token's own probability, that token alone is the nucleus; just above it, the
-# second token has to join:
-
-# %%
-p_top = float(p5.max())
-for top_p in (p_top - 0.01, p_top + 0.01):
-    print(f"p={top_p:.4f}: keeps {int(torch.isfinite(top_p_filter(z, top_p)).sum())} token(s)")
-
-# %% [markdown]
-# In every case the kept mass reaches `p`, and dropping the least likely kept token would fall below it.
-# A randomized check of that "smallest set" property:
-
-# %%
-g = torch.Generator().manual_seed(7)
-for _ in range(200):
-    row = torch.randn(30, generator=g) * 2
-    top_p = float(torch.rand((), generator=g).clamp(0.01, 1.0))
-    keep = torch.isfinite(top_p_filter(row, top_p))
-    pr = torch.softmax(row.double(), -1)
-    assert pr[keep].sum() >= top_p - 1e-12  # reaches p
-    assert pr[keep].sum() - pr[keep].min() < top_p  # one token fewer would not
-    if (~keep).any():
-        assert pr[keep].min() >= pr[~keep].max()  # and they are the most likely ones
-print("top-p keeps the smallest set reaching p on 200 random rows")
-
-# %% [markdown]
-# ## 7. One sampling step
+# ## 6. One sampling step
 #
 # The three knobs combine in a fixed order, the one Hugging Face's `generate` uses too: divide by the
 # temperature, keep the top k, then keep the nucleus of what remains, then softmax and draw. Greedy
-# (`temperature=0`) skips all of it: the argmax is always inside the top k and inside the nucleus.
+# (`temperature=0`) skips all of it: the argmax is always inside the top k and inside the nucleus. Both
+# refuse logits that hold no distribution (NaN, say, from a model that diverged) instead of returning
+# some token, and a draw needs a generator: none is taken from PyTorch's global state.
 
 # %%
 #| export
-def next_token_probs(
-    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
-) -> torch.Tensor:
+def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None) -> torch.Tensor:
     """The distribution the next token is drawn from: logits [B, V] -> probabilities [B, V].
 
     ``temperature=0`` gives a one-hot row at the argmax (greedy decoding).
     """
-    check_sampling_args(temperature, top_k, top_p)
+    check_sampling(temperature, top_k, top_p)
+    _check_logits(logits)
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
-    logits = apply_temperature(logits.float(), temperature)
+    logits = logits.float() / temperature
     if top_k is not None:
         logits = top_k_filter(logits, top_k)
     if top_p is not None and top_p < 1.0:
         logits = top_p_filter(logits, top_p)
     probs = torch.softmax(logits, dim=-1)
-    if not torch.isfinite(probs).all():
-        raise ValueError("the logits contain NaN or are all -inf, so they give no distribution: check the model's output")
+    if not bool(torch.isfinite(probs).all()):  # only a temperature so small that logits / it overflows
+        raise ValueError(f"temperature {temperature} is too small for these logits (they overflow): use 0 for greedy")
     return probs
 
 
-def sample_next(
-    logits: torch.Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> torch.Tensor:
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick the next token of every row: logits [B, V] -> LongTensor [B].
 
-    Greedy (argmax) when ``temperature=0``; otherwise one draw from ``next_token_probs`` using
-    ``generator`` (a seeded ``torch.Generator`` makes the draw reproducible).
+    Greedy (argmax) when ``temperature=0``; otherwise one draw from ``next_token_probs`` with
+    ``generator``, which sampling requires (PyTorch's global random state is never used).
     """
     if temperature == 0:
-        check_sampling_args(temperature, top_k, top_p)
+        check_sampling(temperature, top_k, top_p)
+        _check_logits(logits)
         return logits.argmax(dim=-1)
     probs = next_token_probs(logits, temperature, top_k, top_p)
+    if not isinstance(generator, torch.Generator):
+        raise ValueError(f"sampling needs a generator, got {generator!r}: pass generator=torch.Generator()"
+                         ".manual_seed(seed) (on the logits' device), or temperature=0 for greedy decoding")
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 # %% [markdown]
@@ -486,53 +399,41 @@ def sample_next(
 row = torch.tensor([[1.5, 0.2, 1.0, -0.5, 0.8, -2.0, 0.0, 0.3]])
 settings = dict(temperature=0.8, top_k=6, top_p=0.9)
 target = next_token_probs(row, **settings)[0]
-gen = torch.Generator().manual_seed(123)
 n = 200_000
-counts = torch.bincount(sample_next(row.expand(n, -1), **settings, generator=gen), minlength=8)
-freq = counts / n
+counts = torch.bincount(sample_next(row.expand(n, -1), **settings, generator=torch.Generator().manual_seed(123)), minlength=8)
+freq, tolerance = counts / n, 4 * math.sqrt(0.25 / n)
 print("target   :", target)
 print("observed :", freq)
-tolerance = 4 * math.sqrt(0.25 / n)
-print(f"largest gap {float((freq - target).abs().max()):.4f} (tolerance {tolerance:.4f}); "
+print(f"largest gap below {tolerance:.4f}: {bool((freq - target).abs().max() < tolerance)}; "
       f"filtered-out tokens drawn: {int(counts[target == 0].sum())}")
 assert (freq - target).abs().max() < tolerance and counts[target == 0].sum() == 0
 
 # %% [markdown]
-# ## 8. A model to generate from
+# ## 7. A model and the autoregressive loop
 #
 # Sampling needs a trained model. The course ships one inside the package: chapter 06's character-level
-# GPT (4 blocks, 4 heads, C = 128, context 64), trained once with exactly chapter 06's recipe (1,500
-# steps, float32, seed 1337) by the course's own `train`, about 3 MB. `load_course_model` checks the file
-# against the SHA-256 in its manifest and loads it with chapter 06's `load_checkpoint`, so we get the
-# model, its tokenizer and the history of its run. Loading a file, unlike training again, gives the same
-# model on every machine; the manifest records the machine it was trained on, and
-# `tools/build_course_model.py` trains it again. (The checkpoint that `transformer-course train` writes
-# works just as well: see section 15.)
+# GPT, trained once with chapter 06's recipe by the course's own `train`. `load_course_model` checks the
+# file against the SHA-256 in its manifest and loads it with chapter 06's `load_checkpoint`: the model,
+# its tokenizer and the history of its run. Loading a file, unlike training again, gives the same model on
+# every machine. (A checkpoint that `transformer-course train` writes works just as well: see section 12.)
 
 # %%
-from transformer_course import load_shakespeare, train_val_split
+from transformer_course import load_shakespeare
 from transformer_course.course_model import load_course_model, manifest
-from transformer_course.training import encode_corpus
 
 course = load_course_model()
 model, tok, cfg = course.model, course.tokenizer, course.config
-text_sample = load_shakespeare(["tragedies/romeo-and-juliet"])  # prompts and cache demos take text from here
-_, val_data = train_val_split(encode_corpus(tok, load_shakespeare()).long())  # the split it was trained beside
-print(f"{model.num_parameters():,} parameters, vocabulary of {tok.vocab_size} characters, context {cfg.block_size}")
-print(f"trained {course.step:,} steps with chapter 06's recipe on {manifest()['built']['cpu']}: "
+text_sample = load_shakespeare(["tragedies/romeo-and-juliet"])  # the cache demo takes text from here
+print(f"{model.num_parameters():,} parameters: {cfg.n_layer} blocks, {cfg.n_head} heads, C = {cfg.d_model}, "
+      f"context {cfg.block_size}, vocabulary of {tok.vocab_size} characters")
+print(f"trained {course.step:,} steps on {manifest()['built']['cpu']}: "
       f"validation loss {course.history.val_loss[0]:.2f} -> {course.history.val_loss[-1]:.2f}")
 
-
 # %% [markdown]
-# ## 9. The autoregressive loop
-#
 # Seed 004 describes generation as a loop: run the model, use only the distribution for the next token,
-# sample from it, append the sample, and run again. A first version is a few lines. It uses the model's
-# `block_size` (the number of positions it has embeddings for), which we meet properly in section 10.
-#
-# Text goes in through the tokenizer. `encode_prompt` turns a string into ids `[1, T]`, and refuses what
-# the model could not read (an empty prompt, characters outside the vocabulary) with a message that names
-# the problem, instead of failing somewhere inside the embedding.
+# sample from it, append the sample, and run again. Text goes in through the tokenizer: `encode_prompt`
+# turns a string into ids `[1, T]`, and refuses what the model could not read (an empty prompt, characters
+# outside the vocabulary) with a message that names the problem, instead of failing inside the embedding.
 
 # %%
 #| export
@@ -547,14 +448,15 @@ def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
     if not text:
         raise ValueError("the prompt is empty: give at least one character to continue from (a newline works)")
     known = getattr(tokenizer, "chars", None)
-    if known is not None:
-        unknown = sorted(set(text) - set(known))
-        if unknown:
-            raise ValueError(
-                f"the prompt has characters the tokenizer does not know: {''.join(unknown)!r}; remove or replace "
-                f"them (it knows {len(known)} characters: {''.join(known)!r})"
-            )
+    if known is not None and (unknown := sorted(set(text) - set(known))):
+        raise ValueError(f"the prompt has characters the tokenizer does not know: {''.join(unknown)!r}; remove or "
+                         f"replace them (it knows {len(known)} characters: {''.join(known)!r})")
     return torch.tensor([tokenizer.encode(text)], dtype=torch.long, device=device)
+
+# %% [markdown]
+# A first loop is a few lines. With learned positions the model has embeddings for positions
+# `0 .. block_size - 1` only (a longer input is an error, not a silent wrap-around), so the loop keeps
+# the last `block_size` tokens as context: the window slides along and the text can grow without limit.
 
 # %%
 def naive_generate(model, idx, max_new_tokens, generator=None, **knobs):
@@ -562,15 +464,15 @@ def naive_generate(model, idx, max_new_tokens, generator=None, **knobs):
 
     knobs: temperature, top_k, top_p, as sample_next takes them."""
     for _ in range(max_new_tokens):
-        logits, _ = model(idx[:, -model.cfg.block_size:])  # [B, T, V]
+        logits, _ = model(idx[:, -model.cfg.block_size:])  # [B, T, V], T <= block_size
         nxt = sample_next(logits[:, -1, :], generator=generator, **knobs)  # [B]
         idx = torch.cat([idx, nxt[:, None]], dim=1)  # feed the sample back
     return idx
 
+
 prompt = encode_prompt(tok, "ROMEO:\n")  # [1, 7]
 with torch.no_grad():
-    greedy_text = tok.decode(naive_generate(model, prompt, 120, temperature=0)[0].tolist())
-print(greedy_text)
+    print(tok.decode(naive_generate(model, prompt, 120, temperature=0)[0].tolist()))
 
 # %% [markdown]
 # Greedy decoding soon repeats itself: once a phrase is the most likely continuation of itself, nothing
@@ -587,72 +489,43 @@ for knobs in (dict(temperature=1.0), dict(temperature=0.8, top_k=20, top_p=0.9))
 # Seed 004 adds a worry: it would like $P(\text{next} \mid \text{the cat sat on})$ to be the same whether
 # "on" was part of the prompt or was sampled by the model, and says that in a transformer the two are
 # different. That is true of the encoder-decoder transformer it describes, where the prompt goes through
-# one stack and the output through another. In a **decoder-only** GPT the prompt and the generated tokens
-# go through the very same stack; the model cannot tell them apart. So continuing a prompt that already
-# contains generated text must give exactly the same continuation:
+# one stack and the output through another (chapter 09). In a **decoder-only** GPT the prompt and the
+# generated tokens go through the very same stack; the model cannot tell them apart. So continuing a
+# prompt that already contains generated text must give exactly the same continuation:
 
 # %%
 with torch.no_grad():
     full = naive_generate(model, prompt, 30, temperature=0)  # prompt + 30 greedy tokens
     half = naive_generate(model, full[:, : prompt.size(1) + 15], 15, temperature=0)  # 15 of them typed in
-print(repr(tok.decode(full[0].tolist())))
-print("same continuation:", torch.equal(full, half))
+print(repr(tok.decode(full[0].tolist())), "| same continuation:", torch.equal(full, half))
 assert torch.equal(full, half)
 
 # %% [markdown]
-# ### Stopping at an end token
-#
-# The loop above always runs `max_new_tokens` steps. Seed 004 mentions the usual alternative: a special
-# **end token**; generation stops when it is sampled, and it is not shown to the reader. Our
-# character-level model has no special token, but a newline can play the part: stopping at `"\n"`
-# generates exactly one line of verse. The package's `generate` takes `eos_id` for this.
-
-# %% [markdown]
-# ## 10. When the context outgrows `block_size`
-#
-# With learned positions the model has an embedding for positions `0 .. block_size - 1` and nothing
-# beyond. A longer input is an error, not a silent wrap-around:
-
-# %%
-too_long = torch.zeros(1, cfg.block_size + 1, dtype=torch.long)
-try:
-    model(too_long)
-except ValueError as e:
-    print(e)
-
-# %% [markdown]
-# So the loop keeps only the last `block_size` tokens as context (the `idx[:, -block_size:]` in
-# `naive_generate`): the window slides along and the oldest tokens fall out of view. The text can grow
-# without limit; what the model sees at each step cannot.
-
-# %% [markdown]
-# ## 11. The KV cache
+# ## 8. The KV cache
 #
 # Look at what the loop recomputes. At step $t$ it runs the whole window through every layer, although
 # only the last position's output is used, and although every other position was already computed at
 # step $t-1$. With a causal mask a position's keys and values depend only on the tokens up to it, so
 # they cannot change when a token is appended. (Seed 004 notes that an encoder-decoder runs its input
-# stack only once at inference; the KV cache is the decoder-only version of the same saving.)
-#
-# Counting the positions the model processes makes the waste concrete. A forward pre-hook sees every
-# input the model gets:
+# stack only once at inference; the KV cache is the decoder-only version of the same saving.) A forward
+# pre-hook that counts the positions fed to the model makes the waste concrete:
 
 # %%
-def positions_processed(fn):
-    """Run fn() and count the token positions fed to `model` (summed over calls)."""
+def positions_fed(fn) -> list[int]:
+    """Run fn() and list the number of token positions fed to `model` in each forward pass."""
     seen = []
     handle = model.register_forward_pre_hook(lambda mod, args: seen.append(args[0].shape[1]))
     try:
         fn()
     finally:
         handle.remove()
-    return sum(seen), len(seen)
+    return seen
 
 T0, n_new = prompt.size(1), 40
 with torch.no_grad():
-    work_naive = positions_processed(lambda: naive_generate(model, prompt, n_new, temperature=0))
-print(f"prompt of {T0}, {n_new} new tokens: {work_naive[0]} positions in {work_naive[1]} forward passes")
-print("sum of the window lengths:", sum(min(T0 + i, cfg.block_size) for i in range(n_new)))
+    work_naive = positions_fed(lambda: naive_generate(model, prompt, n_new, temperature=0))
+print(f"prompt of {T0}, {n_new} new tokens: {sum(work_naive)} positions in {len(work_naive)} forward passes")
+assert work_naive == [min(T0 + i, cfg.block_size) for i in range(n_new)]  # the whole window, every pass
 
 # %% [markdown]
 # That is quadratic in the length of the text (until the window is full). A **KV cache** keeps, for each
@@ -665,14 +538,10 @@ print("sum of the window lengths:", sum(min(T0 + i, cfg.block_size) for i in ran
 # 2. **decode**: feed only the newest token; its query attends to the cached keys, its own key and value
 #    are appended, and its logits give the next token.
 #
-# What the model offers for this (chapter 06):
-#
-# - `model.new_cache()`: an empty cache, a list with one `KVCache` per layer; `cache[0].length` is the
-#   number of positions it holds;
-# - `model(x, cache=cache, last_only=True)` with new tokens `x` `[B, T_new]`: numbers them from position
-#   `cache[0].length` on (so the newest token gets the right position embedding), appends their keys and
-#   values to every layer's cache, and returns logits `[B, 1, V]` for the last new position only
-#   (`last_only` skips the LM head at positions whose logits nobody reads).
+# The model offers (chapter 06) `model.new_cache()`, an empty cache (one `KVCache` per layer;
+# `cache[0].length` positions held), and `model(x, cache=cache, last_only=True)`: new tokens `x`
+# `[B, T_new]` are numbered from position `cache[0].length` on, their keys and values are appended to
+# every layer's cache, and the logits come back for the last new position only, `[B, 1, V]`.
 #
 # ### Your turn: predict the work
 #
@@ -739,7 +608,7 @@ def decode_with_cache(model, window: torch.Tensor, n: int, choose) -> Iterator[t
 decode_with_cache = check_decode_with_cache(decode_with_cache).use
 
 # %% [markdown]
-# Watch the cache grow. A forward hook sees every call your loop makes, with the cache it passes:
+# The work of 40 tokens, the numbers of your prediction: the prefill, then one position per pass.
 
 # %%
 def greedy(logits):
@@ -747,30 +616,11 @@ def greedy(logits):
     return logits.argmax(-1)
 
 
-def report(module, args, kwargs, output):
-    cache = kwargs["cache"] if "cache" in kwargs else args[2]
-    print(f"fed {args[0].shape[1]} position(s); the cache holds {cache[0].length}, keys {list(cache[0].k.shape)}")
-    caches_seen.append(cache)
-
-
-caches_seen = []
-handle = model.register_forward_hook(report, with_kwargs=True)
-try:
-    with torch.no_grad():
-        first_four = torch.stack(list(decode_with_cache(model, prompt, 4, greedy)), dim=1)  # [1, 4]
-finally:
-    handle.remove()
-print(repr(tok.decode(first_four[0].tolist())), "| one cache throughout:", all(c is caches_seen[0] for c in caches_seen))
-
-# %% [markdown]
-# And the work of 40 tokens after the 7-token prompt, the numbers of your prediction:
-
-# %%
 with torch.no_grad():
-    work_cached = positions_processed(lambda: list(decode_with_cache(model, prompt, n_new, greedy)))
-print(f"{n_new} new tokens with the cache: {work_cached[0]} positions in {work_cached[1]} forward passes "
-      f"(without it: {work_naive[0]} positions)")
-assert work_cached == (T0 + n_new - 1, n_new)
+    work_cached = positions_fed(lambda: list(decode_with_cache(model, prompt, n_new, greedy)))
+print(f"{n_new} new tokens with the cache: {sum(work_cached)} positions in {len(work_cached)} forward passes "
+      f"(without it: {sum(work_naive)} positions); per pass: {work_cached[:5]} ...")
+assert work_cached == [T0] + [1] * (n_new - 1)
 
 # %% [markdown]
 # The keys are `[B, n_head, L, head_size]` per layer, and the values the same. The cache's memory is
@@ -779,14 +629,14 @@ assert work_cached == (T0 + n_new - 1, n_new)
 # text, and for big models and long contexts it becomes the dominant cost of serving them.
 
 # %%
-cache = caches_seen[-1]  # the cache of the four-token run above
+cache = model.new_cache()
+with torch.no_grad():
+    model(prompt, cache=cache)  # a prefill of the prompt fills the cache
 L = cache[0].length
-formula = 2 * cfg.n_layer * 1 * L * cfg.d_model * 4
-measured = sum(layer.nbytes for layer in cache)
+formula, measured = 2 * cfg.n_layer * 1 * L * cfg.d_model * 4, sum(layer.nbytes for layer in cache)
 print(f"{L} positions: formula {formula} bytes, measured {measured} bytes")
 assert formula == measured
-full_block = 2 * cfg.n_layer * 1 * cfg.block_size * cfg.d_model * 4
-print(f"a full window of {cfg.block_size} positions: {full_block / 1024:.0f} KiB per sequence")
+print(f"a full window of {cfg.block_size} positions: {2 * cfg.n_layer * cfg.block_size * cfg.d_model * 4 / 1024:.0f} KiB per sequence")
 
 # %% [markdown]
 # ### Why the cache cannot simply roll past `block_size`
@@ -796,7 +646,7 @@ print(f"a full window of {cfg.block_size} positions: {full_block / 1024:.0f} KiB
 # wrong: after the slide every token sits one position earlier in the window, so its input embedding
 # (token + position) changes, and with it its keys and values in the first layer. In deeper layers there
 # is a second reason: each key there was computed while the dropped token was still visible. Compare the
-# first layer's keys of the same tokens, computed in two overlapping windows:
+# keys of the same tokens, computed in two overlapping windows:
 
 # %%
 text_ids = encode_prompt(tok, text_sample[: cfg.block_size + 1])  # block_size + 1 real characters
@@ -806,54 +656,47 @@ with torch.no_grad():
         caches[name] = model.new_cache()
         model(window, cache=caches[name])
 for layer in (0, cfg.n_layer - 1):
-    shared_before = caches["first"][layer].k[:, :, 1:]  # tokens 1 .. block_size-1, positions 1 ..
-    shared_after = caches["slid"][layer].k[:, :, :-1]  # the same tokens, positions 0 ..
-    print(f"layer {layer}: largest change in the shared tokens' keys = {float((shared_before - shared_after).abs().max()):.3f}")
+    moved = (caches["first"][layer].k[:, :, 1:] - caches["slid"][layer].k[:, :, :-1]).abs().max()  # same tokens
+    print(f"layer {layer}: the shared tokens' keys moved by more than 0.1: {bool(moved > 0.1)}")
 
 # %% [markdown]
 # Every shared key moved, so rolling the cache would feed the model stale numbers. The exact fix is to
-# **rebuild** the cache from the cropped window (one prefill of the window) whenever the window moves.
-# With the usual sliding window that is every step once the text is longer than `block_size`, so from
-# then on the cache saves nothing; it pays off for the first `block_size` tokens. `generate` therefore
-# takes an extra keyword, `crop_to`: when the context outgrows `block_size`, keep only its last `crop_to`
-# tokens. The default, `block_size`, slides one token at a time as above; a smaller value rebuilds less
-# often (once every `block_size - crop_to + 1` steps) at the price of a shorter context right after each
-# crop. Both paths, cached and uncached, apply the same rule, so they always agree.
+# **rebuild** the cache (one prefill of the cropped window) whenever the window moves: with a window that
+# slides one token per step the cache then saves nothing past `block_size`. `generate` therefore takes a
+# keyword `crop_to`: when the context outgrows `block_size`, keep only its last `crop_to` tokens (default
+# `block_size`); a smaller value rebuilds once every `block_size - crop_to + 1` steps, at the price of a
+# shorter context right after each crop. Cached and uncached paths apply the same rule, so they agree.
+# (Models with *relative* positions, such as rotary embeddings, drop old cache entries cheaply, but the
+# deeper layers' keys still remember the dropped tokens: an approximation such models accept.)
 #
-# (Models with *relative* positions, such as rotary embeddings, can drop the oldest cache entries
-# cheaply; but the deeper layers' keys still remember the dropped tokens, so that is an approximation
-# such models accept, not the exact result.)
-#
-# Here is the package's loop, built around yours, in three parts. First, a request is checked before any
-# work starts, so a mistake gets a message that names it rather than an error from deep inside the model:
+# Here is the package's loop, built around yours. A request is checked before any work starts, so a
+# mistake gets a message that names it rather than an error from deep inside the model:
 
 # %%
 #| export
-def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | None, crop_to: int | None) -> int:
+def _check_request(model, idx, max_new_tokens, use_cache, generator, eos_id, crop_to) -> int:
     """Validate a generation request; return the window kept when the context outgrows block_size."""
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long:
         raise ValueError(f"idx must be a LongTensor of token ids [B, T], got {type(idx).__name__} "
                          f"{getattr(idx, 'dtype', '')}: build it with torch.tensor(ids, dtype=torch.long)")
     if idx.dim() != 2:
         raise ValueError(f"idx must be 2-D [B, T], got shape {tuple(idx.shape)}: for one prompt use idx[None]")
-    if idx.size(0) == 0 or idx.size(1) == 0:
-        raise ValueError(
-            f"the prompt is empty (idx has shape {tuple(idx.shape)}): give at least one token to start from, "
-            "e.g. the encoding of a newline for a character-level model"
-        )
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a whole number >= 0, got {max_new_tokens!r}")
+    if idx.numel() == 0:
+        raise ValueError(f"the prompt is empty (idx has shape {tuple(idx.shape)}): give at least one token to "
+                         "start from, e.g. the encoding of a newline for a character-level model")
     vocab, block = model.cfg.vocab_size, model.cfg.block_size
     low, high = int(idx.min()), int(idx.max())
     if low < 0 or high >= vocab:
         raise ValueError(f"token id {low if low < 0 else high} is outside the model's vocabulary 0..{vocab - 1}: "
                          "encode the prompt with the tokenizer the model was trained with")
-    if eos_id is not None and not (isinstance(eos_id, int) and 0 <= eos_id < vocab):
-        raise ValueError(f"eos_id must be a token id in 0..{vocab - 1} (or None), got {eos_id!r}")
-    crop_to = block if crop_to is None else crop_to
-    if isinstance(crop_to, bool) or not isinstance(crop_to, int) or not 1 <= crop_to <= block:
-        raise ValueError(f"crop_to must be a whole number in 1..block_size={block} (or None for block_size), got {crop_to!r}")
-    return crop_to
+    whole_number(max_new_tokens, "max_new_tokens", low=0)
+    flag(use_cache, "use_cache")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator (or None), got {generator!r}: "
+                         "pass torch.Generator().manual_seed(seed)")
+    whole_number(eos_id, "eos_id", low=0, high=vocab - 1, none_ok=True, hint="a token id of the model's vocabulary")
+    return whole_number(block if crop_to is None else crop_to, "crop_to", low=1, high=block,
+                        hint=f"the tokens kept when the context outgrows block_size={block} (None: all of them)")
 
 # %% [markdown]
 # Then the loop itself. It crops the window when the context outgrows `block_size`, and hands each window
@@ -861,12 +704,14 @@ def _check_request(model, idx: torch.Tensor, max_new_tokens: int, eos_id: int | 
 # (`block_size - T_w + 1` tokens from a window of `T_w`), then a crop and a fresh cache for the next
 # window. Without the cache (`use_cache=False`) every step runs the whole window again. The `choose` it
 # passes samples with the knobs and handles the end token: a row that has produced `eos_id` is finished,
-# and from then on gets `eos_id` again. The model is put in eval mode (dropout off) and each pass runs
-# without autograd.
+# and from then on gets `eos_id` again. The model is put in eval mode (dropout off), and
+# `@torch.no_grad()` on a generator turns autograd off only while a step runs, not while your code
+# between two tokens does.
 
 # %%
 #| export
-def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to):
+@torch.no_grad()
+def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop_to) -> Iterator[torch.Tensor]:
     """The loop behind ``stream``: yields LongTensor [B] once per new token."""
     block = model.cfg.block_size
     finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
@@ -874,113 +719,73 @@ def _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, gen
     def choose(logits: torch.Tensor) -> torch.Tensor:
         """The last position's logits [B, V] -> the next token of every row [B]."""
         nonlocal finished
-        nxt = sample_next(logits, temperature, top_k, top_p, generator)  # [B]
+        nxt = sample_next(logits, *knobs, generator=generator)  # [B]
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)  # finished rows are padded with eos
             finished = finished | (nxt == eos_id)
         return nxt
 
-    seq = idx  # [B, L]: the prompt and everything generated so far
-    start = 0  # the window the model sees is seq[:, start:], never longer than block_size
+    seq, start = idx, 0  # seq [B, L]: prompt and tokens so far; the model sees seq[:, start:]
     was_training = model.training
     model.eval()  # dropout off: the same settings and seed must give the same text
     try:
-        while seq.size(1) - idx.size(1) < max_new_tokens:
+        while (made := seq.size(1) - idx.size(1)) < max_new_tokens:
             if seq.size(1) - start > block:  # the context outgrew block_size: crop it
                 start = seq.size(1) - crop_to
             window = seq[:, start:]  # [B, T_w], T_w <= block_size
-            left = max_new_tokens - (seq.size(1) - idx.size(1))
-            if use_cache:
-                # positions are counted from the window's start, so a crop shifts every position and makes
-                # the cached keys and values stale: each window gets its own cache, filled by one prefill,
-                # and serves until the window is full
-                steps = decode_with_cache(model, window, min(left, block - window.size(1) + 1), choose)
-            else:
-                steps = _recompute(model, window, choose)  # one step, every position of the window again
-            before = seq.size(1)
-            for nxt in _without_grad(steps):
+            if use_cache:  # a crop shifts every position, so each window gets its own cache and prefill
+                steps = decode_with_cache(model, window, min(max_new_tokens - made, block - window.size(1) + 1), choose)
+            else:  # one step: every position of the window again
+                steps = [choose(model(window, last_only=True)[0][:, -1, :])]
+            for nxt in steps:
                 seq = torch.cat([seq, nxt[:, None]], dim=1)
                 yield nxt
                 if eos_id is not None and bool(finished.all()):
                     return
-            if seq.size(1) == before:
+            if seq.size(1) - idx.size(1) == made:
                 raise RuntimeError("decode_with_cache yielded no token: it must yield one tensor [B] per step")
     finally:
         model.train(was_training)
 
-
-def _recompute(model, window: torch.Tensor, choose) -> Iterator[torch.Tensor]:
-    """One step without a cache: the whole window [B, T_w] through the model, one token [B] out."""
-    logits, _ = model(window, last_only=True)  # last_only: sampling reads the last position only
-    yield choose(logits[:, -1, :])
-
-
-def _without_grad(steps) -> Iterator[torch.Tensor]:
-    """Iterate ``steps`` with autograd off while each step runs (``no_grad`` must not stay on across a yield,
-    where the caller's code runs)."""
-    steps = iter(steps)
-    while True:
-        with torch.no_grad():
-            nxt = next(steps, None)
-        if nxt is None:
-            return
-        yield nxt
-
 # %% [markdown]
 # Finally the two public entry points: `stream` yields one token per row and step, and `generate`
-# collects them into one tensor.
+# collects them into one tensor. Without a `generator`, both make a fresh one seeded with 0, so a call
+# gives the same text every time and never touches PyTorch's global random state; pass your own seeded
+# generator for other samples.
 
 # %%
 #| export
-def stream(
-    model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    eos_id: int | None = None,
-    *,
-    crop_to: int | None = None,
-) -> Iterator[torch.Tensor]:
+def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+           eos_id: int | None = None, *, crop_to: int | None = None) -> Iterator[torch.Tensor]:
     """Generate token by token: yields a LongTensor [B] (the next token of every row) per step.
 
     idx: prompts [B, T] (same length; at least one token). Stops after ``max_new_tokens`` steps, or
     once every row has produced ``eos_id`` (rows that finished earlier are padded with ``eos_id``).
     When the context outgrows ``block_size`` only its last ``crop_to`` tokens (default block_size)
-    are kept. ``use_cache`` changes the cost, never the tokens. Arguments are checked here, at the
-    call, not at the first ``next()``.
+    are kept. ``use_cache`` changes the cost, never the tokens. ``generator=None`` means a fresh
+    ``torch.Generator`` seeded with 0. Arguments are checked at the call, not at the first ``next()``.
     """
-    check_sampling_args(temperature, top_k, top_p)
-    crop_to = _check_request(model, idx, max_new_tokens, eos_id, crop_to)
-    return _steps(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to)
+    check_sampling(temperature, top_k, top_p)
+    crop_to = _check_request(model, idx, max_new_tokens, use_cache, generator, eos_id, crop_to)
+    if generator is None:
+        generator = torch.Generator(idx.device).manual_seed(0)
+    return _steps(model, idx, max_new_tokens, (temperature, top_k, top_p), use_cache, generator, eos_id, crop_to)
 
 
-def generate(
-    model,
-    idx: torch.Tensor,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    use_cache: bool = True,
-    generator: torch.Generator | None = None,
-    eos_id: int | None = None,
-    *,
-    crop_to: int | None = None,
-) -> torch.Tensor:
+def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+             top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
+             eos_id: int | None = None, *, crop_to: int | None = None) -> torch.Tensor:
     """Continue the prompts idx [B, T]: returns LongTensor [B, T + new] with new <= max_new_tokens.
 
     ``temperature=0`` is greedy decoding; ``top_k`` / ``top_p`` restrict sampling to the k most
-    likely tokens / the nucleus of mass p; ``generator`` makes sampling reproducible; with ``eos_id``
-    generation stops once every row has produced it (finished rows are padded with it). See ``stream``.
+    likely tokens / the nucleus of mass p; ``generator`` makes the draws (None: a fresh one seeded
+    with 0); with ``eos_id`` generation stops once every row has produced it (finished rows are
+    padded with it). See ``stream``.
     """
-    steps = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to=crop_to))
-    if not steps:
-        return idx.clone()
-    return torch.cat([idx, torch.stack(steps, dim=1)], dim=1)
+    steps = list(stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id,
+                        crop_to=crop_to))
+    return torch.cat([idx, *(step[:, None] for step in steps)], dim=1)
 
 # %% [markdown]
 # ### The cache changes nothing
@@ -1003,112 +808,96 @@ for name, kw in runs.items():
             for c in (True, False)]
     print(f"{name:<30} {outs[0].shape[1]} tokens, identical: {torch.equal(*outs)}")
     assert torch.equal(*outs)
+assert positions_fed(lambda: generate(model, prompt, n_new, temperature=0)) == work_cached  # generate runs your loop
 
 # %% [markdown]
-# The logits themselves agree to float32 rounding (the cached path multiplies matrices of different
-# shapes, so the last bits can differ). A `choose` that records what your loop hands it, compared with
-# one uncached pass over the finished text:
-
-# %%
-step_logits = []
-
-
-def greedy_and_record(logits):
-    step_logits.append(logits)  # [B, V] at every step
-    return logits.argmax(-1)
-
-
-with torch.no_grad():
-    new = torch.stack(list(decode_with_cache(model, prompt, 40, greedy_and_record)), dim=1)  # [1, 40]
-    full_logits, _ = model(torch.cat([prompt, new], dim=1))  # [1, 47, V], no cache
-diff = (torch.stack(step_logits, 1) - full_logits[:, prompt.size(1) - 1 : -1]).abs().max()
-print(f"cached logits = full recompute within 1e-4: {float(diff) < 1e-4}")
-assert diff < 1e-4
+# For a model this small the cache saves far more work than time: a step costs mostly fixed overhead
+# (Python and the launch of a few dozen small operations), not arithmetic. How much time it saves, and
+# how fast a decode step can be at all, is measured in the optional appendix, `90_appendix_performance`
+# (and by `benchmarks/bench_generation.py`, which writes `benchmarks/results/generation.md`).
 
 # %% [markdown]
-# And the work of `generate` itself: with the cache, the prompt is processed once and every later step
-# processes one position.
-
-# %%
-with torch.no_grad():
-    work_cached = positions_processed(lambda: generate(model, prompt, n_new, temperature=0, use_cache=True))
-    work_plain = positions_processed(lambda: generate(model, prompt, n_new, temperature=0, use_cache=False))
-print(f"{n_new} tokens: {work_plain[0]} positions without the cache, {work_cached[0]} with it "
-      f"({work_plain[0] / work_cached[0]:.1f}x fewer)")
-assert work_cached[0] == T0 + n_new - 1
-
-# %% [markdown]
-# Time on this machine (it varies from run to run and machine to machine; `benchmarks/bench_generation.py`
-# measures it properly and writes `benchmarks/results/generation.md`):
-
-# %%
-# NBVAL_IGNORE_OUTPUT
-import time
-
-def tokens_per_second(**kw):
-    start = time.perf_counter()
-    generate(model, prompt, cfg.block_size - prompt.size(1), temperature=0, **kw)
-    return (cfg.block_size - prompt.size(1)) / (time.perf_counter() - start)
-
-uncached, cached = tokens_per_second(use_cache=False), tokens_per_second(use_cache=True)
-print(f"within one window: {uncached:.0f} tokens/s without the cache, {cached:.0f} with it ({cached / uncached:.1f}x)")
-
-# %% [markdown]
-# For a model this small the time saved is far smaller than the work saved: a step costs mostly fixed
-# overhead (Python and the launch of a few dozen small operations), not arithmetic. The gain grows with the
-# model and the context; `benchmarks/results/generation.md` records it for the two model sizes of
-# nanoGPT's Shakespeare recipes. Why a decode step of a large model takes the time it does (every weight
-# read from memory once per token) is the subject of the optional appendix, `90_appendix_performance`.
-
-# %% [markdown]
-# ## 12. Several prompts at once, end tokens, streaming
+# ## 9. Several prompts at once, end tokens, streaming
 #
 # `generate` takes a batch `[B, T]`: B prompts of the same length run side by side, one forward pass per
-# step for all of them. (Prompts of different lengths would need padding and a padding mask, and with
-# learned positions a left-padded prompt would sit at the wrong positions; this chapter keeps to equal
-# lengths.) Greedy results per row equal running each prompt alone:
+# step for all of them (prompts of different lengths would need padding and a padding mask; with learned
+# positions a left-padded prompt would also sit at the wrong positions). Seed 004 mentions how generation
+# usually ends: a special **end token**, which stops the text and is not shown to the reader. Our
+# character-level model has none, but a newline can play the part. With `eos_id`, a row is finished once
+# it produces the end token, later positions of that row are padded with it, and generation stops when
+# every row is finished. Three prompts, one line of verse each; and greedy rows equal single runs:
 
 # %%
-prompts = ["ROMEO:\n", "JULIET:", "HAMLET:"]
-assert len({len(p) for p in prompts}) == 1, "prompts in one batch need the same length"
+prompts = ["ROMEO:\n", "NURSE:\n", "PETER:\n"]  # one batch: prompts of the same length
 batch_ids = torch.tensor([tok.encode(p) for p in prompts])  # [3, 7]
+newline = tok.encode("\n")[0]
+lines = generate(model, batch_ids, 200, temperature=0.9, eos_id=newline, generator=torch.Generator().manual_seed(3))
+print(f"shape {tuple(lines.shape)}: stopped after {lines.shape[1] - T0} of at most 200 new tokens")
+for row in lines[:, T0:].tolist():
+    print(repr(tok.decode(row[: row.index(newline)] if newline in row else row)))
 together = generate(model, batch_ids, 60, temperature=0)
 alone = [generate(model, batch_ids[i : i + 1], 60, temperature=0) for i in range(len(prompts))]
-print("batch rows equal single runs:", all(torch.equal(together[i : i + 1], a) for i, a in enumerate(alone)))
-for row in together:
-    print(repr(tok.decode(row.tolist())))
-
-# %% [markdown]
-# With `eos_id`, a row is finished once it produces the end token; later positions of that row are
-# padded with the end token, and generation stops as soon as every row is finished. Here a newline ends
-# a line of verse, so each prompt gets one line (we drop the end token when showing the text, as seed 004
-# says):
-
-# %%
-newline = tok.encode("\n")[0]
-start = encode_prompt(tok, "ROMEO:\n").expand(3, -1)  # the same prompt three times: [3, 7]
-lines = generate(model, start, 200, temperature=0.9, eos_id=newline, generator=torch.Generator().manual_seed(3))
-print(f"shape {tuple(lines.shape)}: stopped after {lines.shape[1] - start.shape[1]} of at most 200 new tokens")
-for row in lines[:, start.shape[1]:].tolist():
-    line = row[: row.index(newline)] if newline in row else row
-    print(repr(tok.decode(line)))
+print("greedy batch rows equal single runs:", all(torch.equal(together[i : i + 1], a) for i, a in enumerate(alone)))
 
 # %% [markdown]
 # `stream` is the same loop as an iterator: it yields each step's tokens as soon as they exist, which is
-# how chat interfaces print a reply while it is being written. (Its arguments are checked when you call
-# it, not at the first token.)
+# how chat interfaces print a reply while it is being written. Turning those tokens into text one at a
+# time needs one more idea. Our character tokenizer maps every id to a whole character, but a byte-level
+# BPE tokenizer (chapter 01) can split one character's UTF-8 bytes across two tokens, and each half
+# decoded alone is not text. A BPE tokenizer without merges shows it: every byte is a token, and "é" is
+# two bytes.
+#
+# `decode_stream(tokenizer, ids)` decodes the stream of ids as it comes and emits only whole characters:
+# the bytes of an unfinished character wait for the token that completes it (Python's incremental UTF-8
+# decoder keeps them), so the pieces join to exactly what `decode` gives for all the ids at once.
 
 # %%
+#| export
+def decode_stream(tokenizer, ids: Iterable[int]) -> Iterator[str]:
+    """Decode a stream of token ids into text pieces that join to ``tokenizer.decode(all ids)``.
+
+    Yields one str per id (empty while a character is unfinished), then one more piece if the text
+    ends inside a character. A byte-level tokenizer (one with ``decode_bytes``, such as ``BPETokenizer``)
+    can split a character's UTF-8 bytes across tokens: they wait until the character is complete;
+    bytes that can never be UTF-8 become U+FFFD at once, as in ``decode``. A tokenizer without
+    ``decode_bytes`` (``CharTokenizer``) decodes each id to whole characters.
+    """
+    to_bytes = getattr(tokenizer, "decode_bytes", None)
+    if to_bytes is None:
+        yield from (tokenizer.decode([int(i)]) for i in ids)
+        return
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # holds an unfinished character's bytes
+    for i in ids:
+        yield utf8.decode(to_bytes([int(i)]))
+    if tail := utf8.decode(b"", final=True):
+        yield tail
+
+# %%
+from transformer_course.tokenization import BPETokenizer
+
+bytes_tok = BPETokenizer.train("café crème", 256)  # no merges: one token per byte
+ids = bytes_tok.encode("café crème")
+print(f"{len('café crème')} characters, {len(ids)} tokens")
+print("each token decoded alone:", repr("".join(bytes_tok.decode([i]) for i in ids)))
+print("decode_stream's pieces  :", list(decode_stream(bytes_tok, ids)))
+assert "".join(decode_stream(bytes_tok, ids)) == bytes_tok.decode(ids) == "café crème"
+
+# %% [markdown]
+# The same with the model, printed piece by piece as `stream` yields each token (its arguments are
+# checked when you call it, not at the first token):
+
+# %%
+steps = stream(model, prompt, 80, temperature=0.8, generator=torch.Generator().manual_seed(11))
 pieces = []
-for step in stream(model, prompt, 80, temperature=0.8, generator=torch.Generator().manual_seed(11)):
-    pieces.append(tok.decode(step.tolist()))
-    print(pieces[-1], end="", flush=True)
+for piece in decode_stream(tok, (int(step[0]) for step in steps)):
+    pieces.append(piece)
+    print(piece, end="", flush=True)
 print()
 same = generate(model, prompt, 80, temperature=0.8, generator=torch.Generator().manual_seed(11))
 assert "".join(pieces) == tok.decode(same[0, prompt.size(1):].tolist())
 
 # %% [markdown]
-# ## 13. A knob of your own: min-p
+# ## 10. A knob of your own: min-p
 #
 # Top-k keeps a fixed number of tokens and top-p a fixed share of the mass. **Min-p** sampling (Nguyen
 # et al., 2024, "Turning Up the Heat: Min-p Sampling for Creative and Coherent LLM Outputs") sets the bar
@@ -1158,43 +947,7 @@ for name, row in rows.items():
     print(f"{name:<9}: top-p 0.9 keeps {int(by_p)} of 8, min-p 0.1 keeps {int(by_min_p)} of 8")
 
 # %% [markdown]
-# And on text. At temperature 2 plain sampling soon draws characters the model itself finds unlikely;
-# with min-p 0.2 on the same flattened distribution the text stays much closer to its Shakespeare. Your
-# `decode_with_cache` runs both, with a `choose` that applies the temperature, your filter, and draws. The
-# verdict scores each text by the model's own mean log-probability per character (at temperature 1):
-
-# %%
-def min_p_sampler(temperature, min_p=None, seed=0):
-    """A choose for decode_with_cache: logits [B, V] -> tokens [B], drawn from a seeded generator."""
-    g = torch.Generator().manual_seed(seed)
-
-    def choose(logits):
-        logits = apply_temperature(logits, temperature)
-        if min_p is not None:
-            logits = min_p_filter(logits, min_p)
-        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=g)[:, 0]
-
-    return choose
-
-
-def mean_log_prob(ids):
-    """The model's mean log-probability of the characters after the prompt: ids [1, L] -> float."""
-    with torch.no_grad():
-        log_probs = model(ids)[0].log_softmax(-1)[0, prompt.size(1) - 1 : -1]  # [L - T0, V]
-    return float(log_probs.gather(-1, ids[0, prompt.size(1):, None]).mean())
-
-
-scores = {}
-for label, min_p in (("temperature 2", None), ("temperature 2, min-p 0.2", 0.2)):
-    with torch.no_grad():
-        new = torch.stack(list(decode_with_cache(model, prompt, 57, min_p_sampler(2.0, min_p, seed=0))), dim=1)
-    ids = torch.cat([prompt, new], dim=1)
-    scores[label] = mean_log_prob(ids)
-    print(f"--- {label}\n{tok.decode(ids[0].tolist())}")
-print("\nthe min-p text is likelier, by more than 1 nat per character:", scores["temperature 2, min-p 0.2"] > scores["temperature 2"] + 1)
-
-# %% [markdown]
-# ## 14. Playground
+# ## 11. Playground
 #
 # Type a prompt, set the knobs, press **Generate**. Below the text, the bars show the most likely next
 # tokens after the prompt *under the current settings* (temperature, top-k and top-p reshape them
@@ -1202,11 +955,6 @@ print("\nthe min-p text is likelier, by more than 1 nat per character:", scores[
 
 # %%
 import ipywidgets as widgets
-
-
-def show_char(i):
-    c = tok.decode([i])
-    return {"\n": "\\n", " ": "space"}.get(c, c)
 
 
 def show_generation(prompt_text, temperature=0.8, top_k=None, top_p=1.0, length=150, seed=0, k_bars=10):
@@ -1222,9 +970,8 @@ def show_generation(prompt_text, temperature=0.8, top_k=None, top_p=1.0, length=
     text = tok.decode(ids[0].tolist())
     print(text)
     with torch.no_grad():
-        probs = next_token_probs(model(idx[:, -model.cfg.block_size:])[0][:, -1], **kw)[0]
-    top = probs.topk(k_bars)
-    labels = [show_char(i) for i in top.indices.tolist()]
+        top = next_token_probs(model(idx[:, -model.cfg.block_size:])[0][:, -1], **kw)[0].topk(k_bars)
+    labels = [{"\n": "\\n", " ": "space"}.get(c, c) for c in map(tok.decode, ([i] for i in top.indices.tolist()))]
     fig, ax = plt.subplots(figsize=(7, 2.4))
     ax.bar(labels, top.values.numpy())
     ax.set(ylabel="probability", title="most likely next characters after the prompt")
@@ -1258,49 +1005,24 @@ text, top = show_generation("ROMEO:\n")  # the playground's starting settings, s
 print(top)
 
 # %% [markdown]
-# ## 15. Bad input, and the command line
+# ## 12. Bad input, and the command line
 #
-# The command line's `transformer-course generate` calls this function:
-
-# %%
-#| export
-def run_generate_command(args) -> int:
-    """``transformer-course generate``: stream a continuation of ``args.prompt`` to stdout.
-
-    Uses args.checkpoint, prompt, max_new_tokens, temperature, top_k, top_p, seed, device (cli.py).
-    """
-    from transformer_course.runtime import pick_device
-    from transformer_course.training import load_checkpoint
-
-    check_sampling_args(args.temperature, args.top_k, args.top_p)  # before the (slow) load
-    device = pick_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=device)
-    if ckpt.tokenizer is None:
-        raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: save it with save_checkpoint(..., tokenizer=tok)")
-    model = ckpt.model.to(device)
-    idx = encode_prompt(ckpt.tokenizer, args.prompt, device=device)
-    generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
-    steps = stream(model, idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p, generator=generator)
-    print(args.prompt, end="", flush=True)
-    for step in steps:
-        print(ckpt.tokenizer.decode(step.tolist()), end="", flush=True)
-    print()
-    return 0
-
-# %% [markdown]
 # Every bad setting gets a message that says what is wrong and what to do:
 
 # %%
 bad_calls = {
     "negative temperature": lambda: generate(model, prompt, 5, temperature=-1),
     "top_k = 0": lambda: generate(model, prompt, 5, top_k=0),
-    "top_p = 0": lambda: generate(model, prompt, 5, top_p=0.0),
     "top_p = 1.2": lambda: generate(model, prompt, 5, top_p=1.2),
     "empty prompt (text)": lambda: encode_prompt(tok, ""),
     "empty prompt (ids)": lambda: generate(model, torch.zeros(1, 0, dtype=torch.long), 5),
     "max_new_tokens < 0": lambda: generate(model, prompt, -3),
     "unknown characters": lambda: encode_prompt(tok, "Romeo, wherefore art thou? \u2764 #1"),
     "ids outside the vocabulary": lambda: generate(model, torch.tensor([[0, 999]]), 5),
+    "eos_id = True": lambda: generate(model, prompt, 5, eos_id=True),
+    "a seed for a generator": lambda: generate(model, prompt, 5, generator=7),
+    "sampling without a generator": lambda: sample_next(last, temperature=1.0),
+    "greedy on NaN logits": lambda: sample_next(torch.full((1, 5), float("nan")), temperature=0),
 }
 for name, call in bad_calls.items():
     try:
@@ -1312,23 +1034,27 @@ for name, call in bad_calls.items():
 # %% [markdown]
 # The same loop runs from a terminal: `transformer-course generate --checkpoint PATH --prompt TEXT`
 # (with `--max-new-tokens`, `--temperature`, `--top-k`, `--top-p`, `--seed`) loads a checkpoint written
-# by `transformer-course train` or `save_checkpoint` and streams the text. We save our model and call
-# the command's entry point directly:
+# by `transformer-course train` or `save_checkpoint` and streams the text through `decode_stream`. A
+# checkpoint whose tokenizer knows fewer tokens than the model can sample is refused before anything is
+# generated. The command lives in `transformer_course/cli.py` (`_run_generate`): it checks the sampling
+# settings with `check_sampling` before the load, loads the checkpoint, and prints the pieces of
+# `decode_stream(tok, ...)` as `stream` yields tokens, nothing more than the cells above.
+
+# %% [markdown]
+# We save our model and call the command's entry point directly:
 
 # %%
 import tempfile
 from pathlib import Path
 
 from transformer_course.cli import main as cli_main
-from transformer_course.training import save_checkpoint
+from transformer_course.checkpoint import save_checkpoint
 
 with tempfile.TemporaryDirectory() as tmp:
     checkpoint = save_checkpoint(Path(tmp) / "ch07.pt", model, tokenizer=tok)
-    status = cli_main(["generate", "--checkpoint", str(checkpoint), "--prompt", "JULIET:\n",
-                       "--max-new-tokens", "120", "--temperature", "0.8", "--top-k", "20", "--seed", "7"])
-    print("exit status:", status)
-    status = cli_main(["generate", "--checkpoint", str(checkpoint), "--prompt", "Juliet \u2764"])
-    print("exit status:", status)
+    for argv in (["--prompt", "JULIET:\n", "--max-new-tokens", "120", "--temperature", "0.8", "--top-k", "20", "--seed", "7"],
+                 ["--prompt", "Juliet \u2764"]):
+        print("exit status:", cli_main(["generate", "--checkpoint", str(checkpoint), *argv]))
 
 # %% [markdown]
 # ## Quick check
@@ -1381,7 +1107,7 @@ quiz([
 # - The model gives logits `[B, T, V]`; generation uses the last position's `[B, V]`. One softmax turns
 #   them into probabilities (seed 002's "softmax before the head" is a LayerNorm).
 # - **Greedy** takes the argmax: deterministic, and prone to loops. **Sampling** draws in proportion to the
-#   probabilities; a seeded `torch.Generator` makes it reproducible.
+#   probabilities, from an explicit seeded `torch.Generator` (never PyTorch's global random state).
 # - **Temperature** divides the logits (not the probabilities: dividing those and normalising cancels
 #   out): below 1 sharper, above 1 flatter, 0 means greedy. **Top-k** keeps exactly the k most likely
 #   tokens; **top-p** keeps the smallest set whose mass reaches p. They apply in that order. **Min-p**
@@ -1393,7 +1119,9 @@ quiz([
 #   of the whole window: N new tokens take N passes and T + N - 1 positions (`decode_with_cache`: one
 #   prefill, then the token chosen last). It costs $2 \cdot n_\text{layer} \cdot B \cdot L \cdot d_\text{model}$
 #   floats, changes no output, and must be rebuilt whenever the window is cropped.
+# - **Streaming** yields tokens as they are made; `decode_stream` turns them into whole characters, even
+#   when a byte-level token holds half of one.
 #
-# **Exported to `transformer_course.generation`:** `check_sampling_args`, `apply_temperature`,
-# `top_k_filter`, `top_p_filter`, `next_token_probs`, `sample_next`, `encode_prompt`, `decode_with_cache`,
-# `stream`, `generate`, `run_generate_command`.
+# **Exported to `transformer_course.generation`:** `top_k_filter`, `top_p_filter`, `next_token_probs`,
+# `sample_next`, `encode_prompt`, `decode_with_cache`, `stream`, `generate`, `decode_stream`,
+# `check_sampling` (the loop's internals are private).

@@ -11,9 +11,9 @@
 # - the heart of the translator yourself: the table that sends every tensor name of Hugging Face's
 #   GPT-2 checkpoint layout (a `config.json` plus `model.safetensors`) to our parameter names, and says
 #   which tensors must be transposed on the way (Exercise 8.2); the chapter's loader runs on your table;
-# - `load_hf_gpt2(path_or_name)`, also reachable as `GPT.from_hf_gpt2(...)`, that reads a folder or
-#   downloads a checkpoint from the Hugging Face Hub, and refuses bad files with errors that name the
-#   problem;
+# - `read_hf_gpt2(path_or_name)`, which reads a folder or downloads a checkpoint from the Hugging Face
+#   Hub and refuses bad files with errors that name the problem, and on it chapter 06's
+#   `GPT.from_pretrained(path_or_name)`, which builds our GPT from what it read;
 # - an offline proof: a small randomly initialised GPT-2 made with `transformers`, saved to disk,
 #   loaded into our GPT, and compared logit by logit, block by block, and token by token in greedy
 #   generation.
@@ -100,7 +100,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_course.model import GPT, GPTConfig
+from transformer_course.config import GPTConfig
 
 # %% [markdown]
 # Chapter 06 already wrote the four sizes down as presets (`PRESETS["gpt2"]` and friends). One of the
@@ -130,8 +130,8 @@ for size in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
 #
 # The real weights are a 550 MB download. To prove the loader without the network we make our own
 # GPT-2 with `transformers`: a tiny one (2 blocks, `d_model` 64, 4 heads, a vocabulary of 512,
-# 128 positions), random but fixed by a seed, saved with `save_pretrained` exactly as the Hub's
-# checkpoints are saved.
+# 128 positions), random but fixed by a seed, saved with `save_pretrained` in the layout of the Hub's
+# checkpoints (`config.json` and `model.safetensors`).
 #
 # A detail matters here. A freshly initialised GPT-2 has LayerNorm weights of exactly 1 and biases of
 # exactly 0. A loader that swapped `ln_1` with `ln_2`, or forgot every bias, would still pass a test
@@ -214,9 +214,10 @@ for name, t in GPT(stand_in_cfg).state_dict().items():
 # %% [markdown]
 # ## 3. Two ways to store one linear layer
 #
-# OpenAI wrote GPT-2 in TensorFlow, where a dense layer keeps its weight as `[in, out]` and computes
-# `x @ W + b`. Hugging Face kept that layout in a small module it calls `Conv1D` (a convolution one
-# position wide is just a dense layer), and every weight matrix inside a GPT-2 block lives in one:
+# OpenAI wrote GPT-2 in TensorFlow, with every linear layer of a block in a function it called
+# `conv1d` (a convolution one position wide is just a dense layer): its weight is stored as
+# `[1, in, out]`, used as `[in, out]`, and it computes `x @ W + b`. Hugging Face kept the name and the
+# layout in a small module, `Conv1D`, and every weight matrix inside a GPT-2 block lives in one:
 # `attn.c_attn`, `attn.c_proj`, `mlp.c_fc` and `mlp.c_proj`. PyTorch's `nn.Linear`, which our GPT
 # uses, keeps `[out, in]` and computes `x @ W.T + b`. Same kind of layer, the other storage order:
 
@@ -356,7 +357,7 @@ def config_from_hf(hf: Mapping) -> GPTConfig:
     Raises `ValueError` naming the field when the checkpoint is a variant our GPT does not build.
     """
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes a {hf['model_type']!r} model; load_hf_gpt2 reads GPT-2 only")
+        raise ValueError(f"config.json describes a {hf['model_type']!r} model; GPT.from_pretrained reads GPT-2 only")
     missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in hf]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}: is it a GPT-2 config?")
@@ -404,8 +405,9 @@ def _names(names: list[str], n: int = 6) -> str:
     return ", ".join(names[:n]) + (f" ... ({len(names) - n} more)" if len(names) > n else "")
 
 
-def convert_hf_state_dict(hf_sd: Mapping[str, torch.Tensor], model: GPT) -> dict[str, torch.Tensor]:
-    """Rename, transpose and check GPT-2 tensors so that `model.load_state_dict` accepts them.
+def convert_hf_state_dict(hf_sd: Mapping[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Rename, transpose and check GPT-2 tensors so that `model.load_state_dict` accepts them (`model`:
+    one of our `GPT`s, built from `config_from_hf` of the same checkpoint).
 
     Conv1D weights [in, out] become nn.Linear weights [out, in] (c_attn [C, 3C] -> qkv [3C, C]).
     Names may carry the "transformer." prefix or not. Unknown, missing or wrongly shaped tensors raise
@@ -535,22 +537,37 @@ def _resolve(path_or_name: str | os.PathLike) -> Path:
     return download_hf_gpt2(name)
 
 # %% [markdown]
-# And the loader itself, which `GPT.from_hf_gpt2` calls:
+# And the reader that puts it together: the folder (or the Hub's cached download), its configuration
+# and its tensors. It builds no model, and this module never imports chapter 06's `model.py`, which
+# imports this one: chapter 06's `GPT.from_pretrained(path_or_name)` calls `read_hf_gpt2`, builds a
+# `GPT` from the configuration, and loads the tensors through `convert_hf_state_dict`.
 
 # %%
 #| export
-def load_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> GPT:
-    """Our `GPT`, in eval mode, holding a GPT-2 checkpoint saved in Hugging Face's layout.
+def read_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The configuration and tensors of a GPT-2 checkpoint saved in Hugging Face's layout, as
+    (`config_from_hf` of its config.json, its tensors under Hugging Face's names).
 
     `path_or_name` is a local folder (config.json plus model.safetensors, or pytorch_model.bin) or a
     Hub name such as "gpt2" or "openai-community/gpt2-medium" (downloaded once, then cached).
+    `GPT.from_pretrained(path_or_name)` turns them into our model.
     """
     folder = _resolve(path_or_name)
     config_file = folder / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
-    model = GPT(config_from_hf(json.loads(config_file.read_text())))
-    model.load_state_dict(convert_hf_state_dict(read_hf_state_dict(folder), model))
+    return config_from_hf(json.loads(config_file.read_text())), read_hf_state_dict(folder)
+
+# %% [markdown]
+# `GPT.from_pretrained` runs the package's copies of these functions. In this notebook we load with
+# the ones defined above, so that the name map in use is yours:
+
+# %%
+def load_gpt2(path_or_name) -> GPT:
+    """What `GPT.from_pretrained(path_or_name)` does, with this notebook's functions (and your hf_key_map)."""
+    config, tensors = read_hf_gpt2(path_or_name)
+    model = GPT(config)
+    model.load_state_dict(convert_hf_state_dict(tensors, model))
     return model.eval()
 
 # %% [markdown]
@@ -567,7 +584,7 @@ for label, tensors in [("renamed", renamed), ("removed", removed), ("resized", r
     except ValueError as e:
         print(f"{label}: {e}")
 try:
-    load_hf_gpt2(Path(workdir.name))
+    load_gpt2(Path(workdir.name))
 except FileNotFoundError as e:
     print("folder without config.json:", str(e).replace(workdir.name, "<tmp>"))
 
@@ -578,11 +595,11 @@ except FileNotFoundError as e:
 #
 # Section 3 found the trap: of a block's four `Conv1D` weights, only the attention's output projection
 # `c_proj` is square, `[C, C]`, so only its forgotten transpose loads without an error. Everything
-# runs, and the model is wrong. We load the stand-in with `load_hf_gpt2`, then plant that bug by hand
+# runs, and the model is wrong. We load the stand-in with `load_gpt2`, then plant that bug by hand
 # and measure the damage.
 
 # %%
-ours = load_hf_gpt2(folder)
+ours = load_gpt2(folder)
 idx = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(1))
 with torch.no_grad():
     reference = hf(idx).logits
@@ -745,12 +762,14 @@ with torch.no_grad():
 # ## 7. The proof
 #
 # Same weights, same inputs, and the same outputs within 1e-5, first for the logits of a batch of two
-# sequences of 16 tokens (`GPT.from_hf_gpt2` is the same loader as a class method):
+# sequences of 16 tokens, from a model loaded afresh with the package's `GPT.from_pretrained` (which
+# gives exactly what this notebook's `load_gpt2` gives):
 
 # %%
-ours = GPT.from_hf_gpt2(folder)
+ours = GPT.from_pretrained(folder)
 with torch.no_grad():
     logits, _ = ours(idx)
+    print("GPT.from_pretrained equals load_gpt2:", torch.equal(logits, load_gpt2(folder)(idx)[0]))
 print("logits", tuple(logits.shape), "within 1e-5 of HF:", torch.allclose(logits, reference, atol=1e-5, rtol=0))
 print("our first logits :", logits[0, 0, :5])
 print("HF's first logits:", reference[0, 0, :5])
@@ -763,7 +782,7 @@ print("HF's first logits:", reference[0, 0, :5])
 
 # %%
 #| export
-def block_outputs(model: GPT, idx: torch.Tensor) -> list[torch.Tensor]:
+def block_outputs(model: torch.nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:
     """The residual stream after the embedding and after each block: L + 1 tensors [B, T, C].
 
     Recorded by forward hooks during one ordinary `model(idx)` call, so it is exactly what the
@@ -854,9 +873,10 @@ print("HF:  ", hf_tokens[0, 5:25].tolist())
 # %% [markdown]
 # ### The way back: our GPT inside `transformers`
 #
-# The translation also works in the other direction. A GPT made by our own code, one you trained in
-# chapter 06 with GPT-2's choices for instance, can be handed to `transformers` and run by its
-# `generate`, its pipelines, or anything else built on `GPT2LMHeadModel`.
+# The translation also works in the other direction. A GPT made by our own code with GPT-2's choices,
+# for instance one trained as in chapter 06 but with biases on and `activation="gelu_tanh"` (the `tiny`
+# preset turns biases off), can be handed to `transformers` and run by its `generate`, its pipelines,
+# or anything else built on `GPT2LMHeadModel`.
 #
 # **Your turn - Exercise 8.4 (★★☆, extend).** Write `my_to_hf_state_dict(model)`: for one of our `GPT`s
 # shaped like GPT-2 (learned positions, pre-norm, biases, tied head), the dict of tensors that a
@@ -940,13 +960,17 @@ print(f"ours {ours_speed:,.0f}, HF {hf_speed:,.0f} tokens per CPU second: {ours_
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-race = json.loads(Path("../benchmarks/results/decode.json").read_text())
-print(f"{race['meta']['cpu']}, {race['meta']['threads']} thread, stored {race['meta']['written']}, "
-      f"memory read at {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
-print(f"{'model':36s} {'params':>7s} {'ours/HF':>8s} {'same tokens':>11s} {'share of the bound':>18s}")
+stored = Path("../benchmarks/results/decode.json")
+race = json.loads(stored.read_text()) if stored.is_file() else {"rows": []}  # a copy of the notebook alone has none
+if race["rows"]:
+    print(f"{race['meta']['cpu']}, {race['meta']['threads']} thread, stored {race['meta']['written']}, "
+          f"memory read at {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s\n")
+    print(f"{'model':36s} {'params':>7s} {'ours/HF':>8s} {'same tokens':>11s} {'share of the bound':>18s}")
 for r in race["rows"]:
     print(f"{r['model']:36s} {r['params'] / 1e6:6.1f}M {r['vs_hf']:7.2f}x {str(r['same_tokens']):>11s} "
           f"{r['fraction_of_bound']:18.2f}")
+if not race["rows"]:
+    print(f"no stored benchmark at {stored}: run benchmarks/bench_decode.py in the course's folder")
 
 # %% [markdown]
 # ## 8. The real GPT-2 (124M)
@@ -961,8 +985,8 @@ for r in race["rows"]:
 from transformer_course import get_encoding
 
 try:
-    gpt2, enc = load_hf_gpt2("gpt2"), get_encoding("gpt2")
-except (HubUnavailableError, RuntimeError) as e:  # RuntimeError: tiktoken's download failed
+    gpt2, enc = GPT.from_pretrained("gpt2"), get_encoding("gpt2")
+except (ConnectionError, RuntimeError) as e:  # HubUnavailableError is a ConnectionError; RuntimeError: tiktoken's
     gpt2 = None
     print("Offline, so the real GPT-2 is skipped:", e)
 if gpt2 is not None:
@@ -1030,9 +1054,9 @@ quiz([
 #   block's output and every intermediate value within 1e-5, and greedy generation token for token.
 # - The map read backwards exports our own GPT in GPT-2's layout, and `transformers` computes the
 #   same logits from it.
-# - `load_hf_gpt2("gpt2")` runs the real 124M model when a network connection is there, and says so
+# - `GPT.from_pretrained("gpt2")` runs the real 124M model when a network connection is there, and says so
 #   clearly when it is not.
 #
-# **Exported to `transformer_course/pretrained.py`:** `load_hf_gpt2` (also `GPT.from_hf_gpt2`),
-# `config_from_hf`, `convert_hf_state_dict`, `read_hf_state_dict`, `hf_key_map`, `download_hf_gpt2`,
+# **Exported to `transformer_course/pretrained.py`:** `read_hf_gpt2` (which chapter 06's
+# `GPT.from_pretrained` builds on), `config_from_hf`, `convert_hf_state_dict`, `read_hf_state_dict`, `hf_key_map`, `download_hf_gpt2`,
 # `hub_reachable`, `HubUnavailableError`, `block_outputs`, `make_hf_stand_in`, `HF_ACTIVATIONS`.

@@ -92,8 +92,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_course.block import LayerNorm, TransformerBlock
-from transformer_course.multihead import MultiHeadAttention, _check_mask, merge_heads, split_heads
+from transformer_course.arguments import choice, whole_number
+from transformer_course.block import NORMS, LayerNorm, TransformerBlock
+from transformer_course.multihead import MultiHeadAttention, merge_heads, split_heads
 from transformer_course.positional import InputEmbedding
 
 
@@ -170,11 +171,11 @@ print(combined.int())
 #   other 2C rows, applied to `memory`. `F.linear(input, weight, bias)` applies a slice of a layer.
 # - `split_heads` and `merge_heads` (chapter 04, imported in the cell) go between [B, T, C] and
 #   [B, nh, T, hs].
-# - Two attention paths that take q [B, nh, T, hs], k and v [B, nh, S, hs] and the mask:
-#   `self._attend_fast(q, k, v, mask)` (PyTorch's fused kernel) and `self._attend_teaching(q, k, v, mask)`
-#   (chapter 03's function, which keeps the weights in `self.last_weights`); `self.fast` says which one
-#   to use. The class is built with `causal=False`, so neither adds a causal mask, and both give a zero
-#   output to a query whose every key is masked.
+# - `self.attend(q, k, v, mask)`, chapter 04's attention over split heads: q [B, nh, T, hs], k and v
+#   [B, nh, S, hs], the mask (checked there) -> [B, nh, T, hs]. It runs PyTorch's fused kernel or, with
+#   `fast=False`, chapter 03's function, which keeps the weights in `self.last_weights`. The class is
+#   built with `causal=False`, so it adds no causal mask, and a query whose every key is masked gets a
+#   zero output.
 # - `self.proj` and `self.resid_dropout` finish the output, as in chapter 04.
 #
 # The checks of the arguments at the top of `forward` are done for you. The model of section 5 and the
@@ -202,16 +203,13 @@ class CrossAttention(MultiHeadAttention):
                 raise ValueError(f"CrossAttention expects {name} of shape [B, *, {self.d_model}], got {shape}")
         if x.shape[0] != memory.shape[0]:
             raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
-        if mask is not None:
-            _check_mask(mask, (x.shape[0], self.n_head, x.shape[1], memory.shape[1]))
         ### BEGIN SOLUTION
         C = self.d_model
         w_q, w_kv = self.qkv.weight.split([C, 2 * C])  # (C, C), (2C, C)
         b_q, b_kv = self.qkv.bias.split([C, 2 * C]) if self.qkv.bias is not None else (None, None)
         q = split_heads(F.linear(x, w_q, b_q), self.n_head)  # (B, nh, T, hs)
         k, v = (split_heads(t, self.n_head) for t in F.linear(memory, w_kv, b_kv).split(C, dim=2))  # (B, nh, S, hs)
-        attend = self._attend_fast if self.fast else self._attend_teaching
-        y = attend(q, k, v, mask)  # (B, nh, T, hs)
+        y = self.attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
         ### END SOLUTION
 
@@ -279,7 +277,7 @@ class DecoderLayer(TransformerBlock):
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  norm: str = "post", activation: str = "relu", fast: bool = True, eps: float = 1e-5):
         super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation, fast=fast, eps=eps)
-        self.ln_cross = LayerNorm(d_model, eps=eps, bias=bias)
+        self.ln_cross = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
         self.cross_attn = CrossAttention(d_model, n_head, dropout=dropout, bias=bias, fast=fast)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, self_mask: torch.Tensor | None = None,
@@ -346,18 +344,24 @@ for norm_first in (False, True):
 # %% [markdown]
 # ## 5. The full model
 #
-# The source and the target get **separate embeddings** (they may be different alphabets: here,
-# English words and digits), each with sinusoidal positions as in the paper (chapter 02). The encoder
-# stack turns the source into `memory`; the decoder stack reads the target so far plus `memory`; a
+# The source and the target get **separate embeddings** here, each plus the sinusoidal positions of
+# chapter 02 (the paper's choice of position code, its section 3.5). The paper's embeddings differ in
+# three ways (section 3.4): source and target share one vocabulary (about 37,000 byte-pair tokens for
+# English-German) and one embedding matrix, that matrix is also the output layer's (tied, as GPT-2 ties
+# its own, chapter 06), and the embeddings are multiplied by √d_model before the positions are added.
+# We keep two tables and an untied output layer because our two sides write different alphabets (the
+# target only digits and "-"), and we leave out the √d_model factor because it is meant for embeddings
+# that start small (implementations following the paper initialise them with standard deviation
+# d_model^-1/2, and the factor brings them to the scale of the position code), while PyTorch's
+# `nn.Embedding` starts at N(0, 1), already at that scale; the cell after the model checks this.
+#
+# The encoder stack turns the source into `memory`; the decoder stack reads the target so far plus `memory`; a
 # linear head gives logits over the target vocabulary. Training uses *teacher forcing*: the decoder
 # input is the true target shifted right by one (it starts with a begin token), and the loss asks it to
 # predict the next target token at every position at once, exactly like GPT's training.
 
 # %%
 #| export
-NORMS = ("pre", "post")
-
-
 @dataclass
 class Seq2SeqConfig:
     """Sizes and choices of an `EncoderDecoder` (defaults: the paper's post-norm, ReLU, sinusoids)."""
@@ -378,8 +382,10 @@ class Seq2SeqConfig:
     bias: bool = True
 
     def __post_init__(self):
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+        for name in ("src_vocab_size", "tgt_vocab_size", "max_src_len", "max_tgt_len", "n_layer_enc", "n_layer_dec"):
+            whole_number(getattr(self, name), name)  # n_head, d_model, dropout: checked by the layers
+        choice(self.norm, "norm", NORMS)
+        whole_number(self.pad_id, "pad_id", low=0)
         for side in ("src", "tgt"):
             vocab = getattr(self, f"{side}_vocab_size")
             if not 0 <= self.pad_id < vocab:
@@ -475,6 +481,27 @@ class EncoderDecoder(nn.Module):
                 a.fast = fast
 
 # %% [markdown]
+# The scale argument in numbers: a fresh model's token rows and its position rows, and what the
+# paper's √d_model would do to them. Then the size of the paper's base model (its Table 3: 6 encoder
+# and 6 decoder layers, d_model 512, 8 heads, d_ff 2048 = 4 · d_model), built from the same classes on
+# PyTorch's `meta` device, which records shapes without allocating memory; our dates model below is
+# much smaller (2 + 2 layers, d_model 64, 4 heads).
+
+# %%
+with torch.random.fork_rng():  # leaves the notebook's random state as it was
+    fresh = EncoderDecoder(Seq2SeqConfig(src_vocab_size=40, tgt_vocab_size=14, max_src_len=48, max_tgt_len=12))
+token_rms = fresh.src_embed.token.weight.pow(2).mean().sqrt().item()  # N(0, 1): about 1
+position_rms = fresh.src_embed.pe.pow(2).mean().sqrt().item()  # sin² + cos² = 1 per pair: √½
+print(f"token rows and position rows within a factor 1.5 of each other in scale: {max(token_rms, position_rms) / min(token_rms, position_rms) < 1.5}")
+print(f"times √d_model = 8, the token rows would be about {round(8 * token_rms / position_rms)} times the position rows")
+with torch.device("meta"):
+    paper = EncoderDecoder(Seq2SeqConfig(src_vocab_size=37_000, tgt_vocab_size=37_000, max_src_len=512,
+                                         max_tgt_len=512, n_layer_enc=6, n_layer_dec=6, n_head=8, d_model=512))
+in_layers = sum(p.numel() for layer in (*paper.encoder, *paper.decoder) for p in layer.parameters())
+print(f"the paper's base model: {in_layers / 1e6:.1f} M parameters in its 12 layers, {(in_layers + 37_000 * 512) / 1e6:.0f} M "
+      "with one 37,000 x 512 embedding shared by source, target and output (the paper reports 65 M)")
+
+# %% [markdown]
 # ## 6. A real task: dates in words → ISO dates
 #
 # The code writes its own data: random dates rendered in several styles that people use, paired with
@@ -486,6 +513,7 @@ class EncoderDecoder(nn.Module):
 # Dates written the ways people write them, and their ISO form: a seq2seq task (chapter 09).
 # Each example pairs a source like "the twenty-second of November 2026" or "Nov 22nd, 2026" with the
 # target "2026-11-22". Vocabularies are characters, with 0 = padding, 1 = begin, 2 = end.
+# Shapes: B batch, S source ids (characters, end mark, padding), T target ids.
 import datetime
 import random
 
@@ -991,8 +1019,9 @@ print(f"encode once: {1e3 * (t1 - t0):.0f} ms | re-encode every step: {1e3 * (t2
 # words different probabilities depending on whether they arrived as *input* or were *generated*.
 # Below, one fresh (untrained) model with a shared vocabulary scores what comes after "the cat sat
 # on" twice: once with all four words as input, once with "the cat sat" as input and "on" as the
-# decoder's own output. A decoder-only GPT sees one stream either way, so its two answers are
-# identical by construction.
+# decoder's own output. A decoder-only GPT sees one stream either way: below it reads "on" once as part
+# of the prompt and once as a token it generated itself, fed back after the cached prompt the way
+# chapter 07's loop does, and the two answers agree.
 
 # %%
 from transformer_course import GPT, GPTConfig
@@ -1007,8 +1036,12 @@ p_in, p_out = as_input[0, -1].softmax(-1), as_output[0, -1].softmax(-1)
 print(f"encoder-decoder  P(the | ...): all input {p_in[ids['the']]:.3f} vs 'on' generated {p_out[ids['the']]:.3f}")
 gpt = GPT(GPTConfig(vocab_size=len(vocab), block_size=8, n_layer=2, n_head=2, d_model=32)).eval()
 stream = torch.tensor([[ids[w] for w in "the cat sat on".split()]])
-p_gpt = gpt(stream)[0][0, -1].softmax(-1)
-print(f"decoder-only     P(the | the cat sat on) = {p_gpt[ids['the']]:.3f}, one stream: no input/output split")
+p_gpt = gpt(stream)[0][0, -1].softmax(-1)  # all four words as the prompt
+cache = gpt.new_cache()
+gpt(stream[:, :3], cache=cache)  # the prompt "the cat sat"...
+p_gen = gpt(stream[:, 3:], cache=cache)[0][0, -1].softmax(-1)  # ...then "on" fed back as if generated
+print(f"decoder-only     P(the | ...): all input {p_gpt[ids['the']]:.3f} vs 'on' generated {p_gen[ids['the']]:.3f}, "
+      f"the same within 1e-6: {(p_gpt - p_gen).abs().max().item() < 1e-6}")
 
 # %% [markdown]
 # That asymmetry is one reason GPT dropped the encoder: for open-ended text there is no natural line

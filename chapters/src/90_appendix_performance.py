@@ -6,6 +6,7 @@
 # this appendix looks at the *time* a step takes on a CPU, for one sequence.
 #
 # **You will see**
+# - what the KV cache saves in time, not only in work;
 # - the **read-bandwidth roofline**: at batch 1 a decode step reads every weight once per token, so
 #   tokens/s can never exceed the memory bandwidth divided by the bytes of weights (and cache) per token;
 # - how a weight matrix sits in memory, `[out, in]` or `[in, out]`, gives the same numbers;
@@ -41,7 +42,8 @@ import torch
 
 from transformer_course.course_model import load_course_model
 from transformer_course.generation import generate
-from transformer_course.model import GPT, GPTConfig, PRESETS, count_parameters
+from transformer_course.config import PRESETS, GPTConfig
+from transformer_course.model import GPT, count_parameters
 
 torch.set_printoptions(precision=4, sci_mode=False)
 torch.set_num_threads(1)  # decoding one sequence: one thread, as the benchmark measures it
@@ -112,28 +114,34 @@ mid = GPT(mid_cfg).eval()
 mid_prompt = torch.randint(0, 5000, (1, 16), generator=torch.Generator().manual_seed(0))
 
 
-def decode_speed(m, idx, n=64, repeats=3):
+def decode_speed(m, idx, n=64, repeats=3, use_cache=True):
     """Greedy tokens per second, best of `repeats` after a warm-up."""
-    generate(m, idx, 8, temperature=0)
+    generate(m, idx, 8, temperature=0, use_cache=use_cache)
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
-        generate(m, idx, n, temperature=0)
+        generate(m, idx, n, temperature=0, use_cache=use_cache)
         best = min(best, time.perf_counter() - start)
     return n / best
 
 
 mid_speed = decode_speed(mid, mid_prompt)
+mid_uncached = decode_speed(mid, mid_prompt, repeats=1, use_cache=False)  # chapter 07's loop without the cache
 mid_bytes = weight_bytes(mid_cfg) + cache_bytes(mid_cfg, 16 + 32)  # the cache at its mean length
 assert mid_bytes > 20e6  # tens of MB per token: much more than the CPU's caches hold
 
 # %% [markdown]
+# Chapter 07 counted the work the KV cache saves. Section 4 prints what it is worth in time here, for 64
+# tokens after a 16-token prompt: less than the ratio of the work, because every step reads every weight
+# once, however few positions it feeds.
+#
 # The fraction of the bound that the measured speed reaches is how close the plain PyTorch decoder comes to
 # the physics; the rest is per-step overhead (Python, the launch of a few dozen operations) and kernels
-# that stream a matrix-vector product a little slower than a plain sum. On the course's Intel Xeon, one thread reads about 10 GB/s, so GPT-2 124M in fp32 cannot decode faster
-# than about 20 tokens/s, and Hugging Face's `generate` already reaches about 19.7. No trick of kernels or
-# layouts beats that bound; only fewer bytes per token can (section 3), or more sequences per step
-# (a batch of B reads the weights once for B tokens).
+# that stream a matrix-vector product a little slower than a plain sum. At 124M in fp32 one thread of a
+# CPU that reads 10 to 12 GB/s cannot decode more than about 20 to 24 tokens/s, and both the course's loop
+# and Hugging Face's `generate` come close to that (section 4 prints the benchmark's table). No trick of
+# kernels or layouts beats the bound; only fewer bytes per token can (section 3), or more sequences per
+# step (a batch of B reads the weights once for B tokens).
 #
 # ## 2. How a weight sits in memory: `[out, in]` or `[in, out]`
 #
@@ -164,9 +172,9 @@ def matvec_seconds(w, repeats=200):
 layout_times = {"[out, in]": matvec_seconds(w_out_in), "[in, out]": matvec_seconds(w_in_out)}
 
 # %% [markdown]
-# Which is faster depends on the CPU and the library's kernels, and on the shape; on the course's Xeon
-# the difference was within a few percent for whole models, which is why the course keeps `nn.Linear`'s
-# own layout. Section 4 prints what your machine measured.
+# Which is faster depends on the CPU, the library's kernels and the shape; section 4 prints what your
+# machine measured for this one product. Either way the product reads the same bytes, so a layout cannot
+# move the bound of section 1, which is why the course keeps `nn.Linear`'s own layout.
 
 # %% [markdown]
 # ## 3. Fewer bytes: bf16 weights
@@ -195,7 +203,7 @@ def bf16_weights(model: torch.nn.Module) -> torch.nn.Module:
     Each Linear casts its input [..., in] to bf16 and its output [..., out] back to float32, so the
     activations between layers stay float32. A tied LM head shares its matrix with the token embedding,
     which becomes bf16 too (its rows are added to float32 positions, so the sum is float32). The weights
-    read per token halve; the results change by bf16 rounding (about 3 significant digits). ``model``
+    read per token halve; the results change by bf16 rounding (2 to 3 significant digits). ``model``
     itself is not changed. For inference, not training.
     """
     bf16 = copy.deepcopy(model).eval()
@@ -251,7 +259,8 @@ assert all(0 <= a <= 1 for a in agreement.values())
 # `benchmarks/bench_decode.py` runs the measurements above properly, for three sizes up to GPT-2's, in one
 # run: the read bandwidth, the plain decoder's tokens/s and its fraction of the bound, Hugging Face's
 # `generate` on the same random weights (asserting the same greedy tokens), and the bf16 agreement. It
-# writes `benchmarks/results/decode.md` and `.json`; `make bench` rewrites them on the machine it runs on.
+# writes `benchmarks/results/decode.md` and `.json` (in the course's repository; `make bench` rewrites them
+# on the machine it runs on).
 # The cell below prints this notebook's own measurements first, then the benchmark's stored table (none
 # of it is checked: every machine differs).
 
@@ -265,14 +274,21 @@ bound = bandwidth / mid_bytes
 print(f"this machine: one-thread read bandwidth {bandwidth / 1e9:.1f} GB/s")
 print(f"  6 x 384 fp32: {mid_bytes / 1e6:.1f} MB per token -> bound {bound:,.0f} tokens/s; measured "
       f"{mid_speed:,.0f} = {mid_speed / bound:.2f} of the bound; bf16 weights {mid_bf16_speed:,.0f} tokens/s")
+work_ratio = sum(16 + i for i in range(64)) / (16 + 63)  # positions fed without / with the cache
+print(f"  6 x 384, the KV cache: {mid_uncached:,.0f} tokens/s without it, {mid_speed:,.0f} with it "
+      f"({mid_speed / mid_uncached:.1f}x the speed for {work_ratio:.1f}x less work)")
 print(f"  GPT-2 124M fp32: bound {bandwidth / weight_bytes(gpt2):.1f} tokens/s")
 for name, t in layout_times.items():
     print(f"  layout {name}: {t * 1e6:6.1f} µs per [1, 384] x [384, 1536] product")
 for name, a in agreement.items():
     print(f"  bf16 weights, {name}: {a:.0%} of greedy choices equal to fp32's")
-race = json.loads(Path("../benchmarks/results/decode.json").read_text())
-print(f"{race['meta']['cpu']}, 1 thread, read bandwidth {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
-      f"written {race['meta']['written']}{' (quick run)' if race['meta']['quick'] else ''}\n")
+results = Path("../benchmarks/results/decode.json")  # absent outside the course's repository
+race = json.loads(results.read_text()) if results.is_file() else {"meta": None, "rows": []}
+if race["meta"] is None:
+    print(f"no stored benchmark at {results}: `python benchmarks/bench_decode.py` writes one")
+else:
+    print(f"{race['meta']['cpu']}, 1 thread, read bandwidth {race['meta']['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, "
+          f"written {race['meta']['written']}{' (quick run)' if race['meta']['quick'] else ''}\n")
 for r in race["rows"]:
     print(f"{r['model']:34s} bound {r['bound_tps']:7,.0f}  ours {r['ours_tps']:7,.0f} tokens/s "
           f"({r['fraction_of_bound']:.2f} of it)  HF {r['hf_tps']:7,.0f} ({r['vs_hf']:.2f}x)  "
@@ -286,7 +302,7 @@ for r in race["rows"]:
 #
 # - At batch 1 a decode step reads every weight once per token: tokens/s <= bandwidth / (bytes of weights
 #   + cache read per token). At GPT-2 124M in fp32 that is about half a gigabyte per token.
-# - A weight's layout changes how memory is streamed, not the results; on the course's CPU it gains little.
+# - A weight's layout changes how memory is streamed, not the results nor the bytes read: it cannot move the bound.
 # - bf16 weights halve the bytes and double the bound, at the price of some flipped greedy choices (the
 #   validation loss barely moves); `bf16_weights` is opt-in.
 # - Hugging Face's `generate` and the course's loop give the same greedy tokens; `benchmarks/bench_decode.py`

@@ -72,7 +72,7 @@ _MISTAKES = [  # (switch, hint)
       for side in ("top", "bottom")),
     (dict(use_mask=False), "padded source positions are attended: pass `mask` on to the attention"),
     (dict(proj=False), "the heads are merged but not projected: finish with self.proj (and self.resid_dropout)"),
-    (dict(scale=False), "the scores are not scaled by 1/sqrt(hs): use self._attend_fast or self._attend_teaching"),
+    (dict(scale=False), "the scores are not scaled by 1/sqrt(hs): use self.attend(q, k, v, mask)"),
 ]
 
 
@@ -120,15 +120,15 @@ def check_cross_attention(cls):
             if not fast:
                 weights = attn.last_weights
                 expect(isinstance(weights, torch.Tensor),
-                       "with fast=False the weights must be kept in self.last_weights: use self._attend_teaching")
+                       "with fast=False the weights must be kept in self.last_weights: use self.attend(q, k, v, mask)")
                 expect(tuple(weights.shape) == (2, nh, 3, 5),
                        f"last_weights should be [B, nh, T, S] = (2, {nh}, 3, 5), got {tuple(weights.shape)}")
                 expect_close(weights, ref.last_weights, "last_weights differ from the reference's", atol=1e-5)
             one = attn(x[:, :1], memory)  # one decoder step, no mask
             expect_close(one, ref(x[:, :1], memory), "one decoder position without a mask gives another output", atol=1e-5)
             empty = attn(x[:1], memory[:1], key_mask(torch.zeros(1, 5, dtype=torch.bool)))
-            expect(not empty.isnan().any(), "a source that is all padding gives NaN: the attention paths return "
-                                            "zeros there, so pass the mask to one of them")
+            expect(not empty.isnan().any(), "a source that is all padding gives NaN: self.attend returns zeros "
+                                            "there, so pass the mask to it")
             expect_close(empty, ref(x[:1], memory[:1], key_mask(torch.zeros(1, 5, dtype=torch.bool))),
                          "a source that is all padding should give the projection of zeros (proj's bias)", atol=1e-5)
 

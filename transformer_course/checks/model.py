@@ -18,7 +18,7 @@ from ._core import CheckFailed, check, expect, expect_close
 
 
 def _small_config(**overrides):
-    from transformer_course.model import GPTConfig
+    from transformer_course.config import GPTConfig
 
     base = GPTConfig(vocab_size=11, block_size=8, n_layer=2, n_head=2, d_model=8)
     return replace(base, **overrides)
@@ -227,7 +227,8 @@ def check_param_groups(fn):
 # ---------------------------------------------------------------- 6.5 build: lr_at
 @check("6.5", "lr_at", reference="transformer_course.training:lr_at")
 def check_lr_at(fn):
-    from transformer_course.training import TrainConfig, lr_at
+    from transformer_course.config import TrainConfig
+    from transformer_course.training import lr_at
 
     cfg = TrainConfig(max_iters=1000, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100)
     got0 = fn(0, cfg)

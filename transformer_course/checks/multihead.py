@@ -2,21 +2,16 @@
 
 Each check runs the learner's function next to the package's reference on ordinary and edge inputs
 and names the likely mistake in words. See ``transformer_course.checks`` for how checks report. The
-build exercises (4.1 split_heads, 4.3 merge_heads, 4.4 causal_mask_with_past, 4.5 pack_heads) are
-declared with the package's version as ``reference``, so ``check_x(x).use`` is what the chapter runs.
+build exercises (4.1 split_heads, 4.3 merge_heads, 4.4 causal_mask_with_past) are declared with the
+package's version as ``reference``, so ``check_x(x).use`` is what the chapter runs; 4.5 (pack_heads,
+which serves the chapter's proof only) has its reference here.
 """
 
 import torch
 import torch.nn.functional as F
 
-from ..attention import causal_mask
-from ..multihead import (
-    LoopedMultiHeadAttention,
-    MultiHeadAttention,
-    causal_mask_with_past,
-    merge_heads,
-    split_heads,
-)
+from ..attention import AttentionHead, causal_mask
+from ..multihead import MultiHeadAttention, causal_mask_with_past, merge_heads, split_heads
 from ._core import CheckFailed, check, expect, expect_close
 
 __all__ = [
@@ -28,6 +23,7 @@ __all__ = [
     "check_predict_scores_shape",
     "check_split_heads",
     "grouped_query_attention_reference",
+    "pack_heads",
 ]
 
 
@@ -186,29 +182,48 @@ def check_causal_mask_with_past(fn):
            "with device= given, return the same mask on that device")
 
 
-# ---------------------------------------------------------------- 4.5 pack the heads (build)
+# ---------------------------------------------------------------- 4.5 pack the heads (extend)
 
 
-def _looped(d_model: int, n_head: int, seed: int, bias: bool = True) -> LoopedMultiHeadAttention:
+@torch.no_grad()
+def pack_heads(heads, proj: torch.nn.Linear, fast: bool = True) -> MultiHeadAttention:
+    """The reference: a `MultiHeadAttention` computing ``proj(cat([head(x) for head in heads], -1))``.
+
+    ``heads`` are chapter 03's bias-free `AttentionHead`s of one width, ``proj`` the W_o Linear [C, C].
+    Rows h*hs .. (h+1)*hs - 1 of W_q (the first C rows of ``qkv.weight`` [3C, C]) are head h's
+    ``query.weight``; likewise W_k and W_v; ``qkv.bias`` is zero.
+    """
+    heads = list(heads)
+    mha = MultiHeadAttention(heads[0].d_model, len(heads), bias=proj.bias is not None, causal=heads[0].causal, fast=fast)
+    mha.to(proj.weight)  # same dtype and device
+    mha.qkv.weight.copy_(_packed_weight(heads))  # (3C, C)
+    if mha.qkv.bias is not None:
+        mha.qkv.bias.zero_()
+    mha.proj.load_state_dict(proj.state_dict())
+    return mha
+
+
+def _loop(d_model: int, n_head: int, seed: int, bias: bool = True):
+    """Chapter 04's scaffold, built from chapter 03's heads: (heads, proj, x [B, T, C] -> [B, T, C])."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        looped = LoopedMultiHeadAttention(d_model, n_head, bias=bias)
+        heads = [AttentionHead(d_model, d_model // n_head) for _ in range(n_head)]
+        proj = torch.nn.Linear(d_model, d_model, bias=bias)
         if bias:
             with torch.no_grad():
-                looped.proj.bias.normal_()  # a bias that matters
-    return looped
+                proj.bias.normal_()  # a bias that matters
+    return heads, proj, lambda x: proj(torch.cat([head(x) for head in heads], dim=-1))
 
 
 def _packed_weight(heads) -> torch.Tensor:
     return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
 
 
-@check("4.5", "pack_heads", reference="transformer_course.multihead:pack_heads")
+@check("4.5", "pack_heads", reference="transformer_course.checks.multihead:pack_heads")
 def check_pack_heads(fn):
-    """``fn(looped, fast=True) -> MultiHeadAttention`` computing the same function as ``looped``."""
-    looped = _looped(8, 2, seed=0)
-    heads = list(looped.heads)
-    mha = fn(looped)
+    """``fn(heads, proj, fast=True) -> MultiHeadAttention`` computing what the loop of ``heads`` and W_o compute."""
+    heads, proj, looped = _loop(8, 2, seed=0)
+    mha = fn(heads, proj)
     # the notebook defines its own MultiHeadAttention class: check what it has, not which class it is
     expect(isinstance(mha, torch.nn.Module) and hasattr(mha, "qkv") and hasattr(mha, "proj"),
            f"return the new MultiHeadAttention (made for you above the region), got {type(mha).__name__}")
@@ -225,17 +240,17 @@ def check_pack_heads(fn):
                  "qkv.weight should be [W_q; W_k; W_v] with W_q the heads' query.weight stacked in order")
     expect(torch.count_nonzero(mha.qkv.bias.detach()) == 0,
            "qkv.bias still holds its random start: the heads have no bias, so set qkv.bias to zero")
-    expect(_same(mha.proj.weight.detach(), looped.proj.weight.detach()) and _same(mha.proj.bias.detach(), looped.proj.bias.detach()),
+    expect(_same(mha.proj.weight.detach(), proj.weight.detach()) and _same(mha.proj.bias.detach(), proj.bias.detach()),
            "proj (W_o) should be a copy of the loop's proj: its weight and its bias")
     x = _randn(2, 5, 8, seed=11)
     with torch.no_grad():
         expect_close(mha(x), looped(x), "the packed layer should compute what the loop computes", atol=1e-5)
-    expect(fn(looped, fast=False).fast is False, "pass fast on to the new layer (it is made for you above the region)")
+    expect(fn(heads, proj, fast=False).fast is False, "pass fast on to the new layer (it is made for you above the region)")
     for C, n_head, bias in ((12, 3, True), (8, 4, False)):  # another size; a layer without biases (qkv.bias is None)
-        other = _looped(C, n_head, seed=C + n_head, bias=bias)
+        other_heads, other_proj, other = _loop(C, n_head, seed=C + n_head, bias=bias)
         hint = (f"right for 2 heads of C=8 but not for {n_head} heads of C={C}{'' if bias else ' without biases (qkv.bias is None)'}: "
                 "loop over all the heads" + ("" if bias else ", and only touch qkv.bias when it exists"))
-        packed = _other_size(fn, other, hint=hint)
+        packed = _other_size(fn, other_heads, other_proj, hint=hint)
         xo = _randn(2, 5, C, seed=C)
         with torch.no_grad():
             _expect_same(packed(xo), other(xo), hint)

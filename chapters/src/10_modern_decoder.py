@@ -1,0 +1,1074 @@
+# %% [markdown]
+# # 10 · From GPT-2 to a modern decoder: RMSNorm, SwiGLU, RoPE and grouped-query attention
+#
+# The GPT of chapter 06 is GPT-2's design from 2019. The open models people download today (Llama,
+# Mistral, Qwen, Gemma) are still decoder-only transformers with the same residual stream, the same
+# causal attention and the same next-token loss, but four parts have changed:
+#
+# | part | GPT-2 (chapters 02-06) | a modern decoder |
+# |---|---|---|
+# | normalisation | LayerNorm: centre, scale, gain, shift | **RMSNorm**: scale and gain only |
+# | MLP | `proj(gelu(fc(x)))`, hidden width 4C | **SwiGLU**: `proj(silu(gate(x)) * up(x))`, hidden width about 8C/3 |
+# | positions | a learned vector added to each token | **rotary positions (RoPE)**: q and k turned by an angle that grows with the position |
+# | keys and values | one key/value head per query head | **grouped-query attention**: a few key/value heads, each shared by a group of query heads |
+#
+# **In this chapter you will** write RMSNorm (Exercise 10.1), fix a broken table of rotation speeds
+# (10.2), write the rotation itself (10.3), predict the size of a KV cache (10.4), write the sharing of
+# key/value heads (10.5) and add Mistral's sliding-window mask (10.6). The chapter then builds all four
+# parts into chapter 06's `GPT` as configuration choices, so one class makes both GPT-2 and a
+# Llama-style decoder, and loads the weights of a Hugging Face `LlamaForCausalLM` into it with the same
+# outputs, to 1e-5.
+#
+# **You need** chapter 02 (a position shift is a rotation of channel pairs), chapter 04 (heads and the
+# KV cache), chapter 05 (LayerNorm and the MLP), chapter 06 (`GPTConfig` and `GPT`), chapter 07
+# (`generate`) and chapter 08 (loading Hugging Face weights). It also needs the optional package
+# `transformers` for the last part (`pip install 'transformer-course[pretrained]'`).
+
+# %%
+#| default_exp modern
+
+# %%
+import math
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.manual_seed(0)
+warnings.filterwarnings("ignore", module="transformers")
+import transformers
+
+transformers.logging.set_verbosity_error()  # its log messages would vary between versions
+
+# %% [markdown]
+# ## 1. RMSNorm: LayerNorm without the centring
+#
+# LayerNorm (chapter 05) does two things to each token's C numbers: it subtracts their mean, and it
+# divides by their standard deviation; then a learned gain γ and shift β follow. Zhang and Sennrich
+# (2019) asked which half matters. Their answer: the division. Keeping every token's vector at a fixed
+# size is what steadies training; moving its mean to zero adds little, and the shift β is one more
+# vector the next linear layer could learn anyway. **RMSNorm** keeps only the division, by the root
+# mean square of the numbers, `rms(x) = sqrt(mean(x²) + eps)`, and the gain:
+#
+# `y = x / rms(x) · g`
+#
+# It is a little cheaper (one reduction instead of two) and has half the parameters of LayerNorm
+# with a shift. Llama, Mistral, Qwen and Gemma all use it. `eps` is 1e-6 in Llama, 1e-5 in GPT-2's
+# LayerNorm.
+#
+# The numbers are computed in float32 even when the model runs in bfloat16 (a mean of squares of
+# 4,096 bf16 numbers loses too many digits), then turned back into the input's type before the gain,
+# as Hugging Face's Llama does.
+
+# %%
+#| export
+"""From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and
+grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
+
+Each part is a choice of `GPTConfig` (`normalization`, `mlp`, `positional="rope"`, `n_kv_head`): one
+`GPT` class builds GPT-2 and a Llama-style decoder, and `ModernBlock` is the block those choices make.
+Shapes: B batch, T new positions, L cached positions, C = d_model channels, nh query heads, nkv
+key/value heads, hs = C // nh head size, H the MLP's hidden width, P the positions a table holds.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_course.arguments import choice, real_number, whole_number
+from transformer_course.attention import scaled_dot_product_attention
+from transformer_course.block import FeedForward, LayerNorm
+from transformer_course.multihead import KVCache, causal_mask_with_past, merge_heads, split_heads
+from transformer_course.positional import InputEmbedding
+
+
+def _check_features(x, width: int, who: str) -> None:
+    """A clear error unless ``x`` is a floating-point tensor [..., width]."""
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim == 0 or x.shape[-1] != width:
+        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{who} expects a floating-point tensor [..., {width}], got {got}: the last "
+                         f"dimension must hold the {width} channels")
+
+# %% [markdown]
+# **Your turn.** Write `RMSNorm.forward`: x [..., C] to y [..., C], each row divided by its root mean
+# square (eps inside the square root, the mean over the last dimension), computed in float32 and
+# returned in x's dtype, then times `self.weight` [C]. The check compares it with `torch.nn.RMSNorm`
+# and with bfloat16 input.
+
+# %%
+#| export
+# Your turn - Exercise 10.1 (★☆☆, build): RMSNorm.
+class RMSNorm(nn.Module):
+    """Root-mean-square normalisation (Zhang & Sennrich 2019), the norm of Llama, Mistral and Qwen.
+
+    LayerNorm without the centring and without the shift: each row of C numbers is divided by its root
+    mean square sqrt(mean(x²) + eps), computed in float32 and returned in the input's dtype, then
+    multiplied by the learned gain ``weight`` (g [C], starts at 1). [..., C] -> [..., C].
+    """
+
+    def __init__(self, d_model: int, eps: float = 1e-6):
+        super().__init__()
+        self.d_model = whole_number(d_model, "d_model")
+        self.eps = real_number(eps, "eps", low=0, low_open=True, hint="Llama uses 1e-6")
+        self.weight = nn.Parameter(torch.ones(d_model))  # g [C]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features(x, self.d_model, "RMSNorm")
+        ### BEGIN SOLUTION
+        x32 = x.float()
+        rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
+        return (x32 / rms).to(x.dtype) * self.weight  # (..., C)
+        ### END SOLUTION
+
+    def extra_repr(self) -> str:
+        return f"{self.d_model}, eps={self.eps}"
+
+# %%
+from transformer_course.checks.modern import (
+    check_predict_kv_bytes,
+    check_rms_norm,
+    check_rope_frequencies,
+    check_rotate_halves,
+    check_share_kv_heads,
+    check_sliding_window_mask,
+)
+
+RMSNorm = check_rms_norm(RMSNorm).use
+
+# %% [markdown]
+# A hand-worked row: x = (1, 7, 1, 7). The mean of the squares is (1 + 49 + 1 + 49) / 4 = 25, so
+# rms = 5 and RMSNorm gives (0.2, 1.4, 0.2, 1.4). LayerNorm first moves the mean, 4, to zero:
+# (-3, 3, -3, 3), whose standard deviation is 3, and gives (-1, 1, -1, 1). RMSNorm keeps the direction
+# of the vector and only fixes its length; LayerNorm also removes the part along (1, 1, ..., 1).
+
+# %%
+row = torch.tensor([[1.0, 7.0, 1.0, 7.0]])
+by_hand = torch.tensor([[0.2, 1.4, 0.2, 1.4]])
+print("RMSNorm  :", RMSNorm(4)(row).detach())
+print("LayerNorm:", LayerNorm(4, eps=1e-6)(row).detach())
+print("equal to the hand-worked row within 1e-6:", torch.allclose(RMSNorm(4)(row), by_hand, atol=1e-6))
+
+# %% [markdown]
+# And with PyTorch's own `torch.nn.RMSNorm` (PyTorch 2.4 and later), given the same random gain:
+
+# %%
+torch.manual_seed(1)
+ours, theirs = RMSNorm(64), nn.RMSNorm(64, eps=1e-6)
+with torch.no_grad():
+    ours.weight.normal_(1.0, 0.1)
+    theirs.weight.copy_(ours.weight)
+x = 3 * torch.randn(2, 5, 64) + 1
+diff = (ours(x) - theirs(x)).abs().max().item()
+print(f"RMSNorm vs torch.nn.RMSNorm, within 1e-6: {diff < 1e-6}")
+print(f"parameters: RMSNorm {sum(p.numel() for p in ours.parameters())}, "
+      f"LayerNorm {sum(p.numel() for p in LayerNorm(64).parameters())}")
+
+# %% [markdown]
+# ## 2. SwiGLU: a gated MLP with the same number of parameters
+#
+# GPT-2's MLP widens each token to 4C numbers, applies GELU to each, and narrows back: two matrices.
+# The **gated** MLP of PaLM and Llama (Shazeer 2020) computes two widenings of the same token, passes
+# one through **SiLU**, `silu(z) = z · sigmoid(z)` (smooth like GELU, and nearly the same curve), and
+# multiplies the two element by element: the first acts as a gate that decides, per hidden unit and
+# per token, how much of the second passes. Then the narrowing:
+#
+# `SwiGLU(x) = proj( silu(gate(x)) ⊙ up(x) )`, with `gate`, `up`: C → H and `proj`: H → C.
+#
+# Three matrices instead of two. To keep the parameter count of the 4C MLP, the hidden width shrinks
+# by 2/3: `3 · C · H = 2 · C · 4C` gives **H = 8C/3**, rounded up to a multiple of a small number so
+# the matrices tile well (Llama rounds to 256; we round to 8). `swiglu_hidden` computes it.
+
+# %%
+#| export
+def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
+    """SwiGLU's hidden width H: the 8C/3 that gives 3·C·H = 2·C·4C (a 4C GELU MLP's parameters),
+    taken down to a whole number and then up to a multiple of ``multiple_of`` (Llama's rule)."""
+    C = whole_number(d_model, "d_model")
+    m = whole_number(multiple_of, "multiple_of")
+    return m * -(-(8 * C // 3) // m)  # ceil(floor(8C/3) / m) · m
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP of PaLM and Llama (Shazeer 2020): ``proj(silu(gate(x)) * up(x))``.
+
+    ``gate`` and ``up`` widen C -> H (default `swiglu_hidden(C)`), ``proj`` narrows H -> C; SiLU(z) =
+    z·sigmoid(z). No biases by default (Llama has none). [..., C] -> [..., C] (hidden [..., H]).
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, bias: bool = False, dropout: float = 0.0):
+        super().__init__()
+        self.d_model = whole_number(d_model, "d_model")
+        self.d_ff = swiglu_hidden(d_model) if d_ff is None else whole_number(d_ff, "d_ff")
+        real_number(dropout, "dropout", low=0, high=1, high_open=True)
+        self.gate = nn.Linear(d_model, self.d_ff, bias=bias)
+        self.up = nn.Linear(d_model, self.d_ff, bias=bias)
+        self.proj = nn.Linear(self.d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_features(x, self.d_model, "SwiGLU")
+        return self.dropout(self.proj(F.silu(self.gate(x)) * self.up(x)))  # (..., C)
+
+# %% [markdown]
+# When 3 divides C and 8C/3 is already a multiple of 8 (C = 96 gives H = 256), the counts are equal;
+# otherwise the rounding adds a little (C = 128 gives H = 344, not 341.3):
+
+# %%
+for C in (96, 128, 768):
+    plain = sum(p.numel() for p in FeedForward(C, bias=False).parameters())
+    gated = sum(p.numel() for p in SwiGLU(C).parameters())
+    print(f"C={C:4d}: GELU MLP 4C={4 * C:5d}: {plain:>10,}   SwiGLU H={swiglu_hidden(C):5d}: {gated:>10,}"
+          f"   ({gated / plain - 1:+.1%})")
+
+# %% [markdown]
+# SwiGLU against a plain reference: the formula written with `sigmoid` and the three weight matrices.
+
+# %%
+torch.manual_seed(2)
+mlp = SwiGLU(32)
+x = torch.randn(3, 32)
+g, u, d = mlp.gate.weight, mlp.up.weight, mlp.proj.weight
+z = x @ g.T
+reference = (z * torch.sigmoid(z) * (x @ u.T)) @ d.T
+print(f"SwiGLU vs the written-out formula, within 1e-6: {(mlp(x) - reference).abs().max().item() < 1e-6}")
+
+z = torch.linspace(-5, 5, 201)
+fig, ax = plt.subplots(figsize=(5, 2.6))
+ax.plot(z, F.silu(z), label="SiLU  z·sigmoid(z)")
+ax.plot(z, F.gelu(z), "--", label="GELU  z·Φ(z)")
+ax.set(xlabel="z", title="SiLU and GELU: nearly the same curve")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ## 3. Rotary positions: turn q and k, not the token
+#
+# Chapter 02 showed that the sinusoidal code of position p + k is the code of position p turned, pair
+# of channels by pair of channels, through angles k·θ_i: a shift in position is a rotation. **RoPE**
+# (Su et al. 2021) uses that directly, inside attention. Nothing is added to the token vectors; instead
+# each head's query and key at position p are split into hs/2 pairs of channels, and pair i is turned
+# by the angle p·θ_i. The dot product of two turned vectors depends only on the *difference* of their
+# angles, so the score of a query at position m with a key at position n depends on the two vectors
+# and on m - n, never on m and n themselves. Attention becomes relative, and nothing has to be learned
+# for it.
+#
+# The speeds follow the sinusoidal code: pair i turns by θ_i = base^(-2i/hs) radians per position,
+# base 10000. Pair 0 turns one radian per position; the last pair so slowly that it takes tens of
+# thousands of positions to go round once. The fast pairs tell neighbours apart, the slow ones
+# distances across the whole context.
+#
+# Here is a version of that table with a bug, as it is easy to write:
+
+# %%
+def buggy_rope_frequencies(head_size: int, base: float = 10000.0) -> torch.Tensor:
+    return 1.0 / base ** (torch.arange(head_size // 2).float() / head_size)
+
+
+slowest = buggy_rope_frequencies(64)[-1].item()
+print(f"slowest pair, hs=64: {slowest:.5f} rad per position, once round every {2 * math.pi / slowest:,.0f} positions")
+print(f"the paper's slowest pair: {10000 ** (-62 / 64):.6f} rad per position, "
+      f"once round every {2 * math.pi / 10000 ** (-62 / 64):,.0f} positions")
+
+# %% [markdown]
+# **Your turn (debug).** The buggy table's slowest pair goes round every few hundred positions (the
+# cell above), so positions that far apart look alike to it, and a model with a context of 4,096 tokens loses its sense of long
+# distances. Find the mistake and write the fixed `rope_frequencies`: [hs // 2] float32 speeds, pair i
+# turning by base^(-2i/hs) radians per position. (Compute it as 1 / base^(...), in float32, as the
+# Hugging Face code does, so the tables agree bit for bit.)
+
+# %%
+#| export
+def _check_head_size(head_size) -> int:
+    hs = whole_number(head_size, "head_size")
+    if hs % 2:
+        raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got {hs}: "
+                         "choose d_model and n_head so that d_model // n_head is even")
+    return hs
+
+
+# Your turn - Exercise 10.2 (★☆☆, debug): the rotation speeds.
+def rope_frequencies(head_size: int, base: float = 10000.0) -> torch.Tensor:
+    """RoPE's speeds θ [hs // 2] (float32): pair i turns by base^(-2i/hs) radians per position."""
+    hs = _check_head_size(head_size)
+    base = real_number(base, "base", low=1, low_open=True, hint="RoPE's base is 10000 in the paper")
+    ### BEGIN SOLUTION
+    return 1.0 / base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
+    ### END SOLUTION
+
+# %%
+rope_frequencies = check_rope_frequencies(rope_frequencies).use
+
+# %% [markdown]
+# The angle of pair i at position p is p·θ_i. Each pair's wavelength (the positions it takes to go
+# round once, 2π/θ_i) grows geometrically from 2π to about 2π·base:
+
+# %%
+theta = rope_frequencies(64)
+fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3))
+positions = torch.arange(64)
+left.imshow(torch.outer(positions.float(), theta).remainder(2 * math.pi).T, aspect="auto", cmap="twilight")
+left.set(xlabel="position p", ylabel="pair i", title="angle p·θ_i (mod 2π), hs = 64")
+right.semilogy(2 * math.pi / theta, "o-", label="rope_frequencies")
+right.semilogy(2 * math.pi / buggy_rope_frequencies(64), "x--", label="the buggy table")
+right.set(xlabel="pair i", ylabel="positions per turn", title="wavelength of each pair")
+right.legend()
+plt.show()
+
+# %% [markdown]
+# Now the rotation itself. Which channels make a pair? The paper pairs neighbours, (0, 1), (2, 3), ...
+# (**interleaved pairs**; Meta's original Llama code does this with complex numbers). GPT-NeoX and
+# Hugging Face's Llama pair channel i with channel i + hs/2 (**split halves**; in their code, the
+# helper `rotate_half`). Both are rotations of pairs by the same angles; they differ only in which
+# channels are called a pair, so weights trained with one convention must be reordered to be used
+# with the other (Hugging Face's conversion script permutes the rows of W_q and W_k).
+#
+# **Your turn.** Write `rotate_halves(x, cos, sin)`: x [..., T, hs], cos and sin [T, hs/2] (row t
+# holds cos and sin of the angles of position t). Pair i is (x_i, x_{i+hs/2}) = (a, b); turned by
+# angle φ it becomes (a cos φ - b sin φ, a sin φ + b cos φ). Return the turned vectors [..., T, hs],
+# first components in the first half, second components in the second.
+
+# %%
+#| export
+# Your turn - Exercise 10.3 (★★☆, build): the rotation, split-halves convention.
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Turn pair i = (x_i, x_{i + hs/2}) by the angle whose cosine and sine are cos[t, i], sin[t, i].
+
+    The split-halves convention of GPT-NeoX and Hugging Face's Llama. x [..., T, hs]; cos, sin
+    [T, hs/2], broadcast over the leading dimensions. Returns [..., T, hs].
+    """
+    if x.shape[-1] % 2 or cos.shape != sin.shape or cos.shape[-1] * 2 != x.shape[-1]:
+        raise ValueError(f"rotate_halves needs x [..., T, hs] with hs even and cos, sin [T, hs/2], got "
+                         f"x {tuple(x.shape)}, cos {tuple(cos.shape)}, sin {tuple(sin.shape)}")
+    ### BEGIN SOLUTION
+    a, b = x.chunk(2, dim=-1)  # (..., T, hs/2) each: first and second channel of every pair
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], dim=-1)  # (..., T, hs)
+    ### END SOLUTION
+
+# %%
+rotate_halves = check_rotate_halves(rotate_halves).use
+
+# %% [markdown]
+# The interleaved convention needs no new code: reorder the channels so that each neighbour pair
+# (2i, 2i+1) lands at (i, i + hs/2), rotate by halves, and put the channels back.
+# `RotaryEmbedding` holds the cos and sin tables of every position up to the model's context, computed
+# **once** when the model is built and kept as buffers (they follow the model to the GPU, are not
+# trained and are not saved); each forward pass only reads the rows of its positions. It works up to
+# `max_positions` and refuses positions past it: rotary angles beyond the trained length are angles
+# the model never saw, and stretching them (the "rope scaling" of long-context models) is a change of
+# the table this chapter does not make.
+
+# %%
+#| export
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The interleaved convention of the RoPE paper: pair i = (x_{2i}, x_{2i+1}). Same shapes as
+    `rotate_halves`; computed as it, on the channels reordered evens first, then put back."""
+    hs = x.shape[-1]
+    order = torch.cat([torch.arange(0, hs, 2), torch.arange(1, hs, 2)])  # (hs,): 0, 2, 4, ..., 1, 3, 5, ...
+    return rotate_halves(x[..., order], cos, sin)[..., torch.argsort(order)]  # (..., T, hs)
+
+
+ROPE_CONVENTIONS = {"halves": rotate_halves, "pairs": rotate_pairs}
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021) for heads of size hs and positions 0 .. P - 1.
+
+    ``cos`` and ``sin`` [P, hs/2] (angle p·θ_i, θ from `rope_frequencies`) are computed once, here, as
+    non-persistent buffers. ``forward(x [..., T, hs], start)`` turns row t by the angles of position
+    start + t. ``convention``: "halves" (Hugging Face's Llama) or "pairs" (the paper).
+    """
+
+    def __init__(self, head_size: int, max_positions: int, base: float = 10000.0, convention: str = "halves"):
+        super().__init__()
+        self.head_size = _check_head_size(head_size)
+        self.max_positions = whole_number(max_positions, "max_positions")
+        self.convention = choice(convention, "convention", ROPE_CONVENTIONS)
+        self.base = float(base)
+        angles = torch.outer(torch.arange(max_positions).float(), rope_frequencies(head_size, base))  # (P, hs/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)  # (P, hs/2)
+        self.register_buffer("sin", angles.sin(), persistent=False)  # (P, hs/2)
+
+    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
+        _check_features(x, self.head_size, "RotaryEmbedding")
+        T = x.shape[-2]
+        start = whole_number(start, "start", low=0)
+        if start + T > self.max_positions:
+            raise ValueError(f"positions {start}..{start + T - 1} are past the table's {self.max_positions} "
+                             "positions: crop the input, or build the model with a larger block_size")
+        cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, hs/2)
+        return ROPE_CONVENTIONS[self.convention](x.float(), cos, sin).to(x.dtype)  # (..., T, hs)
+
+    def extra_repr(self) -> str:
+        return f"head_size={self.head_size}, max_positions={self.max_positions}, convention={self.convention!r}"
+
+# %% [markdown]
+# The promise of RoPE, checked: put one query vector q at every position m and one key vector k at
+# every position n, and the score table `score[m, n] = rope(q, m) · rope(k, n)` must be constant along
+# each diagonal (m - n fixed), for any pair of positions, in both conventions and at any even head size.
+
+# %%
+def score_table(rope: RotaryEmbedding, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[P, P]: q placed at every position m, k at every position n, their dot product after rotation."""
+    P = rope.max_positions
+    return rope(q.expand(P, -1)) @ rope(k.expand(P, -1)).T
+
+
+torch.manual_seed(3)
+for hs in (2, 8, 64):
+    for convention in ("halves", "pairs"):
+        s = score_table(RotaryEmbedding(hs, 48, convention=convention), torch.randn(hs), torch.randn(hs))
+        worst = max((s.diagonal(d) - s.diagonal(d)[0]).abs().max().item() for d in range(-47, 48))
+        print(f"hs={hs:2d} {convention:6s}: q·k depends only on m - n (48 positions), within 1e-4: {worst < 1e-4}")
+
+# %% [markdown]
+# The two conventions are different functions of the same vector, and the same function once the
+# channels are reordered; and Hugging Face's own `apply_rotary_pos_emb` agrees with ours:
+
+# %%
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+rope_h, rope_p = RotaryEmbedding(8, 16), RotaryEmbedding(8, 16, convention="pairs")
+x = torch.randn(1, 2, 16, 8)  # (B, nh, T, hs)
+order = torch.tensor([0, 2, 4, 6, 1, 3, 5, 7])
+print("pairs == halves on the same x:", torch.allclose(rope_p(x), rope_h(x)))
+print("pairs == halves on reordered channels, within 1e-6:",
+      torch.allclose(rope_p(x)[..., order], rope_h(x[..., order]), atol=1e-6))
+cos2, sin2 = rope_h.cos.repeat(1, 2), rope_h.sin.repeat(1, 2)  # HF keeps [T, hs]: the angles twice
+hf_q, _ = apply_rotary_pos_emb(x, x, cos2[None], sin2[None])
+print("halves == transformers' apply_rotary_pos_emb, within 1e-6:", torch.allclose(rope_h(x), hf_q, atol=1e-6))
+
+# %% [markdown]
+# An odd head size has a channel with no partner, and is refused:
+
+# %%
+try:
+    RotaryEmbedding(7, 16)
+except ValueError as e:
+    print(e)
+
+# %% [markdown]
+# ## 4. Grouped-query attention: fewer key and value heads
+#
+# Generating a token reads the whole KV cache of every layer (chapter 07 measured it: decoding is
+# limited by memory reads, not arithmetic). Its size is, for each layer, keys and values (2) of every
+# batch row, key/value head, position and channel:
+#
+# `bytes = 2 · n_layer · B · n_kv_head · T · hs · bytes per number`
+#
+# **Multi-query attention** (Shazeer 2019) gives all query heads a single key head and a single value
+# head; **grouped-query attention** (Ainslie et al. 2023) takes the middle way: `n_kv_head` key/value
+# heads, each shared by a group of `n_head // n_kv_head` consecutive query heads. Llama 2 70B and
+# Llama 3 use 8 key/value heads for 64 and 32 query heads. The queries keep all their heads; only the
+# cache shrinks, by `n_head / n_kv_head`.
+
+# %%
+# Your turn - Exercise 10.4 (★☆☆, predict): the size of a KV cache.
+def my_prediction() -> int:
+    """A decoder with 2 layers, 8 query heads and 2 key/value heads of size 16, in float32, has
+    processed 10 positions of one sequence. How many bytes does its KV cache hold?"""
+    ### BEGIN SOLUTION
+    return 2 * 2 * 1 * 2 * 10 * 16 * 4
+    ### END SOLUTION
+
+
+check_predict_kv_bytes(my_prediction)
+
+# %% [markdown]
+# **Your turn.** Write `share_kv_heads(kv, n_head)`: kv [B, nkv, T, hs] to [B, nh, T, hs], where
+# query head h gets key/value head h // (nh // nkv): heads 0 .. g-1 share head 0, heads g .. 2g-1
+# head 1, and so on (g = nh // nkv). This is the plain way, a copy per query head, that the teaching
+# path of attention uses; the fused path below shares without copying.
+
+# %%
+#| export
+# Your turn - Exercise 10.5 (★☆☆, build): grouped-query attention's head sharing.
+def share_kv_heads(kv: torch.Tensor, n_head: int) -> torch.Tensor:
+    """[B, nkv, T, hs] -> [B, nh, T, hs]: query head h reads key/value head h // (nh // nkv), so each
+    group of nh // nkv consecutive query heads shares one key/value head."""
+    if kv.ndim != 4 or isinstance(n_head, bool) or not isinstance(n_head, int) or n_head % kv.shape[1]:
+        raise ValueError(f"share_kv_heads needs kv [B, nkv, T, hs] and n_head a multiple of nkv, got "
+                         f"{tuple(kv.shape)} and n_head={n_head!r}")
+    ### BEGIN SOLUTION
+    return kv.repeat_interleave(n_head // kv.shape[1], dim=1)  # (B, nh, T, hs)
+    ### END SOLUTION
+
+# %%
+share_kv_heads = check_share_kv_heads(share_kv_heads).use
+
+# %% [markdown]
+# The attention layer. Queries, keys and values get their own projections, `query` (C → nh·hs),
+# `key` and `value` (C → nkv·hs), because with fewer key heads they no longer have the same width
+# (Hugging Face's `q_proj`, `k_proj`, `v_proj`; `proj` is their `o_proj`). With a `RotaryEmbedding`,
+# q and k are turned by their positions *before* the keys go into the cache: a key's angle depends only
+# on its own position, which never changes, so the cache can keep turned keys and no step turns them
+# again.
+#
+# `fast=True` hands everything to `F.scaled_dot_product_attention` with `enable_gqa=True` (PyTorch 2.5
+# and later), which reads each key/value head for its whole group and copies nothing; on an older
+# PyTorch it falls back to `share_kv_heads`. `fast=False` is the teaching path: `share_kv_heads`, then
+# chapter 03's attention, keeping the weights in `.last_weights`.
+
+# %%
+#| export
+_FUSED_GQA = torch.__version__ >= (2, 5)  # F.scaled_dot_product_attention(enable_gqa=...) is new in 2.5
+
+
+def _check_heads(d_model: int, n_head: int, n_kv_head: int | None) -> tuple[int, int, int]:
+    C, nh = whole_number(d_model, "d_model"), whole_number(n_head, "n_head")
+    nkv = nh if n_kv_head is None else whole_number(n_kv_head, "n_kv_head")
+    if C % nh:
+        raise ValueError(f"d_model={C} is not divisible by n_head={nh}: every head gets d_model // n_head channels")
+    if nh % nkv:
+        fits = [g for g in range(1, nh + 1) if nh % g == 0]
+        raise ValueError(f"n_head={nh} is not divisible by n_kv_head={nkv}: each key/value head serves "
+                         f"n_head // n_kv_head query heads; choose n_kv_head among {fits}")
+    return C, nh, nkv
+
+
+class GroupedQueryAttention(nn.Module):
+    """Causal self-attention with nkv key/value heads shared by nh query heads: x [B, T, C] -> [B, T, C].
+
+    ``n_kv_head`` None (= n_head): multi-head attention; 1: multi-query attention. ``query`` C -> nh·hs,
+    ``key``, ``value`` C -> nkv·hs, ``proj`` C -> C. With ``rope``, q and k are turned by their
+    positions before the keys are cached. ``fast``: fused kernel (no key/value copy per head);
+    otherwise `share_kv_heads` and chapter 03's attention (weights in ``.last_weights``).
+    """
+
+    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, dropout: float = 0.0,
+                 bias: bool = False, fast: bool = True, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        C, nh, nkv = _check_heads(d_model, n_head, n_kv_head)
+        self.d_model, self.n_head, self.n_kv_head, self.head_size = C, nh, nkv, C // nh
+        if rope is not None and rope.head_size != self.head_size:
+            raise ValueError(f"the RotaryEmbedding turns heads of size {rope.head_size}, this layer's are {self.head_size}")
+        self.dropout = real_number(dropout, "dropout", low=0, high=1, high_open=True)
+        self.fast, self.rope = fast, rope
+        self.query = nn.Linear(C, nh * self.head_size, bias=bias)  # W_q
+        self.key = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_k, nkv heads
+        self.value = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_v, nkv heads
+        self.proj = nn.Linear(C, C, bias=bias)  # W_o
+        self.resid_dropout = nn.Dropout(dropout)
+        self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """x [B, T, C] -> [B, T, C]; with a `cache` holding L positions the new ones are L .. L+T-1."""
+        _check_features(x, self.d_model, "GroupedQueryAttention")
+        if x.ndim != 3 or x.shape[1] == 0:
+            raise ValueError(f"GroupedQueryAttention expects x [B, T >= 1, C], got {tuple(x.shape)}")
+        start = 0 if cache is None else cache.length
+        q = split_heads(self.query(x), self.n_head)  # (B, nh, T, hs)
+        k = split_heads(self.key(x), self.n_kv_head)  # (B, nkv, T, hs)
+        v = split_heads(self.value(x), self.n_kv_head)  # (B, nkv, T, hs)
+        if self.rope is not None:
+            q, k = self.rope(q, start), self.rope(k, start)  # turned by positions start .. start+T-1
+        if cache is not None:
+            k, v = cache.update(k, v)  # (B, nkv, L + T, hs): turned keys are cached
+        y = self._attend_fast(q, k, v) if self.fast else self._attend_teaching(q, k, v)  # (B, nh, T, hs)
+        return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
+
+    def _attend_fast(self, q, k, v):
+        self.last_weights = None
+        T, T_total = q.shape[2], k.shape[2]
+        p = self.dropout if self.training else 0.0
+        shared = {}
+        if self.n_kv_head != self.n_head:
+            if _FUSED_GQA:
+                shared = {"enable_gqa": True}  # the kernel reads key/value head h // g for query head h
+            else:
+                k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)
+        if T == 1 or T == T_total:  # no cache, or one new query that may see every key
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=T > 1, **shared)
+        allowed = causal_mask_with_past(T, T_total - T, device=q.device)  # (T, T_total)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, **shared)
+
+    def _attend_teaching(self, q, k, v):
+        k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)  # (B, nh, T_total, hs)
+        allowed = causal_mask_with_past(q.shape[2], k.shape[2] - q.shape[2], device=q.device)
+        p = self.dropout if self.training else 0.0
+        y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
+        self.last_weights = weights.detach()  # (B, nh, T, T_total)
+        return y
+
+    def extra_repr(self) -> str:
+        return f"n_head={self.n_head}, n_kv_head={self.n_kv_head}, head_size={self.head_size}, fast={self.fast}"
+
+
+def kv_cache_bytes(n_layer: int, n_kv_head: int, head_size: int, n_positions: int, batch: int = 1,
+                   bytes_per_number: int = 4) -> int:
+    """Bytes of a KV cache: keys and values (2) of every layer, batch row, key/value head, position, channel."""
+    return 2 * n_layer * batch * n_kv_head * n_positions * head_size * bytes_per_number
+
+# %% [markdown]
+# Three checks. With as many key/value heads as query heads, grouped-query attention is chapter 04's
+# `MultiHeadAttention`: pack W_q, W_k, W_v into its `qkv` and the outputs agree. The fused path (no
+# copies) equals the teaching path (copies). And with rotary positions, feeding a sequence one token at
+# a time through the cache gives what the whole sequence gives at once, and the cache holds turned keys.
+
+# %%
+from transformer_course.multihead import MultiHeadAttention
+
+torch.manual_seed(4)
+gqa = GroupedQueryAttention(32, 4, n_kv_head=4, bias=True)
+mha = MultiHeadAttention(32, 4, bias=True)
+with torch.no_grad():
+    mha.qkv.weight.copy_(torch.cat([gqa.query.weight, gqa.key.weight, gqa.value.weight]))
+    mha.qkv.bias.copy_(torch.cat([gqa.query.bias, gqa.key.bias, gqa.value.bias]))
+    mha.proj.load_state_dict(gqa.proj.state_dict())
+x = torch.randn(2, 9, 32)
+print(f"n_kv_head == n_head equals MultiHeadAttention, within 1e-6: {(gqa(x) - mha(x)).abs().max().item() < 1e-6}")
+
+rope = RotaryEmbedding(8, 16)
+fast = GroupedQueryAttention(32, 4, n_kv_head=2, rope=rope)
+teaching = GroupedQueryAttention(32, 4, n_kv_head=2, rope=rope, fast=False)
+teaching.load_state_dict(fast.state_dict())
+print(f"fused (enable_gqa={_FUSED_GQA}) equals teaching, within 1e-6: {(fast(x) - teaching(x)).abs().max().item() < 1e-6}")
+
+# %%
+cache = KVCache()
+steps = torch.cat([fast(x[:, t:t + 1], cache=cache) for t in range(9)], dim=1)  # one position at a time
+print(f"cached, one token at a time, equals the whole sequence, within 1e-5: {(steps - fast(x)).abs().max().item() < 1e-5}")
+turned_keys = rope(split_heads(fast.key(x), 2))  # (B, nkv, T, hs)
+print(f"the cache holds the turned keys {list(cache.k.shape)}, within 1e-6: {(cache.k - turned_keys).abs().max().item() < 1e-6}")
+print(f"teaching path's weights: {list(teaching(x).shape)} output, {list(teaching.last_weights.shape)} weights")
+
+# %% [markdown]
+# The memory saved, computed and measured. Two models of the same width and depth, one with a key/value
+# head per query head and one with 2 for 8, each fill their cache with 64 positions; `KVCache.nbytes`
+# counts the bytes of the tensors it holds.
+
+# %%
+from transformer_course.model import GPT, GPTConfig
+
+for n_kv in (8, 2, 1):
+    cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=8, d_model=128, bias=False,
+                    positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=n_kv)
+    model = GPT(cfg).eval()
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(torch.zeros(1, 64, dtype=torch.long), cache=cache)
+    measured = sum(c.nbytes for c in cache)
+    formula = kv_cache_bytes(cfg.n_layer, n_kv, cfg.head_size, 64)
+    print(f"n_kv_head={n_kv}: formula {formula:>7,} bytes, measured {measured:>7,} bytes, "
+          f"multi-head's cache is {kv_cache_bytes(4, 8, 16, 64) // formula}x this")
+
+# %% [markdown]
+# ## 5. One GPT class, two architectures
+#
+# The last cell already used it: chapter 06's `GPTConfig` has the four choices as fields, and their
+# defaults are GPT-2's, so every earlier chapter builds exactly the model it built before.
+#
+# | field | GPT-2 (default) | Llama-style |
+# |---|---|---|
+# | `normalization` | `"layernorm"` | `"rmsnorm"` |
+# | `mlp` | `"plain"` (4C, `activation`) | `"swiglu"` (`d_ff`, default 8C/3 rounded) |
+# | `positional` | `"learned"` (or `"sinusoidal"`) | `"rope"` (`rope_base`) |
+# | `n_kv_head` | None (one per query head) | a divisor of `n_head` |
+#
+# When any of them differs from GPT-2's, `GPT` builds its blocks from this module: `ModernBlock` is
+# chapter 05's pre-norm block (`x + attn(ln1(x))`, then `x + mlp(ln2(x))`) with these parts, and all
+# blocks share one `RotaryEmbedding`, so the tables exist once per model. The KV cache, `generate`,
+# training and checkpoints work unchanged: they only call `model(idx, cache=...)`.
+
+# %%
+#| export
+def make_norm(normalization: str, d_model: int, eps: float, bias: bool = False, fast: bool = True) -> nn.Module:
+    """RMSNorm(C, eps) for "rmsnorm", chapter 05's LayerNorm(C, eps, bias, fast) for "layernorm"."""
+    choice(normalization, "normalization", ("layernorm", "rmsnorm"))
+    return RMSNorm(d_model, eps) if normalization == "rmsnorm" else LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
+
+
+class ModernBlock(nn.Module):
+    """A pre-norm decoder block of chapter 10's parts: x [B, T, C] -> [B, T, C].
+
+    ``x = x + attn(ln1(x))``, ``x = x + mlp(ln2(x))``, as chapter 05's pre-norm block; ``ln1``, ``ln2``
+    from `make_norm`, ``attn`` a `GroupedQueryAttention` (rotary when given ``rope``), ``mlp`` a `SwiGLU`
+    or, for ``mlp="plain"``, chapter 05's `FeedForward` with ``activation``. ``cache``: this layer's KVCache.
+    """
+
+    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, *, normalization: str = "rmsnorm",
+                 mlp: str = "swiglu", activation: str = "gelu", d_ff: int | None = None, dropout: float = 0.0,
+                 bias: bool = False, eps: float = 1e-6, fast: bool = True, rope: RotaryEmbedding | None = None):
+        super().__init__()
+        choice(mlp, "mlp", ("plain", "swiglu"))
+        self.ln1 = make_norm(normalization, d_model, eps, bias, fast)
+        self.attn = GroupedQueryAttention(d_model, n_head, n_kv_head, dropout=dropout, bias=bias, fast=fast, rope=rope)
+        self.ln2 = make_norm(normalization, d_model, eps, bias, fast)
+        self.mlp = (SwiGLU(d_model, d_ff, bias=bias, dropout=dropout) if mlp == "swiglu"
+                    else FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias))
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), cache=cache)  # (B, T, C)
+        return x + self.mlp(self.ln2(x))  # (B, T, C)
+
+
+def check_modern_config(cfg) -> None:
+    """Refuse a `GPTConfig` whose chapter 10 choices do not fit together, naming the fix."""
+    if cfg.norm != "pre":
+        raise ValueError("chapter 10's blocks are pre-norm, as every modern decoder: use norm='pre' with "
+                         "normalization, mlp, positional='rope' or n_kv_head")
+    _check_heads(cfg.d_model, cfg.n_head, cfg.n_kv_head)
+    whole_number(cfg.d_ff, "d_ff", none_ok=True)
+    real_number(cfg.rope_base, "rope_base", low=1, low_open=True)
+    if cfg.positional == "rope":
+        _check_head_size(cfg.head_size)
+    elif cfg.rope_base != 10000.0:
+        raise ValueError(f"rope_base={cfg.rope_base} only matters with positional='rope'")
+
+
+def modern_parts(cfg) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
+    """`GPT(cfg)`'s embedding, blocks and final norm for a config with chapter 10's choices; the
+    blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
+    check_modern_config(cfg)
+    rope = RotaryEmbedding(cfg.head_size, cfg.block_size, cfg.rope_base) if cfg.positional == "rope" else None
+    embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, None if rope else cfg.positional, cfg.dropout)
+    blocks = nn.ModuleList(
+        ModernBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, normalization=cfg.normalization, mlp=cfg.mlp,
+                    activation=cfg.activation, d_ff=cfg.d_ff, dropout=cfg.dropout, bias=cfg.bias, eps=cfg.eps,
+                    fast=cfg.fast, rope=rope)
+        for _ in range(cfg.n_layer)
+    )
+    return embed, blocks, make_norm(cfg.normalization, cfg.d_model, cfg.eps, cfg.bias, cfg.fast)
+
+
+def modern_block_parameter_count(cfg) -> int:
+    """Parameters of one `ModernBlock` built from ``cfg`` (a `GPTConfig`)."""
+    C, hs, b = cfg.d_model, cfg.head_size, int(cfg.bias)
+    kv = (cfg.n_kv_head or cfg.n_head) * hs
+    attention = 2 * C * C + 2 * C * kv + b * (2 * C + 2 * kv)  # query and proj, key and value
+    if cfg.mlp == "swiglu":
+        H = cfg.d_ff or swiglu_hidden(C)
+        mlp = 3 * C * H + b * (2 * H + C)  # gate, up, proj
+    else:
+        H = cfg.d_ff or 4 * C
+        mlp = 2 * C * H + b * (H + C)  # fc, proj
+    norms = 2 * (C + (b * C if cfg.normalization == "layernorm" else 0))
+    return attention + mlp + norms
+
+# %% [markdown]
+# GPT-2 and a Llama-style decoder of the same width and depth, built by one class. The parameter count
+# worked out from the config matches the module; the Llama-style one is smaller, because its key and
+# value projections have a quarter of the width and it has no position table and no biases:
+
+# %%
+from transformer_course.model import count_parameters
+
+base = dict(vocab_size=65, block_size=64, n_layer=4, n_head=8, d_model=96)
+gpt2_style = GPTConfig(**base)
+llama_style = GPTConfig(**base, bias=False, positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=2,
+                        tie_weights=False, eps=1e-6)
+for name, cfg in (("GPT-2 style", gpt2_style), ("Llama style", llama_style)):
+    model = GPT(cfg)
+    assert model.num_parameters() == count_parameters(cfg)
+    print(f"{name}: {model.num_parameters():,} parameters, block: {type(model.blocks[0]).__name__}")
+print(GPT(llama_style).blocks[0])
+
+# %% [markdown]
+# `generate` (chapter 07) works on both; with the cache it gives the tokens it gives without, and the
+# logits of a cached forward pass are those of a full one:
+
+# %%
+from transformer_course.generation import generate
+
+torch.manual_seed(5)
+for name, cfg in (("GPT-2 style", gpt2_style), ("Llama style", llama_style)):
+    model = GPT(cfg).eval()
+    prompt = torch.randint(0, 65, (2, 5))
+    cached = generate(model, prompt, 20, temperature=0)
+    same = torch.equal(cached, generate(model, prompt, 20, temperature=0, use_cache=False))
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(cached[:, :12], cache=cache)
+        step, _ = model(cached[:, 12:], cache=cache)
+        full, _ = model(cached)
+    close = (step - full[:, 12:]).abs().max().item() < 1e-5
+    print(f"{name}: greedy tokens with cache == without: {same}; cached logits == recomputed, within 1e-5: {close}")
+
+# %% [markdown]
+# ## 6. Parity with the real thing: Hugging Face's Llama
+#
+# As chapter 08 did for GPT-2, a loader reads the weights of a Hugging Face `LlamaForCausalLM` into our
+# `GPT`. The names map one to one (`q_proj` → `attn.query`, `gate_proj` → `mlp.gate`, `down_proj` →
+# `mlp.proj`, `input_layernorm` → `ln1`, ...), nothing is transposed (Llama uses `nn.Linear`), and
+# the head is either tied to the embedding or stored (`tie_word_embeddings`). Options our model does
+# not have are refused by name rather than silently ignored. The proof runs offline, on a small random
+# Llama built by `transformers` (2 layers, width 64, 4 query heads, 2 key/value heads, a vocabulary of
+# 256), whose weights are all drawn at random so that any mix-up shows.
+
+# %%
+#| export llama
+# Load Hugging Face `LlamaForCausalLM` weights into the course's `GPT` (exported from chapter 10).
+# Llama is chapter 10's modern decoder: RMSNorm, SwiGLU, rotary positions in the split-halves convention,
+# grouped-query attention, no biases. Its tensors are `nn.Linear` weights [out, in] like ours, so the
+# loader renames and copies; it refuses, naming the option, what our model does not compute: rope
+# scaling, biases, another activation, a head size other than d_model // n_head, other architectures.
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from transformer_course.config import GPTConfig
+from transformer_course.model import GPT
+
+_LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
+    "input_layernorm.weight": "ln1.weight",
+    "self_attn.q_proj.weight": "attn.query.weight",
+    "self_attn.k_proj.weight": "attn.key.weight",
+    "self_attn.v_proj.weight": "attn.value.weight",
+    "self_attn.o_proj.weight": "attn.proj.weight",
+    "post_attention_layernorm.weight": "ln2.weight",
+    "mlp.gate_proj.weight": "mlp.gate.weight",
+    "mlp.up_proj.weight": "mlp.up.weight",
+    "mlp.down_proj.weight": "mlp.proj.weight",
+}
+_OUTSIDE = {"model.embed_tokens.weight": "embed.token.weight", "model.norm.weight": "ln_f.weight",
+            "lm_head.weight": "lm_head.weight"}
+
+
+def make_llama_stand_in(vocab_size: int = 256, hidden_size: int = 64, n_layer: int = 2, n_head: int = 4,
+                        n_kv_head: int = 2, intermediate_size: int = 176, max_positions: int = 128,
+                        seed: int = 0, std: float = 0.1, **config):
+    """A small random Hugging Face `LlamaForCausalLM` (eval mode) to test the loader without the network.
+
+    Every weight is drawn from N(0, std), the RMSNorm gains from N(1, std). Extra ``config`` fields go
+    to `LlamaConfig`. Needs `transformers`.
+    """
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as e:
+        raise ImportError("make_llama_stand_in needs transformers: pip install 'transformer-course[pretrained]'") from e
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=n_layer,
+                      num_attention_heads=n_head, num_key_value_heads=n_kv_head,
+                      intermediate_size=intermediate_size, max_position_embeddings=max_positions, **config)
+    model = LlamaForCausalLM(cfg).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_((1.0 if name.endswith("norm.weight") else 0.0) + std * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _rope_type(hf: Mapping) -> tuple[str, float]:
+    """(rope type, base) from transformers 5's ``rope_parameters`` or 4's ``rope_scaling``/``rope_theta``."""
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    kinds = (params.get("rope_type"), scaling.get("rope_type"), scaling.get("type"))
+    kind = next((k for k in kinds if k not in (None, "default")), "default")
+    return kind, float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def config_from_llama(hf: Mapping) -> GPTConfig:
+    """Our `GPTConfig` for a Hugging Face Llama config (``config.to_dict()`` or config.json)."""
+    arch = hf.get("architectures") or ["LlamaForCausalLM"]
+    if hf.get("model_type") != "llama" or arch != ["LlamaForCausalLM"]:
+        raise ValueError(f"this loader reads LlamaForCausalLM checkpoints, got model_type={hf.get('model_type')!r}, "
+                         f"architectures={arch}: other architectures differ in ways it does not handle")
+    kind, base = _rope_type(hf)
+    if kind != "default":
+        raise ValueError(f"rope scaling {kind!r} is not supported: RotaryEmbedding uses the plain speeds "
+                         "base^(-2i/hs); load a checkpoint without rope_scaling")
+    for option in ("attention_bias", "mlp_bias"):
+        if hf.get(option):
+            raise ValueError(f"{option}=True is not supported: the course's Llama-style blocks have no biases there")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported: SwiGLU uses silu")
+    C, nh = hf["hidden_size"], hf["num_attention_heads"]
+    if hf.get("head_dim") not in (None, C // nh):
+        raise ValueError(f"head_dim={hf['head_dim']} is not supported: our heads have d_model // n_head = {C // nh} channels")
+    return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
+                     n_layer=hf["num_hidden_layers"], n_head=nh, d_model=C, bias=False, positional="rope",
+                     tie_weights=bool(hf.get("tie_word_embeddings", False)), eps=float(hf["rms_norm_eps"]),
+                     normalization="rmsnorm", mlp="swiglu", n_kv_head=hf.get("num_key_value_heads") or nh,
+                     d_ff=hf["intermediate_size"], rope_base=base)
+
+
+def convert_llama_state_dict(state: Mapping[str, torch.Tensor], cfg: GPTConfig) -> dict[str, torch.Tensor]:
+    """Hugging Face Llama tensors -> our `GPT`'s state dict (float32). Unknown or missing names are errors."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        layer = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
+        if name.endswith("rotary_emb.inv_freq"):
+            continue  # older checkpoints store RoPE's speeds; we compute them (RotaryEmbedding)
+        if layer and layer[2] in _LAYER:
+            out[f"blocks.{layer[1]}.{_LAYER[layer[2]]}"] = tensor.to(torch.float32)
+        elif name in _OUTSIDE:
+            out[_OUTSIDE[name]] = tensor.to(torch.float32)
+        else:
+            raise ValueError(f"unexpected tensor {name!r} in the checkpoint: not a weight of LlamaForCausalLM "
+                             "without biases (attention_bias / mlp_bias)")
+    if cfg.tie_weights:
+        head = out.pop("lm_head.weight", None)
+        if head is not None and not torch.equal(head, out.get("embed.token.weight")):
+            raise ValueError("tie_word_embeddings=True but lm_head.weight differs from embed_tokens.weight: "
+                             "the config does not describe these weights")
+        out["lm_head.weight"] = out.get("embed.token.weight")
+    expected = {f"blocks.{i}.{ours}" for i in range(cfg.n_layer) for ours in _LAYER.values()} | set(_OUTSIDE.values())
+    missing = sorted(expected - {k for k, v in out.items() if v is not None})
+    if missing:
+        raise ValueError(f"missing tensors in the checkpoint: {missing[:4]}{' ...' if len(missing) > 4 else ''}"
+                         + (" (tie_word_embeddings=False needs lm_head.weight)" if "lm_head.weight" in missing else ""))
+    return out
+
+
+def load_hf_llama(source) -> GPT:
+    """Our `GPT`, in eval mode, holding a Hugging Face Llama: a `LlamaForCausalLM` object, or a local
+    folder with config.json and model.safetensors (or pytorch_model.bin)."""
+    if isinstance(source, (str, os.PathLike)):
+        from transformer_course.pretrained import read_hf_state_dict
+
+        folder = Path(source)
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
+        hf_cfg, state = json.loads((folder / "config.json").read_text()), read_hf_state_dict(folder)
+    elif hasattr(source, "config") and hasattr(source, "state_dict"):
+        hf_cfg, state = source.config.to_dict(), source.state_dict()
+    else:
+        raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
+    cfg = config_from_llama(hf_cfg)
+    model = GPT(cfg)
+    model.load_state_dict(convert_llama_state_dict(state, cfg))
+    return model.eval()
+
+# %% [markdown]
+# The stand-in, loaded; then the residual stream after the embedding and after every block, and the
+# logits, compared with Hugging Face's own forward pass. (Hugging Face's last "hidden state" is taken
+# after the final norm, so ours gets `ln_f` there too.)
+
+# %%
+from transformer_course.llama import config_from_llama, load_hf_llama, make_llama_stand_in
+from transformer_course.pretrained import block_outputs
+
+hf = make_llama_stand_in()
+ours = load_hf_llama(hf)
+print(config_from_llama(hf.config.to_dict()))
+idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(6))
+with torch.no_grad():
+    theirs = hf(idx, output_hidden_states=True)
+    stream = block_outputs(ours, idx)
+    stream[-1] = ours.ln_f(stream[-1])
+    logits, _ = ours(idx)
+for i, (a, b) in enumerate(zip(stream, theirs.hidden_states, strict=True)):
+    print(f"hidden state {i}: within 1e-5: {(a - b).abs().max().item() < 1e-5}")
+print(f"logits {list(logits.shape)}: within 1e-5: {(logits - theirs.logits).abs().max().item() < 1e-5}")
+
+# %% [markdown]
+# And generation: greedy decoding with our cached loop gives the tokens of `transformers`' `generate`.
+
+# %%
+prompt = idx[:, :4]
+mine = generate(ours, prompt, 16, temperature=0)
+with torch.no_grad():
+    reference = hf.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
+print("greedy tokens identical:", torch.equal(mine, reference))
+
+# %% [markdown]
+# Options our model does not compute are refused by name:
+
+# %%
+good = hf.config.to_dict()
+changes = {
+    "rope scaling": {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}},
+    "attention bias": {"attention_bias": True},
+    "another architecture": {"model_type": "mistral", "architectures": ["MistralForCausalLM"]},
+}
+for name, change in changes.items():
+    try:
+        config_from_llama({**good, **change})
+    except ValueError as e:
+        print(f"{name}: {e}")
+
+# %% [markdown]
+# ## 7. Your turn: Mistral's sliding window
+#
+# Mistral 7B adds one more change: each query attends to at most the last `window` positions (itself
+# included), not to the whole past. Information still travels further, one window per layer, but the
+# cost of attention and the KV cache stop growing with the context.
+#
+# **Your turn (extend).** Write `sliding_window_mask(T, window, past=0)`: bool [T, past + T], True
+# where new query t (at position past + t) may attend key j: j ≤ past + t (causal) and
+# past + t - j < window. With `window` ≥ past + T it is chapter 04's `causal_mask_with_past`.
+
+# %%
+# Your turn - Exercise 10.6 (★★☆, extend): Mistral's sliding-window mask.
+def sliding_window_mask(T: int, window: int, past: int = 0) -> torch.Tensor:
+    """Bool [T, past + T]: query t (position past + t) may attend key j when 0 <= past + t - j < window."""
+    ### BEGIN SOLUTION
+    query = torch.arange(past, past + T)[:, None]  # (T, 1): the new queries' positions
+    key = torch.arange(past + T)[None, :]  # (1, past + T)
+    distance = query - key
+    return (distance >= 0) & (distance < window)  # (T, past + T)
+    ### END SOLUTION
+
+
+check_sliding_window_mask(sliding_window_mask)
+
+# %% [markdown]
+# ## Bad input gets a clear message
+
+# %%
+bad_calls = {
+    "n_head not divisible by n_kv_head": lambda: GPTConfig(65, 64, 2, n_head=6, d_model=96, n_kv_head=4),
+    "odd head size with RoPE": lambda: GPTConfig(65, 64, 2, n_head=4, d_model=36, positional="rope"),
+    "post-norm with modern parts": lambda: GPTConfig(65, 64, 2, 4, 64, norm="post", normalization="rmsnorm"),
+    "past the rotary table": lambda: RotaryEmbedding(8, 16)(torch.zeros(1, 1, 4, 8), start=14),
+    "wrong width into RMSNorm": lambda: RMSNorm(8)(torch.zeros(2, 6)),
+}
+for name, call in bad_calls.items():
+    try:
+        call()
+    except ValueError as e:
+        print(f"{name}: {e}")
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question("What does RMSNorm leave out of LayerNorm?",
+             ["The division by a spread", "The subtraction of the mean (and the shift β)", "The learned gain"],
+             answer=1, explain="RMSNorm divides by the root mean square and multiplies by a gain; nothing is centred."),
+    Question("Why does a SwiGLU MLP use a hidden width of about 8C/3 instead of 4C?",
+             ["SiLU needs fewer units than GELU", "It has three matrices, so 3·C·H = 2·C·4C keeps the parameter count",
+              "To make the head size even"],
+             answer=1, explain="Three C×H matrices of width 8C/3 hold as many numbers as two of width 4C."),
+    Question("With rotary positions, what does the score of a query at position m and a key at n depend on?",
+             ["Only on m", "On m and n separately", "On the two vectors and m - n only"],
+             answer=2, explain="Turning both by their angles leaves a dot product that sees only the difference of the angles."),
+    Question("A model has 32 query heads and 8 key/value heads. What shrinks, and by how much?",
+             ["The KV cache, 4x", "The number of query heads, 4x", "The parameters of the MLP, 4x"],
+             answer=0, explain="Keys and values are stored per key/value head: 8 instead of 32."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - **RMSNorm** divides each token's vector by its root mean square and multiplies by a gain: LayerNorm
+#   without the centring and the shift. You wrote it; it equals `torch.nn.RMSNorm` to 1e-6.
+# - **SwiGLU** gates one widening of the token with SiLU of another; with three matrices, the hidden
+#   width 8C/3 keeps the parameters of GPT-2's 4C MLP.
+# - **RoPE** turns each head's query and key pairs by angles p·θ_i, θ_i = base^(-2i/hs) (you fixed a
+#   table that got the exponent wrong, and wrote the rotation); the scores then depend only on the
+#   distance between positions, checked for every pair of 48 positions. Hugging Face's Llama pairs
+#   split halves, the paper neighbours: the same rotation on reordered channels. The cos/sin tables are
+#   made once per model, and the cache keeps turned keys.
+# - **Grouped-query attention** shares each key/value head among a group of query heads; at
+#   `n_kv_head == n_head` it is chapter 04's attention, and the KV cache shrinks by n_head / n_kv_head,
+#   by the formula and as measured. The fused path shares without copying.
+# - One `GPT` class builds GPT-2 and a Llama-style decoder from `GPTConfig`; the cache and `generate`
+#   work for both, and a Hugging Face `LlamaForCausalLM` loads into it with hidden states and logits
+#   within 1e-5 and the same greedy tokens.
+#
+# Exported to `transformer_course/modern.py`: `RMSNorm`, `swiglu_hidden`, `SwiGLU`, `rope_frequencies`,
+# `rotate_halves`, `rotate_pairs`, `RotaryEmbedding`, `share_kv_heads`, `GroupedQueryAttention`,
+# `kv_cache_bytes`, `make_norm`, `ModernBlock`, `check_modern_config`, `modern_parts`,
+# `modern_block_parameter_count`; and to `transformer_course/llama.py`: `make_llama_stand_in`,
+# `config_from_llama`, `convert_llama_state_dict`, `load_hf_llama`.
