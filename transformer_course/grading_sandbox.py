@@ -181,17 +181,22 @@ def _enter_sandbox(folder: str) -> None:
         except OSError as error:
             if os.path.exists(point) and not os.statvfs(point).f_flag & os.ST_RDONLY:
                 raise RuntimeError(f"could not make {point} read-only: {error}") from error
+    # what must stay visible even where it lies under a temporary folder (a clone in /tmp, say): the
+    # graded folder's tree (../benchmarks/...), the Python that runs the kernel and this package
+    needed = {folder, sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
+              str(Path(__file__).resolve().parents[1])}
     for temp in ("/tmp", "/var/tmp", "/dev/shm"):
         if not os.path.isdir(temp) or folder == temp:
             continue
-        inside = os.path.relpath(folder, temp).split(os.sep)[0]
-        keep = os.open(os.path.join(temp, inside), os.O_RDONLY | os.O_DIRECTORY) if inside != ".." else None
+        tops = {os.path.relpath(path, temp).split(os.sep)[0] for path in needed}
+        keep = {top: os.open(os.path.join(temp, top), os.O_RDONLY | os.O_DIRECTORY)
+                for top in sorted(tops) if top not in ("..", ".") and os.path.isdir(os.path.join(temp, top))}
         _mount("tmpfs", temp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1g")
-        if keep is not None:  # the folder lives under it: its tree stays visible, read-only (../benchmarks/...)
-            os.mkdir(os.path.join(temp, inside))
-            _mount(f"/proc/self/fd/{keep}", os.path.join(temp, inside), None, _MS_BIND | _MS_REC)
-            _mount(None, os.path.join(temp, inside), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-            os.close(keep)
+        for top, handle_top in keep.items():  # their trees stay visible, read-only
+            os.mkdir(os.path.join(temp, top))
+            _mount(f"/proc/self/fd/{handle_top}", os.path.join(temp, top), None, _MS_BIND | _MS_REC)
+            _mount(None, os.path.join(temp, top), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
+            os.close(handle_top)
     scratch = tempfile.mkdtemp(prefix="overlay-", dir="/tmp")
     os.makedirs(f"{scratch}/upper")
     os.makedirs(f"{scratch}/work")
