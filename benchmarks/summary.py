@@ -164,6 +164,16 @@ def other_rows() -> list[str]:
                     f"{window['speed-up']} the uncached loop within one window, {past['speed-up']} past it with "
                     f"`crop_to`; {window['KV cache at a full window (batch 1, float32)'].split(' (')[0]} of cache "
                     f"at a full window | `generation.md` |")
+    path = RESULTS / "modern.md"
+    if path.exists():
+        models = tables(path)[0]
+        gpt2, llama = _row(models, "model", "GPT-2 style"), _row(models, "model", "Llama style")
+        parts = ", ".join(f"{r['model']} {r['vs GPT-2 style']}" for r in models if r["model"].startswith("+ "))
+        found = re.search(r"Each model: ([\d.]+ s) of wall time", path.read_text(encoding="utf-8"))
+        budget = found.group(1) if found else "equal"
+        rows.append(f"| GPT-2 vs Llama-style decoder, 0.8 M parameters each, {budget} of training each on Shakespeare "
+                    f"(mean over seeds) | {where('modern.md')}val loss {llama['mean']} vs {gpt2['mean']} "
+                    f"({llama['vs GPT-2 style']}); one part at a time: {parts} | `modern.md` |")
     # a figure whose machine is unknown says only where to look
     return [row if "| not recorded |" not in row else
             "| ".join(row.split("| ")[:3]) + "| rerun `make bench` to measure it with its machine named | "

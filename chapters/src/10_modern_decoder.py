@@ -1010,6 +1010,87 @@ def sliding_window_mask(T: int, window: int, past: int = 0) -> torch.Tensor:
 check_sliding_window_mask(sliding_window_mask)
 
 # %% [markdown]
+# ## 8. Does it matter?
+#
+# Every check so far says the parts are *correct*; none says they are *better*. To find out,
+# `benchmarks/bench_modern.py` trains six models of chapter 06's tiny shape on Shakespeare with
+# chapter 06's recipe, each for the same wall time on one CPU thread, from the same seeds and on the
+# same batches: GPT-2 style, Llama style, and GPT-2 style with one modern part added at a time. Equal
+# time, not equal steps, because that is what a person with one machine can spend: a part that
+# learns more per step but makes each step slower has to earn its cost. They also have (nearly) equal
+# parameter counts: rotary positions drop the position table and two key/value heads instead of four
+# drop a quarter of the attention weights, so those models get a wider MLP (the `d_ff` column) to
+# make up the difference.
+#
+# Training all six twice takes about eight minutes, too long for a notebook, so the cell below reads
+# the results the script stored on the machine it names. Run `python benchmarks/bench_modern.py` in
+# the course's folder to measure your own.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (read from a file that `python benchmarks/bench_modern.py` rewrites on the machine it runs on)
+import json
+from pathlib import Path
+
+stored = Path("../benchmarks/results/modern.json")
+ablation = json.loads(stored.read_text()) if stored.is_file() else None  # a copy of the notebook alone has none
+if ablation is None:
+    print(f"no stored results at {stored}: run `python benchmarks/bench_modern.py` in the course's folder "
+          "(about eight minutes), then run this cell again")
+else:
+    meta, labels, seeds = ablation["meta"], ablation["labels"], ablation["meta"]["seeds"]
+    runs = {(r["model"], r["seed"]): r for r in ablation["runs"]}
+    print(f"{meta['machine']}, torch {meta['torch']}, {meta['threads']} thread, {meta['seconds']:g} s per run, "
+          f"seeds {seeds}\n")
+    final = {m: sum(runs[m, s]["val_loss"] for s in seeds) / len(seeds) for m in labels}
+    w = max(map(len, labels.values()))
+    print(f"{'model':{w}s} {'parameters':>10s} {'steps':>13s} {'val loss':>9s} {'vs GPT-2 style':>15s}")
+    for m, label in labels.items():
+        steps = " / ".join(str(runs[m, s]["steps"]) for s in seeds)
+        vs = "" if m == "gpt2" else f"{final[m] - final['gpt2']:+.3f}"
+        print(f"{label:{w}s} {runs[m, seeds[0]]['parameters']:10,} {steps:>13s} {final[m]:9.3f} {vs:>15s}")
+
+# %% [markdown]
+# The validation curves of the same runs (solid: first seed, dashed: second), against the wall time
+# they were given and against the steps they made in it:
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# (drawn from the same stored file; nothing to draw without it)
+if ablation is not None:
+    fig, (by_time, by_step) = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for i, (m, label) in enumerate(labels.items()):
+        for s, style in zip(seeds, ("-", "--"), strict=False):
+            r = runs[m, s]  # from the first evaluation on: step 0's loss (ln 76) would flatten the plot
+            kw = dict(color=f"C{i}", ls=style, label=label if s == seeds[0] else None)
+            by_time.plot(r["eval_seconds"][1:], r["val_curve"][1:], **kw)
+            by_step.plot(r["eval_step"][1:], r["val_curve"][1:], **kw)
+    by_time.set(xlabel="wall time (s)", ylabel="validation loss (nats)", title="Equal wall time")
+    by_step.set(xlabel="step", title="The same runs by step")
+    by_time.legend(fontsize=8)
+    plt.show()
+
+# %% [markdown]
+# **What the numbers show, and what they cannot.** In the stored run one part stands out: rotary
+# positions. Both models that have them end well below the GPT-2 style model, by several times the
+# spread between seeds, and they are ahead at equal steps as well (the last column of
+# `benchmarks/results/modern.md`), although they made fewer steps: a learned position table starts as
+# noise and has to be learned from the data, while a rotation tells every head the distance between
+# two tokens from the first step. RMSNorm, SwiGLU and grouped-query attention on their own end within
+# a few hundredths of the GPT-2 style model, some ahead and some behind. At equal steps they are level
+# or slightly ahead, but the chapter's modern blocks make fewer steps in the same time on this CPU
+# (the steps column), and at equal wall time that cost counts.
+#
+# Read them with care. Each model has 0.8 M parameters and trained for half a minute, two seeds each,
+# on a CPU other programs were using: the two seeds of one model already end up to a few hundredths
+# apart, so a smaller difference between models is not evidence of anything. Nothing here says what
+# happens at scale either: the papers behind these parts measured them on far larger models trained far
+# longer. And grouped-query attention was never meant to lower the loss: it gives up a little quality
+# for a much smaller KV cache (section 4). What the experiment does show is how to ask the question
+# fairly: one change at a time, equal parameters, equal time, the same data, more than one seed, and
+# a look at both the time axis and the step axis.
+
+# %% [markdown]
 # ## Bad input gets a clear message
 
 # %%
@@ -1066,6 +1147,9 @@ quiz([
 # - One `GPT` class builds GPT-2 and a Llama-style decoder from `GPTConfig`; the cache and `generate`
 #   work for both, and a Hugging Face `LlamaForCausalLM` loads into it with hidden states and logits
 #   within 1e-5 and the same greedy tokens.
+# - **Does it matter?** Six models of equal size trained for equal time, one modern part at a time
+#   (`benchmarks/bench_modern.py`, stored results): how to compare architectures fairly, and why half a
+#   minute on a CPU with two seeds can show a trend but not settle it.
 #
 # Exported to `transformer_course/modern.py`: `RMSNorm`, `swiglu_hidden`, `SwiGLU`, `rope_frequencies`,
 # `rotate_halves`, `rotate_pairs`, `RotaryEmbedding`, `share_kv_heads`, `GroupedQueryAttention`,
