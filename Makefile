@@ -19,12 +19,13 @@ CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install lab test test-other-cpu test-fast export course check lint student test-browser bench clean
+.PHONY: help install lab test test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
 	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
+	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
 	@echo "make student       write the student edition to student/"
 	@echo "make export        write the notebooks' exported cells into transformer_course/"
@@ -70,6 +71,16 @@ test: $(STAMP)
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)
 	$(BIN)/python tools/other_cpu.py $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+
+# The GPU tier: tests/test_gpu.py's `cuda` tests (skipped by `make test`, which pins the CPU), with the device
+# left to PyTorch; every outcome, with the GPU named, goes to benchmarks/results/gpu_tests.json. Stops at
+# once, saying so, where PyTorch sees no CUDA GPU. On a machine without .venv: make test-gpu BIN=<dir of python> STAMP=
+GPU_JUNIT := build/gpu_tests.xml
+test-gpu: $(STAMP)
+	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make test-gpu needs a CUDA GPU; PyTorch ' + torch.__version__ + ' sees none here (make test runs everything else)')"
+	@mkdir -p build
+	-TRANSFORMER_COURSE_DEVICE= OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests/test_gpu.py -m cuda -q -p no:cacheprovider -o junit_family=xunit1 --junitxml $(GPU_JUNIT)
+	$(BIN)/python tools/gpu_test_report.py $(GPU_JUNIT) benchmarks/results/gpu_tests.json
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"

@@ -147,7 +147,8 @@ def run_kernels(repeats: int = 200) -> dict:
 
 def run_full(name: str) -> dict:
     """A whole training run (evaluation included) for a RUN_VARIANT."""
-    from transformer_course.training import TRAIN_PRESETS, TrainConfig, train
+    from transformer_course.config import TRAIN_PRESETS, TrainConfig
+    from transformer_course.training import train
 
     began = time.perf_counter()
     model, train_data, val_data = _setup({})

@@ -174,6 +174,16 @@ def other_rows() -> list[str]:
         rows.append(f"| GPT-2 vs Llama-style decoder, 0.8 M parameters each, {budget} of training each on Shakespeare "
                     f"(mean over seeds) | {where('modern.md')}val loss {llama['mean']} vs {gpt2['mean']} "
                     f"({llama['vs GPT-2 style']}); one part at a time: {parts} | `modern.md` |")
+    path = RESULTS / "ddp.md"
+    if path.exists():
+        runs = tables(path)[0]
+        two = _row(runs, "run", "2 processes (gloo)")
+        nodes = _row(runs, "run", "2 nodes")
+        threads = _row(runs, "run", "1 process, 2 threads")
+        rows.append(f"| Data-parallel training under torchrun, chapter 06's shapes, tokens/s vs 1 process on 1 thread | "
+                    f"{where('ddp.md')}2 gloo processes {two['vs 1 process, 1 thread']} (scaling efficiency "
+                    f"{two['scaling efficiency']}); 2 loopback nodes {nodes['vs 1 process, 1 thread']}; 1 process on "
+                    f"2 threads {threads['vs 1 process, 1 thread']} | `ddp.md` |")
     # a figure whose machine is unknown says only where to look
     return [row if "| not recorded |" not in row else
             "| ".join(row.split("| ")[:3]) + "| rerun `make bench` to measure it with its machine named | "

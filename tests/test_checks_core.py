@@ -65,3 +65,20 @@ def test_use_is_the_learners_code_when_it_passed_else_the_reference(capsys):
     assert lines[2].endswith("not done yet - the chapter carries on with the package's causal_mask")
     assert all(RESULT_LINE.match(line) for line in lines)
     assert check_double(lambda x: 2 * x, quiet=True).use is None  # no reference declared
+
+
+def test_expect_tensor_and_seeded_randn():
+    import pytest
+    import torch
+
+    from transformer_course.checks import CheckFailed
+    from transformer_course.checks._core import expect_tensor, seeded_randn
+
+    x = seeded_randn(2, 3, seed=4)
+    assert torch.equal(x, seeded_randn(2, 3, seed=4)) and not torch.equal(x, seeded_randn(2, 3, seed=5))
+    assert seeded_randn(2, seed=0, dtype=torch.float64).dtype == torch.float64
+    assert expect_tensor(x, (2, 3)) is x
+    with pytest.raises(CheckFailed, match=r"return a tensor of logits, got list"):
+        expect_tensor([1.0], what="a tensor of logits")
+    with pytest.raises(CheckFailed, match=r"return a tensor of shape \(3, 2\), got \(2, 3\)"):
+        expect_tensor(x, (3, 2))

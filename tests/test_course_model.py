@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from transformer_course import course_model
+from transformer_course.config import TRAIN_PRESETS, TrainConfig
 from transformer_course.course_model import (
     build_course_model,
     build_dates_model,
@@ -18,7 +19,6 @@ from transformer_course.course_model import (
 )
 from transformer_course.model import PRESETS
 from transformer_course.tokenization import CharTokenizer
-from transformer_course.training import TRAIN_PRESETS, TrainConfig
 
 
 @pytest.fixture(scope="module")

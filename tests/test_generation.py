@@ -181,6 +181,13 @@ def test_bad_sampling_settings_are_named(kwargs, match):
         sample_next(_rows(0), **kwargs, generator=torch.Generator())
 
 
+def test_filters_refuse_a_bad_knob():
+    with pytest.raises(ValueError, match=r"k must be a whole number >= 1, got 0"):
+        top_k_filter(_rows(0), 0)
+    with pytest.raises(ValueError, match=r"p must be a finite number > 0 and <= 1, got 1.5: the probability mass"):
+        top_p_filter(_rows(0), 1.5)
+
+
 def test_a_temperature_that_overflows_points_to_greedy():
     with pytest.raises(ValueError, match="too small for these logits.*use 0 for greedy"):
         next_token_probs(_rows(0), 1e-40)
@@ -466,8 +473,9 @@ def test_encode_prompt():
 
     tok = CharTokenizer.from_text("abc \n")  # chars sorted: "\n", " ", "a", "b", "c"
     assert torch.equal(encode_prompt(tok, "ab c"), torch.tensor([[2, 3, 1, 4]]))
-    with pytest.raises(ValueError, match="the prompt is empty"):
-        encode_prompt(tok, "")
+    for bad in ("", None, ["a"]):
+        with pytest.raises(ValueError, match="the prompt is empty or not a str"):
+            encode_prompt(tok, bad)
     with pytest.raises(ValueError, match=r"characters the tokenizer does not know: 'Zx'.*remove or replace"):
         encode_prompt(tok, "abxZ")
 

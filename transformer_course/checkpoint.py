@@ -24,7 +24,7 @@ from .runtime import atomic_save
 
 CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
 
-# %% ../chapters/06_gpt_and_training.ipynb #94463936
+# %% ../chapters/06_gpt_and_training.ipynb #de076eb2
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model (the message says which)."""
 
@@ -65,10 +65,14 @@ def state_sha256(state) -> str:
 
 
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
-                    tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None) -> Path:
+                    tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
+                    rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
-    with their SHA-256 (`state_sha256`), which `load_checkpoint` verifies."""
+    with their SHA-256 (`state_sha256`), which `load_checkpoint` verifies. `rank_rng`: under data-parallel
+    training, every rank's CPU random state (for its dropout), in rank order."""
     rng = {"torch": torch.get_rng_state()}
+    if rank_rng is not None:
+        rng["ranks"] = rank_rng
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     if batch_generator is not None:

@@ -25,6 +25,15 @@ def _add_train(sub) -> None:
     p.add_argument("--out", required=True, help="directory for checkpoints and the loss history")
     p.add_argument("--max-iters", type=_positive_int, default=None, help="stop after this many steps")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
+    p.add_argument("--eval-interval", type=_positive_int, default=None, help="evaluate and checkpoint every this many steps")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--grad-accum", type=_positive_int, default=None,
+                       help="micro-batches per process per step (default 1: under torchrun the global batch grows "
+                            "with the number of processes)")
+    batch.add_argument("--global-batch", type=_positive_int, default=None,
+                       help="windows per optimizer step over all processes, kept fixed whatever the number of "
+                            "processes (gradient accumulation makes up the rest); a multiple of the preset's batch "
+                            "size times the number of processes")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
     p.add_argument("--bf16", action="store_true",
@@ -58,7 +67,26 @@ def _check_out_folder(out, needed_bytes: int) -> None:
 
 def _cmd_train(args) -> int:
     """`transformer-course train`: train a preset on Shakespeare, checkpointing into args.out; resume if
-    a checkpoint is there. The out folder is checked before the data is loaded."""
+    a checkpoint is there. Under `torchrun` every process runs this: they join one process group and
+    train data-parallel (transformer_course.distributed), rank 0 alone writing and printing."""
+    from . import distributed
+
+    if not distributed.launched_by_torchrun():
+        return _train(args, distributed.World())
+    from torch.distributed.elastic.multiprocessing.errors import (
+        record,  # the failing rank's traceback in torchrun's report
+    )
+
+    world, args.device = distributed.start_from_environment(args.device)
+    try:
+        return record(_train)(args, world)
+    finally:
+        distributed.stop()
+
+
+def _train(args, world) -> int:
+    """The train command in one process of `world` (one process of one outside torchrun).
+    The out folder is checked before the data is loaded."""
     import json
     from dataclasses import replace
     from pathlib import Path
@@ -84,20 +112,37 @@ def _cmd_train(args) -> int:
     overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
     if args.bf16:
         overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
-    cfg = replace(TRAIN_PRESETS[args.preset], **overrides, **({"max_iters": args.max_iters} if args.max_iters else {}))
+    for name in ("max_iters", "eval_interval", "grad_accum"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
+    cfg = replace(TRAIN_PRESETS[args.preset], **overrides)
+    if args.global_batch:
+        per_step = cfg.batch_size * world.size  # one micro-batch on every process
+        if args.global_batch % per_step:
+            raise ValueError(f"--global-batch {args.global_batch} does not split over {world.size} process(es) of "
+                             f"batch {cfg.batch_size}: choose a multiple of {per_step}, or another number of processes")
+        cfg = replace(cfg, grad_accum=args.global_batch // per_step)
+    say = print if world.is_main else (lambda *_, **__: None)  # logs from rank 0 only
     seed_everything(args.seed)
     model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
-    resume = load_checkpoint(checkpoint, model) if checkpoint.exists() else None
-    if resume is not None:
-        print(f"resuming from step {resume.step} ({checkpoint})")
-    print(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
-          f"{cfg.batch_size} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
+    resume = None
+    if checkpoint.exists():
+        try:
+            resume = load_checkpoint(checkpoint, model)
+        except ValueError as error:
+            raise ValueError(f"{error}; --out {out} holds another run: resume it with the same --preset, or choose "
+                             "another --out") from None
+        say(f"resuming from step {resume.step} ({checkpoint})")
+    processes = f" x {world.size} processes" if world.size > 1 else ""
+    say(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
+        f"{cfg.batch_size * cfg.grad_accum}{processes} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
     history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer)
-    written = out / ".history.json.tmp"  # then renamed: a run killed while writing leaves the old file whole
-    written.write_text(json.dumps(history.to_dict()))
-    written.replace(out / "history.json")
-    print(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
-          f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
+    if world.is_main:
+        written = out / ".history.json.tmp"  # then renamed: a run killed while writing leaves the old file whole
+        written.write_text(json.dumps(history.to_dict()))
+        written.replace(out / "history.json")
+    say(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
+        f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
     return 0
 
 
@@ -229,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable or unwritable files, full disks
-        print(f"transformer-course {args.command}: error: {error}", file=sys.stderr)
+        import os
+
+        rank = f" (rank {os.environ['RANK']})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        print(f"transformer-course {args.command}{rank}: error: {error}", file=sys.stderr)
         return 2
 
 

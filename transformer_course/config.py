@@ -113,7 +113,7 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-xl": GPTConfig(50257, 1024, n_layer=48, n_head=25, d_model=1600, activation="gelu_tanh"),
 }
 
-# %% ../chapters/06_gpt_and_training.ipynb #aa9aca83
+# %% ../chapters/06_gpt_and_training.ipynb #f8d44565
 @dataclass
 class TrainConfig:
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
@@ -132,13 +132,14 @@ class TrainConfig:
     eval_iters: int = 20  # batches averaged per evaluation, for train and for val
     max_seconds: float | None = None  # stop early after this much wall time
     seed: int = 1337  # seeds the batch sampler
+    grad_accum: int = 1  # micro-batches per process per step: global batch = batch_size * grad_accum * processes
     device: str | None = None  # None: CUDA, then MPS, then CPU
     compile: bool = False  # torch.compile the model (pays off only for long runs)
     bf16: bool | None = None  # bf16 autocast: None = on a CUDA GPU only; True = on the CPU too (opt-in); False = never
     progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
 
     def __post_init__(self):
-        for name in ("max_iters", "batch_size", "eval_interval", "eval_iters"):
+        for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters"):
             whole_number(getattr(self, name), f"TrainConfig.{name}")
         real_number(self.learning_rate, "TrainConfig.learning_rate", low=0.0, low_open=True, hint="such as 1e-3")
         real_number(self.min_lr, "TrainConfig.min_lr", low=0.0, high=self.learning_rate,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['train_step', 'param_groups', 'fused_adamw_works', 'make_optimizer', 'lr_at', 'estimate_loss', 'autocast_for', 'train', 'plot_history', 'encode_corpus']
+__all__ = ['EVAL_SEED_OFFSET', 'train_step', 'accumulated_step', 'param_groups', 'fused_adamw_works', 'make_optimizer', 'lr_at', 'estimate_loss', 'autocast_for', 'train', 'plot_history', 'encode_corpus']
 
-# %% ../chapters/06_gpt_and_training.ipynb #2f0ee636
+# %% ../chapters/06_gpt_and_training.ipynb #15b0bbf7
 # Training a GPT (exported from chapter 06 to transformer_course/training.py): AdamW with weight decay on
 # matrices only (fused where this PyTorch offers it), linear warm-up then cosine learning rate, gradient
 # clipping, periodic evaluation on fixed batches, checkpoints at every evaluation and exact resuming.
@@ -17,15 +17,15 @@ from contextlib import nullcontext
 
 import torch
 
-from .checkpoint import Checkpoint, config_differences, load_checkpoint, save_checkpoint
-from .config import TRAIN_PRESETS, History, TrainConfig
+from .checkpoint import Checkpoint, config_differences, save_checkpoint
+from .config import History, TrainConfig
 from .data import get_batch
+from .distributed import current_world
 from .model import GPT
 from .runtime import pick_device
 from .tokenization import CharTokenizer
 
-# training.py held these before they moved to checkpoint.py and config.py: importable from here for one more release
-_MOVED = (load_checkpoint, TRAIN_PRESETS)
+EVAL_SEED_OFFSET = 1  # evaluation batches are drawn from seed cfg.seed + 1, never from the training stream
 
 # %% ../chapters/06_gpt_and_training.ipynb #ca750e3b
 def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float = 1.0, autocast=None) -> float:
@@ -39,6 +39,29 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: fl
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return loss.item()
+
+# %% ../chapters/06_gpt_and_training.ipynb #cb605945
+def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_batches: int, grad_clip: float = 1.0,
+                     autocast=None) -> float:
+    """One optimizer step on x, y [B, T] taken as `micro_batches` slices of B / micro_batches rows, one
+    forward and backward each (memory of one slice); the gradient is that of the mean loss over all B
+    rows. Under DDP the gradients are averaged over processes in the last backward only. Returns the
+    mean loss (before the update)."""
+    if len(x) % micro_batches:
+        raise ValueError(f"a batch of {len(x)} rows does not split into {micro_batches} equal micro-batches")
+    optimizer.zero_grad(set_to_none=True)
+    total = 0.0
+    for i, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
+        last = i == micro_batches - 1
+        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():  # DDP: all-reduce once
+            with autocast or nullcontext():
+                _, loss = model(xs, ys)
+            (loss / micro_batches).backward()
+        total += loss.item()
+    if grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return total / micro_batches
 
 # %% ../chapters/06_gpt_and_training.ipynb #6461e92b
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -86,23 +109,27 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_iters) / (end - cfg.warmup_iters)  # 0 -> 1
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
-# %% ../chapters/06_gpt_and_training.ipynb #12520ab1
+# %% ../chapters/06_gpt_and_training.ipynb #8c289bd7
 @torch.no_grad()
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
-                  device=None) -> float:
+                  device=None, shard: tuple[int, int] = (0, 1)) -> float:
     """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data`, drawn by a generator
-    of its own seeded with `seed` (the global random state is neither used nor changed)."""
+    of its own seeded with `seed` (the global random state is neither used nor changed).
+    `shard=(rank, processes)`: score only batches rank, rank + processes, ... and return their share of
+    the mean, so the shares of all processes add up to the mean over all `iters` batches."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
+    rank, processes = shard
     total = 0.0
-    for _ in range(iters):
-        x, y = get_batch(data, block_size, batch_size, generator=generator, device=device)
-        total += model(x, y)[1].item()
+    for i in range(iters):
+        x, y = get_batch(data, block_size, batch_size, generator=generator, device=device)  # every rank draws all
+        if i % processes == rank:
+            total += model(x, y)[1].item()
     model.train(was_training)
     return total / iters
 
-# %% ../chapters/06_gpt_and_training.ipynb #e597f36b
+# %% ../chapters/06_gpt_and_training.ipynb #80ea14f2
 def autocast_for(device: torch.device, cfg: TrainConfig):
     """The forward pass's precision: bf16 autocast on a CUDA GPU that supports it (unless cfg.bf16 is
     False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
@@ -122,20 +149,24 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
+def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator, world, seed: int) -> None:
     if differences := config_differences(resume.config, model.cfg):
         raise ValueError(f"cannot resume: the checkpoint does not match the model: {'; '.join(differences)}")
     model.load_state_dict(resume.model.state_dict())
     if resume.optimizer_state is not None:
         optimizer.load_state_dict(resume.optimizer_state)
     if "batch" in resume.rng:
-        batches.set_state(resume.rng["batch"])
-    if "torch" in resume.rng:
-        torch.set_rng_state(resume.rng["torch"])
-    if "cuda" in resume.rng and torch.cuda.is_available():
+        batches.set_state(resume.rng["batch"].cpu())  # map_location may have moved it
+    if len(resume.rng.get("ranks", ())) == world.size > 1:  # the same number of processes: each its own state
+        torch.set_rng_state(resume.rng["ranks"][world.rank].cpu())
+    elif world.size > 1:  # another number of processes: fresh, distinct dropout draws per rank
+        torch.manual_seed(seed + world.rank + 1000 * resume.step)
+    elif "torch" in resume.rng:
+        torch.set_rng_state(resume.rng["torch"].cpu())
+    if "cuda" in resume.rng and torch.cuda.is_available() and world.size == 1:  # rank 0's alone: not for all ranks
         torch.cuda.set_rng_state_all(resume.rng["cuda"])
 
-# %% ../chapters/06_gpt_and_training.ipynb #8814c401
+# %% ../chapters/06_gpt_and_training.ipynb #726c6c63
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids; return the History.
@@ -143,44 +174,61 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     Every `eval_interval` steps and at the end: evaluate train and val (and write `checkpoint_path`,
     if given). `resume` (from `load_checkpoint`) restores weights, optimizer, step, RNG states and
     history: stopping and resuming gives the same losses as never stopping.
+    Under torchrun (a process group is running) it trains data-parallel: every process takes its rows of
+    each global batch of batch_size * grad_accum * processes windows, DDP averages the gradients, losses
+    and evaluations are averaged over the processes, and only rank 0 writes checkpoints and the bar.
     """
     from tqdm.auto import tqdm
 
-    cfg = cfg or TrainConfig()
+    cfg, world = cfg or TrainConfig(), current_world()
     device = pick_device(cfg.device)
     model.to(device).train()
     optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
-    history, step = History(tokens_per_step=cfg.batch_size * model.cfg.block_size), 0
+    global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per optimizer step, all processes
+    history, step = History(tokens_per_step=global_rows * model.cfg.block_size), 0
+    if world.size > 1:  # distinct dropout draws per process
+        torch.manual_seed(cfg.seed + world.rank)
     if resume is not None:
-        _restore(resume, model, optimizer, batches)
+        _restore(resume, model, optimizer, batches, world, cfg.seed)
         history, step = resume.history or history, resume.step
+        history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed
     forward = torch.compile(model) if cfg.compile else model
+    stepper = world.wrap(forward)  # under torchrun: gradients averaged over the processes in backward
     began, base = _now(device), history.wall_seconds
 
     def evaluate() -> None:
         with autocast_for(device, cfg):
             for losses, data in ((history.train_loss, train_data), (history.val_loss, val_data)):
-                losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
-                                            seed=cfg.seed + 1, device=device))
+                share = estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
+                                      seed=cfg.seed + EVAL_SEED_OFFSET, device=device, shard=(world.rank, world.size))
+                losses.append(world.sum(share))
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
         bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
-        if checkpoint_path is not None:
+        rank_rng = world.gather(torch.get_rng_state()) if world.size > 1 else None  # every rank takes part
+        if checkpoint_path is not None and world.is_main:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
-                            history=history, batch_generator=batches)
+                            history=history, batch_generator=batches, rank_rng=rank_rng)
+        world.barrier()  # no rank goes on (or returns) before the checkpoint is written
 
     # redraw at most once a second: every redraw of a Jupyter widget is a message to the front end
-    bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", disable=not cfg.progress, mininterval=1.0)
+    bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
+               disable=not (cfg.progress and world.is_main))
     while step < cfg.max_iters:
         if step % cfg.eval_interval == 0 and step not in history.eval_step:
             evaluate()
-        if cfg.max_seconds is not None and _now(device) - began > cfg.max_seconds:
+        if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
             break
         tick, lr = _now(device), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        x, y = get_batch(train_data, model.cfg.block_size, cfg.batch_size, generator=batches, device=device)
-        history.loss.append(train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg)))
+        # one global batch from the shared sampler; each process takes its rows
+        x, y = world.shard(*get_batch(train_data, model.cfg.block_size, global_rows, generator=batches, device=device))
+        if cfg.grad_accum == 1:
+            loss = train_step(stepper, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg))
+        else:
+            loss = accumulated_step(stepper, optimizer, x, y, cfg.grad_accum, cfg.grad_clip, autocast_for(device, cfg))
+        history.loss.append(world.mean(loss))
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick

@@ -73,6 +73,23 @@ def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 
         raise CheckFailed(f"{hint} (largest difference {worst:.3g})")
 
 
+def expect_tensor(got, shape=None, what: str = "a tensor"):
+    """Fail unless the learner's ``got`` is a tensor (of ``shape``, when given); return it."""
+    import torch
+
+    expect(isinstance(got, torch.Tensor), f"return {what}, got {type(got).__name__}")
+    if shape is not None:
+        expect(tuple(got.shape) == tuple(shape), f"return {what} of shape {tuple(shape)}, got {tuple(got.shape)}")
+    return got
+
+
+def seeded_randn(*shape: int, seed: int, dtype=None):
+    """A standard normal tensor of ``shape``, the same on every call with the same ``seed`` (its own generator)."""
+    import torch
+
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
 def _resolve(reference: str):
     """``"transformer_course.attention:causal_mask"`` -> that object (imported when first needed)."""
     module, _, qualname = reference.partition(":")

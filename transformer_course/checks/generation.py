@@ -9,12 +9,19 @@ from __future__ import annotations
 
 import torch
 
-from ._core import check, expect, expect_close
+from ._core import check, expect, expect_close, expect_tensor, seeded_randn
+
+_NOT_ZERO = ("removed tokens must become -inf (softmax turns -inf into probability 0), not 0: a logit of 0 can "
+            "still be likely")
 
 
 def _logits(rows: int = 3, vocab: int = 11, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, vocab, generator=g) * 2
+    return seeded_randn(rows, vocab, seed=seed) * 2
+
+
+def _row() -> torch.Tensor:
+    """One row [V] of logits, as the chapter calls the functions."""
+    return torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
 
 def _kept(filtered: torch.Tensor) -> torch.Tensor:
@@ -23,14 +30,21 @@ def _kept(filtered: torch.Tensor) -> torch.Tensor:
 
 
 def _call_filter(fn, logits: torch.Tensor, knob) -> torch.Tensor:
-    """Run a learner's filter on a copy; it must return a tensor of the same shape."""
-    got = fn(logits.clone(), knob)
-    expect(isinstance(got, torch.Tensor), f"return a tensor of logits, got {type(got).__name__}")
-    expect(
-        tuple(got.shape) == tuple(logits.shape),
-        f"keep the shape of the logits: {tuple(logits.shape)} in, {tuple(got.shape)} out",
-    )
-    return got
+    """Run a learner's filter on a copy; it must return a tensor of the logits' shape."""
+    return expect_tensor(fn(logits.clone(), knob), logits.shape, "a tensor of logits")
+
+
+def _expect_kept(got: torch.Tensor, logits: torch.Tensor, want: torch.Tensor, hint: str) -> None:
+    """A filter kept exactly the tokens ``want`` (bool [..., V]), with their logits unchanged, the rest at -inf."""
+    kept = _kept(got)
+    expect(torch.equal(kept, want), hint)
+    expect(torch.equal(got[kept], logits[kept]), "kept logits must keep their values unchanged")
+    expect(bool((got[~kept] == float("-inf")).all()), "removed tokens must be exactly -inf (probability 0), not 0")
+
+
+def _expect_single_row(fn, knob, reference, hint: str) -> None:
+    """The filter on one row [V] keeps what ``reference`` keeps."""
+    expect(torch.equal(_kept(_call_filter(fn, _row(), knob)), _kept(reference(_row(), knob))), f"on a single row [V] {hint}")
 
 
 # ------------------------------------------------------------------ 7.1 (debug): temperature
@@ -53,20 +67,16 @@ def check_probs_at_temperature(fn):
             "over the last dimension (dim=-1) comes last",
         )
         want = torch.softmax(logits / t, dim=-1)
-        if t != 1.0 and torch.allclose(got, torch.softmax(logits, dim=-1), atol=1e-6):
-            expect(
-                False,
-                f"at temperature {t} you return the same distribution as at temperature 1: dividing the "
-                "probabilities by the temperature and renormalising cancels out; divide the LOGITS, before "
-                "the softmax",
-            )
-        if t != 1.0 and torch.allclose(got, torch.softmax(logits * t, dim=-1), atol=1e-5):
-            expect(False, f"with temperature {t} you multiplied the logits by it: divide by the temperature instead")
+        changed = t == 1.0 or not torch.allclose(got, torch.softmax(logits, dim=-1), atol=1e-6)
+        expect(changed, f"at temperature {t} you return the same distribution as at temperature 1: dividing the "
+                        "probabilities by the temperature and renormalising cancels out; divide the LOGITS, before "
+                        "the softmax")
+        expect(t == 1.0 or not torch.allclose(got, torch.softmax(logits * t, dim=-1), atol=1e-5),
+               f"with temperature {t} you multiplied the logits by it: divide by the temperature instead")
         expect_close(got, want, f"wrong probabilities at temperature {t}: softmax(logits / temperature) over the vocabulary")
-    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
-    got = torch.as_tensor(fn(row.clone(), 0.5))
+    got = torch.as_tensor(fn(_row(), 0.5))
     expect(tuple(got.shape) == (5,), f"a single row of logits [V] should give [V] probabilities, got {tuple(got.shape)}")
-    expect_close(got, torch.softmax(row / 0.5, dim=-1), "wrong probabilities for a single row [V]")
+    expect_close(got, torch.softmax(_row() / 0.5, dim=-1), "wrong probabilities for a single row [V]")
 
 
 # ------------------------------------------------------------------ 7.2 (build): top-k
@@ -80,15 +90,11 @@ def check_top_k_filter(fn):
     for k in (1, 3, vocab):
         got = _call_filter(fn, logits, k)
         n_kept = _kept(got).sum(-1)
-        if k < vocab and bool((n_kept == vocab).all()) and bool(((got == 0).sum(-1) >= vocab - k).all()):
-            expect(False, "removed tokens must become -inf (softmax turns -inf into probability 0), not 0: a logit of 0 can still be likely")
+        zeros = bool((n_kept == vocab).all()) and bool(((got == 0).sum(-1) >= vocab - k).all())
+        expect(k == vocab or not zeros, _NOT_ZERO)
         expect(bool((n_kept == k).all()), f"with k={k} every row must keep exactly {k} tokens, kept {n_kept.tolist()}")
-        expect(
-            torch.equal(_kept(got), _kept(top_k_filter(logits, k))),
-            f"with k={k} you kept the wrong tokens: keep the k LARGEST logits of each row (torch.topk)",
-        )
-        expect(torch.equal(got[_kept(got)], logits[_kept(got)]), "kept logits must keep their values unchanged")
-        expect(bool((got[~_kept(got)] == float("-inf")).all()), "removed tokens must be exactly -inf")
+        _expect_kept(got, logits, _kept(top_k_filter(logits, k)),
+                     f"with k={k} you kept the wrong tokens: keep the k LARGEST logits of each row (torch.topk)")
     try:
         big = _call_filter(fn, logits, vocab + 5)
     except NotImplementedError:
@@ -104,10 +110,8 @@ def check_top_k_filter(fn):
         f"with logits [1, 3, 2, 2, 2] and k=2 you kept {kept} tokens: comparing against the k-th value keeps every tie; "
         "put the values of the k positions torch.topk returns back into a row of -inf, so exactly k survive",
     )
-    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
-    got = _call_filter(fn, row, 2)
-    expect(torch.equal(_kept(got), torch.tensor([True, True, False, False, False])),
-           "on a single row [V] = [2, 1, 0.5, 0, -1] with k=2 keep the first two: work along the last dimension (dim=-1)")
+    _expect_single_row(fn, 2, top_k_filter,
+                       "= [2, 1, 0.5, 0, -1] with k=2 keep the first two: work along the last dimension (dim=-1)")
 
 
 # ------------------------------------------------------------------ 7.3 (build): top-p
@@ -149,16 +153,11 @@ def check_top_p_filter(fn):
             "total, so the top token (mass 0 before it) always survives",
         )
     for p, got in outputs.items():
-        kept, want = _kept(got), _kept(top_p_filter(logits, p))
-        expect(
-            int(kept.sum()) <= int(want.sum()),
-            f"with p={p} you kept {int(kept.sum())} tokens where the nucleus has {int(want.sum())}: stop at the first "
-            "token where the running total reaches p",
-        )
-        expect(torch.equal(kept, want), f"with p={p} you kept the wrong tokens: keep a prefix of the tokens sorted "
-                                        "largest first, then put the decision back in vocabulary order")
-        expect(torch.equal(got[kept], logits[kept]), "kept logits must keep their values unchanged")
-        expect(bool((got[~kept] == float("-inf")).all()), "removed tokens must be exactly -inf, not 0")
+        n_kept, n_want = int(_kept(got).sum()), int(_kept(top_p_filter(logits, p)).sum())
+        expect(n_kept <= n_want, f"with p={p} you kept {n_kept} tokens where the nucleus has {n_want}: stop at the "
+                                 "first token where the running total reaches p")
+        _expect_kept(got, logits, _kept(top_p_filter(logits, p)), f"with p={p} you kept the wrong tokens: keep a prefix "
+                     "of the tokens sorted largest first, then put the decision back in vocabulary order")
     # p = 1: the whole distribution, even a tail whose running total rounds to 1 before it ends
     tail = torch.tensor([[40.0, 0.0, -1.0, -2.0, -3.0]])  # the tail's probabilities are ~1e-18, below float64's eps
     kept = int(_kept(_call_filter(fn, tail, 1.0)).sum())
@@ -167,10 +166,8 @@ def check_top_p_filter(fn):
         f"p = 1 must keep every token with a probability above 0, but you kept {kept} of 5 on a row whose tail is "
         "tiny: the running total reaches 1.0 by rounding before the tail; treat p = 1 as 'nothing to drop'",
     )
-    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter calls it
-    got = _call_filter(fn, row, 0.6)
-    expect(torch.equal(_kept(got), _kept(top_p_filter(row, 0.6))),
-           "on a single row [V] you kept the wrong tokens: sort, sum and softmax along the last dimension (dim=-1)")
+    _expect_single_row(fn, 0.6, top_p_filter,
+                       "you kept the wrong tokens: sort, sum and softmax along the last dimension (dim=-1)")
 
 
 # ------------------------------------------------------------------ 7.4 (predict): the work of the cache
@@ -224,21 +221,14 @@ def _prompts(batch: int = 2, length: int = 3, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 13, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
-class _Calls:
-    """Records every forward call of a model: positions fed, and the cache object passed (a pre-hook)."""
+def _record_calls(model, fed: list, caches: list):
+    """Append the positions fed and the cache passed at every forward call of ``model``; returns the hook's handle."""
 
-    def __init__(self, model):
-        self.fed: list[int] = []
-        self.caches: list[object] = []
-        self._handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+    def hook(module, args, kwargs):
+        fed.append(int((args[0] if args else kwargs["idx"]).shape[-1]))
+        caches.append(args[2] if len(args) > 2 else kwargs.get("cache"))
 
-    def _hook(self, module, args, kwargs):
-        idx = args[0] if args else kwargs.get("idx")
-        self.fed.append(int(idx.shape[-1]))
-        self.caches.append(args[2] if len(args) > 2 else kwargs.get("cache"))
-
-    def remove(self) -> None:
-        self._handle.remove()
+    return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _greedy(logits: torch.Tensor) -> torch.Tensor:
@@ -260,14 +250,15 @@ def _expected(model, window: torch.Tensor, n: int, rule) -> torch.Tensor:
 
 
 def _drive(fn, model, window: torch.Tensor, n: int, rule):
-    """Run the learner's loop as ``stream`` does; returns (tokens [B, n'], calls, logits shapes given to choose)."""
-    shapes: list[tuple[int, ...]] = []
+    """Run the learner's loop as ``stream`` does; returns (tokens [B, n'], positions fed per pass, caches passed,
+    shapes of the logits given to choose)."""
+    shapes, fed, caches = [], [], []
 
     def choose(logits):
         shapes.append(tuple(logits.shape))
         return rule(logits)
 
-    calls = _Calls(model)
+    handle = _record_calls(model, fed, caches)
     tokens = []
     try:
         with torch.no_grad():
@@ -281,8 +272,8 @@ def _drive(fn, model, window: torch.Tensor, n: int, rule):
             for step in steps:
                 if not tokens:
                     expect(
-                        len(calls.fed) == 1,
-                        f"your loop ran the model {len(calls.fed)} times before yielding the first token: yield each "
+                        len(fed) == 1,
+                        f"your loop ran the model {len(fed)} times before yielding the first token: yield each "
                         "token as soon as choose has picked it (stream prints it before the next step runs)",
                     )
                 expect(
@@ -302,9 +293,9 @@ def _drive(fn, model, window: torch.Tensor, n: int, rule):
         expect(False, f"your loop failed ({type(error).__name__}: {error}): after the prefill feed only the newest "
                       "token, [B, 1], with the same cache; the cache already holds the keys and values of the rest")
     finally:
-        calls.remove()
+        handle.remove()
     out = torch.stack(tokens, dim=1) if tokens else window.new_zeros(window.size(0), 0)
-    return out, calls, shapes
+    return out, fed, caches, shapes
 
 
 @check("7.5", "decode_with_cache", reference="transformer_course.generation:decode_with_cache")
@@ -313,9 +304,9 @@ def check_decode_with_cache(fn):
     model = _tiny_gpt(seed=3)
     window = _prompts(seed=1)  # [2, 3]
     T, n = window.size(1), 6  # 3 + 6 - 1 = 8 = block_size: the window just fills the context
-    got, calls, shapes = _drive(fn, model, window, n, _greedy)
-    expect(len(calls.fed) > 0, "your loop never ran the model: run the window through it first (the prefill)")
-    expect(calls.fed[0] >= T, f"the first forward pass fed {calls.fed[0]} position(s): it must be the prefill, the "
+    got, fed, caches, shapes = _drive(fn, model, window, n, _greedy)
+    expect(len(fed) > 0, "your loop never ran the model: run the window through it first (the prefill)")
+    expect(fed[0] >= T, f"the first forward pass fed {fed[0]} position(s): it must be the prefill, the "
                               f"whole window ({T} positions) through the model with the empty cache")
     expect(got.size(1) == n, f"with n={n} your loop yielded {got.size(1)} tokens: one per step, {n} in all")
     expect(
@@ -326,33 +317,32 @@ def check_decode_with_cache(fn):
                              "draws a random number at each call, so extra calls change the text")
     want = _expected(model, window, n, _greedy)
     if not torch.equal(got, want):
-        caches = [c for c in calls.caches if c is not None]
         expect(
-            len(caches) == len(calls.caches) and all(c is caches[0] for c in caches),
+            all(c is not None and c is caches[0] for c in caches),
             "pass the SAME cache on every call, model(new, cache=cache, ...): without it (or with a fresh one each "
             "step) the newest token is numbered position 0 and sees none of the tokens before it",
         )
-        expect(sum(calls.fed) <= T + n - 1, "feed only the token chosen last after the prefill: feeding the whole "
+        expect(sum(fed) <= T + n - 1, "feed only the token chosen last after the prefill: feeding the whole "
                                             "sequence again appends its keys a second time and numbers the positions wrongly")
         expect(False, "your tokens differ from the plain loop's: prefill the window, then feed each chosen token "
                       "[B, 1] with the same cache")
     expect(
-        sum(calls.fed) == T + n - 1 and len(calls.fed) == n,
-        f"the tokens are right, but your loop fed the model {sum(calls.fed)} positions in {len(calls.fed)} passes "
+        sum(fed) == T + n - 1 and len(fed) == n,
+        f"the tokens are right, but your loop fed the model {sum(fed)} positions in {len(fed)} passes "
         f"where a cached loop needs {T + n - 1} in {n} (the window once, then one token per step): pass cache= and "
         "feed only the token chosen last",
     )
-    got2, _, _ = _drive(fn, model, window, n, _second_best)
+    got2 = _drive(fn, model, window, n, _second_best)[0]
     expect(
         torch.equal(got2, _expected(model, window, n, _second_best)),
         "with a choose that does not pick the most likely token your tokens are wrong: yield and feed back exactly "
         "what choose returned (not an argmax of your own)",
     )
     one_full = _prompts(batch=1, length=8, seed=5)  # a full window: one token, from the prefill alone
-    got3, calls3, _ = _drive(fn, model, one_full, 1, _greedy)
-    expect(calls3.fed == [8] and torch.equal(got3, _expected(model, one_full, 1, _greedy)),
+    got3, fed3, _, _ = _drive(fn, model, one_full, 1, _greedy)
+    expect(fed3 == [8] and torch.equal(got3, _expected(model, one_full, 1, _greedy)),
            f"with a full window (8 positions) and n=1 the loop must run exactly one pass, the prefill, and yield its "
-           f"token; yours fed {calls3.fed}")
+           f"token; yours fed {fed3}")
 
 
 # ------------------------------------------------------------------ 7.6 (extend): min-p
@@ -372,9 +362,7 @@ def check_min_p_filter(fn):
     for min_p in (0.1, 0.05, 0.3):
         got = _call_filter(fn, logits, min_p)
         kept, want = _kept(got), probs >= min_p * probs.amax(-1, keepdim=True)
-        expect(not (bool(kept.all()) and bool((got[~want] == 0).all()) and not bool(want.all())),
-               "removed tokens must become -inf (softmax turns -inf into probability 0), not 0: a logit of 0 can "
-               "still be likely")
+        expect(not (bool(kept.all()) and bool((got[~want] == 0).all()) and not bool(want.all())), _NOT_ZERO)
         if not torch.equal(kept, want):
             expect(not torch.equal(kept, probs >= min_p),
                    f"with min_p={min_p} you compared each probability with min_p itself: the bar is min_p TIMES the "
@@ -385,16 +373,12 @@ def check_min_p_filter(fn):
             expect(not torch.equal(kept, logits >= min_p * logits.amax(-1, keepdim=True)),
                    f"with min_p={min_p} you compared logits: the rule is about probabilities (softmax first); in "
                    "logits it reads logit >= top logit + log(min_p)")
-            expect(False, f"with min_p={min_p} you kept the wrong tokens: keep those whose probability is at least "
-                          "min_p times the row's top probability")
-        expect(torch.equal(got[kept], logits[kept]), "kept logits must keep their values unchanged")
-        expect(bool((got[~kept] == float("-inf")).all()), "removed tokens must be exactly -inf (probability 0), not 0")
+        _expect_kept(got, logits, want, f"with min_p={min_p} you kept the wrong tokens: keep those whose probability "
+                                        "is at least min_p times the row's top probability")
     expect(torch.equal(_call_filter(fn, logits, 0.0), logits), "min_p = 0 must keep every token, unchanged")
     ties = torch.tensor([[2.0, 2.0, 0.0, -1.0]])
     kept = _kept(_call_filter(fn, ties, 1.0))
     expect(kept.tolist() == [[True, True, False, False]],
            "min_p = 1 keeps exactly the tokens tied for the top probability (>= the bar, not >)")
-    row = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V], as the chapter may call it
-    got = _call_filter(fn, row, 0.3)
-    expect(torch.equal(_kept(got), _kept(min_p_filter(row, 0.3))),
-           "on a single row [V] you kept the wrong tokens: take the softmax and the maximum along the last dimension")
+    _expect_single_row(fn, 0.3, min_p_filter,
+                       "you kept the wrong tokens: take the softmax and the maximum along the last dimension")

@@ -1,0 +1,211 @@
+"""Data-parallel training (issue 25): `transformer_course.distributed` and `train` under torchrun.
+
+Two CPU processes (gloo) on this machine must give the same losses as one process with gradient
+accumulation over the same batches; checkpoints come from rank 0 and resume exactly with the same
+number of processes and correctly with another; a failing or killed rank ends the job (or, with
+`--max-restarts`, the job resumes from its checkpoint); bad input gets a message that names the fix.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_course import cli, distributed
+from transformer_course.checkpoint import load_checkpoint
+from transformer_course.distributed import World
+from transformer_course.training import accumulated_step, estimate_loss, train, train_step
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+
+sys.path.insert(0, str(Path(__file__).parent))
+import ddp_worker  # noqa: E402  (the same runs, in this one process)
+
+
+def _close(a, b, tol=1e-5):
+    return len(a) == len(b) and all(abs(x - y) <= tol for x, y in zip(a, b, strict=True))
+
+
+# ------------------------------------------------------------------ one process: the identity world
+def test_a_world_of_one_changes_nothing():
+    world, model = World(), torch.nn.Linear(2, 2)
+    assert world.is_main and world.wrap(model) is model
+    x = torch.arange(6).reshape(3, 2)
+    assert world.shard(x)[0] is x
+    assert world.mean(2.5) == 2.5 and world.sum(2.5) == 2.5 and world.any(True) and not world.any(False)
+    assert world.gather("state") == ["state"]
+    assert distributed.current_world() == World()  # no process group in the test process
+
+
+def test_shard_takes_this_ranks_rows_and_refuses_an_uneven_batch():
+    x = torch.arange(8)
+    assert World(rank=1, size=2).shard(x)[0].tolist() == [4, 5, 6, 7]
+    assert [World(rank=r, size=4).shard(x)[0].tolist() for r in range(4)] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    with pytest.raises(ValueError, match="9 rows does not split over 2 processes"):
+        World(rank=0, size=2).shard(torch.arange(9))
+
+
+def test_accumulated_step_is_one_big_step():
+    big, small = ddp_worker.model(0.0), ddp_worker.model(0.0)
+    x = torch.randint(65, (8, 32), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(65, (8, 32), generator=torch.Generator().manual_seed(1))
+    one = train_step(big, torch.optim.SGD(big.parameters(), lr=0.5), x, y, grad_clip=0.5)  # SGD: shows every gradient
+    four = accumulated_step(small, torch.optim.SGD(small.parameters(), lr=0.5), x, y, 4, grad_clip=0.5)
+    assert abs(one - four) < 1e-5
+    for a, b in zip(big.parameters(), small.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="8 rows does not split into 3 equal micro-batches"):
+        accumulated_step(small, torch.optim.SGD(small.parameters(), lr=0.1), x, y, 3)
+
+
+def test_evaluation_shards_add_up_to_the_mean():
+    net = ddp_worker.model(0.0)
+    whole = estimate_loss(net, ddp_worker.VAL, 32, 4, 5, seed=3)
+    shares = [estimate_loss(net, ddp_worker.VAL, 32, 4, 5, seed=3, shard=(r, 2)) for r in range(2)]
+    assert abs(sum(shares) - whole) < 1e-6
+
+
+def test_nproc_per_node_larger_than_the_machine_is_refused(monkeypatch):
+    cores = distributed.usable_cpus()
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))
+    with pytest.raises(ValueError, match=rf"--nproc-per-node {cores + 1} .* has {cores}; use --nproc-per-node {cores} or fewer"):
+        distributed.start_from_environment("cpu")
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+        with pytest.raises(ValueError, match="not on 'mps'"):
+            distributed.start_from_environment("mps")
+
+
+# ------------------------------------------------------------------ two processes under torchrun
+def _job(command: list[str], timeout: float = 300) -> tuple[int, str, str]:
+    """Run a torchrun job; on timeout end it with all its workers (a hung job fails the test, not CI)."""
+    job = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        stdout, stderr = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        stdout, stderr = job.communicate()
+        pytest.fail(f"the job hung for {timeout} s: {stderr[-2000:]}")
+    return job.returncode, stdout, stderr
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp")
+    returncode, _, stderr = _job([*TORCHRUN, str(Path(__file__).parent / "ddp_worker.py"), str(out)])
+    assert returncode == 0, stderr[-3000:]
+    return out
+
+
+def _history(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def test_two_processes_equal_one_process_with_gradient_accumulation(two_process_runs):
+    two = _history(two_process_runs / "fixed.json")
+    one = train(ddp_worker.model(0.0), ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(grad_accum=2)).to_dict()
+    assert two["tokens_per_step"] == one["tokens_per_step"] == 8 * 32
+    assert two["step"] == one["step"] and two["eval_step"] == one["eval_step"] == [0, 4, 8]
+    for key in ("loss", "lr", "train_loss", "val_loss"):
+        assert _close(two[key], one[key]), (key, two[key], one[key])
+    assert one["loss"][0] != one["loss"][-1]  # it trained
+
+
+def test_a_resumed_run_with_the_same_world_size_is_exact(two_process_runs):
+    straight, resumed = (_history(two_process_runs / name) for name in ("straight.json", "resumed.json"))
+    for key in ("step", "loss", "lr", "eval_step", "train_loss", "val_loss"):
+        assert straight[key] == resumed[key], key  # dropout 0.1: each rank's random state is in the checkpoint
+    saved = torch.load(two_process_runs / "part.pt", weights_only=True)
+    assert len(saved["rng"]["ranks"]) == 2 and not torch.equal(*saved["rng"]["ranks"])
+
+
+def test_a_run_resumes_with_another_world_size(two_process_runs):
+    """Two processes to step 6, then one process with gradient accumulation (the same global batch) to
+    step 8: step, optimizer state, schedule and batch stream continue, so the losses equal the
+    uninterrupted two-process run's."""
+    half = load_checkpoint(two_process_runs / "half.pt", ddp_worker.model(0.0))
+    assert half.step == 6 and half.optimizer_state["state"][0]["step"].item() == 6
+    net = ddp_worker.model(0.0)
+    resumed = train(net, ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(grad_accum=2),
+                    resume=load_checkpoint(two_process_runs / "half.pt", net)).to_dict()
+    fixed = _history(two_process_runs / "fixed.json")
+    assert resumed["step"] == fixed["step"]
+    for key in ("loss", "lr"):
+        assert _close(resumed[key], fixed[key]), key
+    assert _close(resumed["val_loss"][-1:], fixed["val_loss"][-1:])
+
+
+def _cli_train(out: Path, *extra: str) -> list[str]:
+    return ["-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out), "--device", "cpu", *extra]
+
+
+def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text(
+        "import os, sys\n"
+        "from transformer_course import cli, training\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    def fail(*args, **kwargs):\n"
+        "        raise RuntimeError('planted failure in a training step')\n"
+        "    training.train_step = fail\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n")
+    began = time.monotonic()
+    returncode, _, stderr = _job([*TORCHRUN, str(planted), *_cli_train(tmp_path / "run", "--max-iters", "50")[2:]])
+    assert returncode != 0
+    assert time.monotonic() - began < 120, "the job must end soon after one rank fails, not hang"
+    assert "transformer-course train (rank 1): error: planted failure in a training step" in stderr
+
+
+def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
+    """SIGKILL one rank of a 2-process run after its second checkpoint; `--max-restarts 1` restarts
+    both ranks, which resume from that checkpoint and end where an uninterrupted run ends."""
+    out, steps = tmp_path / "run", 30
+    job = subprocess.Popen([*TORCHRUN, "--max-restarts", "1", *_cli_train(out, "--max-iters", str(steps),
+                                                                          "--eval-interval", "10")],
+                           cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    checkpoint, writes, seen = out / "checkpoint.pt", 0, None
+    deadline = time.monotonic() + 240
+    while writes < 2 and time.monotonic() < deadline:  # the step-0 checkpoint, then the step-10 one
+        if checkpoint.exists() and (stamp := checkpoint.stat().st_mtime_ns) != seen:
+            writes, seen = writes + 1, stamp
+        time.sleep(0.05)
+    assert writes == 2, "the run wrote no second checkpoint"
+    workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(job.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, workers
+    victim = max(int(pid) for pid in workers)  # the last-started worker: rank 1
+    os.kill(victim, signal.SIGKILL)
+    try:
+        stdout, stderr = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, stderr[-3000:]
+    assert "exitcode: -9" in stderr or "exitcode  : -9" in stderr  # torchrun saw the kill
+    assert "resuming from step 10" in stdout or "resuming from step 20" in stdout
+    assert load_checkpoint(checkpoint).step == steps
+    history = _history(out / "history.json")
+    assert history["eval_step"][-1] == steps and stdout.count("training 'tiny'") == 2  # rank 0 alone prints
+
+
+def test_global_batch_that_does_not_split_is_refused(tmp_path, capsys):
+    assert cli.main(_cli_train(tmp_path / "run", "--global-batch", "30")[2:]) == 2
+    assert "--global-batch 30 does not split over 1 process(es) of batch 12: choose a multiple of 12" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(_cli_train(out, "--max-iters", "1")[2:]) == 0
+    assert cli.main(["train", "--preset", "small", "--out", str(out), "--device", "cpu", "--max-iters", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "does not match" in err and f"--out {out} holds another run" in err
