@@ -7,7 +7,8 @@ Runs (a 1-layer character model on the first 40,000 characters of Shakespeare, 4
 - fixed.json: 8 steps, dropout 0, global batch 8 (4 per process), evaluated at 0, 4, 8;
 - straight.json: 12 steps with dropout 0.1, evaluated every 3;
 - resumed.json: the same 12 steps stopped at 6 (checkpoint) and resumed from the checkpoint;
-- half.pt: the checkpoint of a dropout-0 run stopped at step 6, for a resume with another world size.
+- half.pt: the checkpoint of a dropout-0 run stopped at step 6, for a resume with another world size;
+- timed.json: a run stopped by max_seconds (both ranks must agree on the step).
 """
 
 import json
@@ -56,6 +57,8 @@ def main(out: Path) -> None:
         save("resumed.json", train(net, TRAIN, VAL, config(max_iters=12, eval_interval=3),
                                    resume=load_checkpoint(out / "part.pt", net), checkpoint_path=out / "part.pt"))
         train(model(0.0), TRAIN, VAL, config(max_iters=6, eval_interval=3), checkpoint_path=out / "half.pt")
+        # a wall-time limit: the ranks' clocks differ, yet they must stop at the same step (or one would wait forever)
+        save("timed.json", train(model(0.0), TRAIN, VAL, config(max_iters=100_000, eval_interval=50, max_seconds=1.5)))
     finally:
         distributed.stop()
 

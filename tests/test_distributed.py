@@ -145,6 +145,11 @@ def test_a_run_resumes_with_another_world_size(two_process_runs):
     assert _close(resumed["val_loss"][-1:], fixed["val_loss"][-1:])
 
 
+def test_a_time_limit_stops_every_rank_at_the_same_step(two_process_runs):
+    timed = _history(two_process_runs / "timed.json")  # the job ended: no rank waited for a step the other skipped
+    assert 0 < len(timed["step"]) < 100_000 and timed["eval_step"][-1] == len(timed["step"])
+
+
 def _cli_train(out: Path, *extra: str) -> list[str]:
     return ["-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out), "--device", "cpu", *extra]
 

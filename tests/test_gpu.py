@@ -382,6 +382,22 @@ def test_training_resumes_on_cuda_from_a_checkpoint_loaded_onto(where, shakespea
     assert history.step[-1] == 7 and history.eval_step[-1] == 8
 
 
+@on_cuda
+def test_data_parallel_training_runs_on_nccl(tmp_path):
+    """torchrun with as many processes as GPUs (NCCL, one GPU each): the job trains and rank 0 checkpoints."""
+    processes = torch.cuda.device_count()
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "-m",
+               "transformer_course", "train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--device", "cuda",
+               "--max-iters", "40", "--eval-interval", "20"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    history = json.loads((tmp_path / "run" / "history.json").read_text())
+    assert history["eval_step"] == [0, 20, 40] and history["val_loss"][-1] < history["val_loss"][0]
+    assert history["tokens_per_step"] == 12 * processes * 64
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt").step == 40
+
+
 # ---------------------------------------------------------------- the same helpers on the CPU, today
 
 @pytest.mark.parametrize("name", CASES)

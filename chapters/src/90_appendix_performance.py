@@ -11,7 +11,9 @@
 #   tokens/s can never exceed the memory bandwidth divided by the bytes of weights (and cache) per token;
 # - how a weight matrix sits in memory, `[out, in]` or `[in, out]`, gives the same numbers;
 # - **bf16 weights**, half the bytes, with their agreement with fp32 measured;
-# - the race against Hugging Face's `generate`, as `benchmarks/bench_decode.py` measured it.
+# - the race against Hugging Face's `generate`, as `benchmarks/bench_decode.py` measured it;
+# - **training on several processes** with `torchrun`: what is averaged, what grows, and a two-process
+#   run whose losses equal the one-process run's.
 #
 # **It needs** chapter 06's model (the course ships it trained) and chapter 07's `generate`. It exports
 # one opt-in function, `bf16_weights`, to `transformer_course/performance.py`.
@@ -298,6 +300,93 @@ for r in race["rows"]:
 # For the small models a step is mostly fixed overhead, and a decoder that does one thing beats a general
 # tool; at 124M both sides stream weights from memory, close to the bound, and neither can pull away.
 #
+# ## 5. Training on several processes: data parallelism
+#
+# One process trains on one CPU (all its cores) or one GPU. To use several GPUs, or several machines,
+# the usual first step is **data parallelism**: every process holds a full copy of the model and works
+# on its own rows of each batch.
+#
+# - Each process (a **rank**, numbered 0 to N-1) runs forward and backward on its rows, which gives the
+#   gradient of *its* mean loss.
+# - An **all-reduce** then adds each gradient tensor over the N ranks and hands every rank the sum; divided
+#   by N, that is the gradient of the mean loss over all the rows of all ranks, exactly what one process
+#   would compute on the whole batch (up to the order of the additions). PyTorch's
+#   `DistributedDataParallel` (DDP) starts these all-reduces during backward, bucket by bucket, so the
+#   talking overlaps the computing.
+# - Every rank then takes the same optimizer step from the same weights, so the copies never drift
+#   apart, and no weights need sending: only gradients.
+#
+# **The batch grows.** With N ranks of B windows each, one step sees N·B windows. A larger batch gives
+# a less noisy gradient, so each step can be longer: for SGD, Goyal et al. (2017) scaled the learning
+# rate in proportion to the batch (with a warm-up); for Adam-type optimizers a square-root rule is the
+# common starting point (Malladi et al. 2022). Either way it is a new recipe to tune. The other choice
+# keeps the recipe: hold the global batch fixed and let each rank **accumulate** gradients over fewer
+# micro-batches as N grows (chapter 06's `accumulated_step`); the run then computes the same steps, just
+# split differently. `transformer-course train` offers both: by default (`TRAIN_PRESETS` use one
+# micro-batch) the global batch is N times the preset's batch; `--global-batch G` fixes it at G windows.
+#
+# **The engine.** `torchrun` starts N copies of a command and tells each its rank, the world size and
+# where to meet (environment variables `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR`, ...); the
+# processes then form a *process group* through a **backend**: **gloo** (collective operations over TCP,
+# for CPU tensors) or **NCCL** (NVIDIA's library, GPU to GPU over NVLink, PCIe or InfiniBand; one GPU per
+# rank). The course's trainer picks NCCL for CUDA and gloo for the CPU. Only rank 0 writes checkpoints
+# and prints; evaluations are split over the ranks and averaged; if a rank dies, `torchrun` stops the
+# others, and with `--max-restarts` starts them again, and they resume from the last checkpoint.
+#
+# ```
+# torchrun --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp
+# torchrun --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp --global-batch 12
+# # two machines: the same command on each, naming one rendezvous endpoint
+# torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host0:29400 --rdzv-id run1 \
+#     -m transformer_course train --preset tiny --out runs/dp
+# ```
+#
+# The cell below runs a two-process job through the command line (about half a minute), and the same
+# 60 steps in one process with gradient accumulation over the same global batch of 24 windows.
+
+# %%
+import os
+import subprocess
+import sys
+import tempfile
+
+import matplotlib.pyplot as plt
+
+from transformer_course.config import History
+
+
+def run_train(out: str, processes: int, *flags: str) -> History:
+    """`transformer-course train --preset tiny` for 60 steps in `out`, under torchrun when processes > 1."""
+    launcher = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}"] if processes > 1 else []
+    command = [sys.executable, *launcher, "-m", "transformer_course", "train", "--preset", "tiny", "--out", out,
+               "--max-iters", "60", "--eval-interval", "30", "--device", "cpu", *flags]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return History.from_dict(json.loads(Path(out, "history.json").read_text()))
+
+
+with tempfile.TemporaryDirectory() as scratch:
+    two = run_train(f"{scratch}/two", 2)  # 12 windows per rank: a global batch of 24
+    one = run_train(f"{scratch}/one", 1, "--global-batch", "24")  # 2 micro-batches of 12
+print("windows per step:", two.tokens_per_step // 64, "(two processes)", one.tokens_per_step // 64, "(one process)")
+gap = max(abs(a - b) for a, b in zip(two.loss + two.val_loss, one.loss + one.val_loss))
+print(f"every step's loss and every evaluation equal within 1e-5: {gap < 1e-5}")
+fig, ax = plt.subplots(figsize=(6, 3))
+ax.plot(one.step, one.loss, lw=3, color="0.75", label="1 process, 2 micro-batches")
+ax.plot(two.step, two.loss, lw=1, color="C0", label="2 processes (gloo)")
+ax.set(xlabel="step", ylabel="loss", title="The same steps, split differently")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The two curves are one. On a machine with two cores the two processes are not twice as fast: they
+# share the cores the single process used, and they spend time in the all-reduce.
+# `benchmarks/bench_ddp.py` measures tokens/s with one and two processes, and with two "nodes" on the
+# loopback interface, against the limit of N independent processes; its table is
+# `benchmarks/results/ddp.md` (the README's measured table quotes it).
+
+# %% [markdown]
 # ## Summary
 #
 # - At batch 1 a decode step reads every weight once per token: tokens/s <= bandwidth / (bytes of weights
@@ -307,5 +396,8 @@ for r in race["rows"]:
 #   validation loss barely moves); `bf16_weights` is opt-in.
 # - Hugging Face's `generate` and the course's loop give the same greedy tokens; `benchmarks/bench_decode.py`
 #   measures both against the bound.
+# - Data parallelism: every rank computes the gradient of its rows, an all-reduce averages them, every rank
+#   takes the same step. The global batch is N times the per-rank batch unless gradient accumulation holds
+#   it fixed (`--global-batch`); then N processes compute the same run as one.
 #
 # **Exported to `transformer_course.performance`:** `bf16_weights`.
