@@ -62,7 +62,7 @@ def run(name: str, steps: int, scratch: Path) -> dict:
     elif name == "1 process, 2 threads":
         _launch([[sys.executable, *train]], threads=2)
     elif name == "2 processes (gloo), 1 thread each":
-        _launch([[*TORCHRUN, "--nproc-per-node", "2", *train]], threads=1)
+        _launch([[*TORCHRUN, "--standalone", "--nproc-per-node", "2", *train]], threads=1)
     elif name == "2 nodes x 1 process over loopback (c10d rendezvous)":
         endpoint = f"127.0.0.1:{_free_port()}"
         node = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",

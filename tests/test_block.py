@@ -383,9 +383,9 @@ def test_input_gradient_norms_bad_input():
 
 
 def test_wrong_width_is_named():
-    with pytest.raises(ValueError, match=r"TransformerBlock was built for d_model=32 .*shape \(2, 5, 16\)"):
+    with pytest.raises(ValueError, match=r"TransformerBlock was built for d_model=32: .*got \(2, 5, 16\)"):
         TransformerBlock(32, 4)(_x(2, 5, 16))
-    with pytest.raises(ValueError, match=r"LayerNorm was built for d_model=8 .*\(3, 6\)"):
+    with pytest.raises(ValueError, match=r"LayerNorm was built for d_model=8: .*\[\.\.\., 8\], got \(3, 6\)"):
         LayerNorm(8)(_x(3, 6))
     with pytest.raises(ValueError, match=r"FeedForward was built for d_model=8"):
         FeedForward(8)(_x(3, 6))
@@ -396,7 +396,7 @@ def test_wrong_width_is_named():
 
 
 def test_block_needs_a_batch_dimension():
-    with pytest.raises(ValueError, match=r"\[B, T, C\].*unsqueeze\(0\)"):
+    with pytest.raises(ValueError, match=r"\[B, T >= 1, 32\], got \(5, 32\); add a batch dimension with x\.unsqueeze\(0\)"):
         TransformerBlock(32, 4)(_x(5, 32))
 
 

@@ -386,7 +386,7 @@ def test_training_resumes_on_cuda_from_a_checkpoint_loaded_onto(where, shakespea
 def test_data_parallel_training_runs_on_nccl(tmp_path):
     """torchrun with as many processes as GPUs (NCCL, one GPU each): the job trains and rank 0 checkpoints."""
     processes = torch.cuda.device_count()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(processes), "-m",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), "-m",
                "transformer_course", "train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--device", "cuda",
                "--max-iters", "40", "--eval-interval", "20"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,

@@ -122,9 +122,9 @@ def test_causal_mask_with_past_rule(T, past):
 
 
 def test_causal_mask_with_past_bad_input():
-    with pytest.raises(ValueError, match=r"past must be >= 0"):
+    with pytest.raises(ValueError, match=r"past must be a whole number >= 0, got -1: the number of cached positions"):
         causal_mask_with_past(2, past=-1)
-    with pytest.raises(TypeError, match=r"past must be an int"):
+    with pytest.raises(ValueError, match=r"past must be a whole number >= 0, got 1.5"):
         causal_mask_with_past(2, past=1.5)
 
 

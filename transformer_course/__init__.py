@@ -3,8 +3,8 @@
 Modules:
 
 - `transformer_course.arguments`: Argument checks shared by every module (hand-written, not exported): one wording for one mistake.
-- `transformer_course.attention`: Scaled dot-product attention, the causal mask, and one attention head. Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and keys, d_v the width of values. Attention is softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
-- `transformer_course.block`: The transformer block: layer normalisation, the position-wise feed-forward network, and the residual block that wraps chapter 04's multi-head attention and the feed-forward network.
+- `transformer_course.attention`: Scaled dot-product attention, the causal mask, and one attention head. Attention is softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1). Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and keys, d_v the width of values.
+- `transformer_course.block`: The transformer block: layer normalisation, the position-wise feed-forward network, and the residual block around them and chapter 04's multi-head attention, [B, T, C] -> [B, T, C].
 - `transformer_course.checks.attention`: Checks for chapter 03's exercises (single-head attention). Hand-written.
 - `transformer_course.checks.block`: Checks for chapter 05's exercises (the transformer block). Hand-written.
 - `transformer_course.checks.encoder_decoder`: Checks for chapter 09's exercises (encoder-decoder and cross-attention). Hand-written.

@@ -58,11 +58,7 @@ _ = seed_everything(0)
 #| export
 """Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].
 
-A learned lookup table gives every token a vector; a position code tells the model where in the
-sequence each token sits. The position code is either a second learned table or the fixed sine and
-cosine waves of Vaswani et al., "Attention Is All You Need" (2017), section 3.5, counted from
-position 0.
-
+The position code is a learned table or the fixed sinusoids of Vaswani et al. (2017), section 3.5.
 Shapes: B batch, T time (sequence length), C = d_model channels, V vocabulary size.
 """
 
@@ -424,17 +420,12 @@ print("digits that differ: 7 vs 8 ->", (bits[7] != bits[8]).sum().item(), "| 0 v
 # %%
 #| export
 def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """Angular frequencies [C/2] (float64) of the sinusoidal code, one per (sin, cos) column pair.
-
-    Pair i (columns 2i and 2i+1) turns by w_i = base^(-2i/C) radians per position, so its
-    wavelength is 2*pi*base^(2i/C) positions: 2*pi for the first pair, nearly 2*pi*base for the last.
-    """
+    """Angular frequencies w_i = base^(-2i/C) [C/2] (float64), one per (sin, cos) column pair."""
     d_model = whole_number(d_model, "d_model")
     if d_model % 2:
         raise ValueError(
-            f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns come in "
-            f"(sin, cos) pairs that share one frequency. Use an even width such as {d_model + 1}, "
-            "or learned positions (positional='learned'), which accept any width"
+            f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns are (sin, cos) "
+            f"pairs. Use an even width such as {d_model + 1}, or learned positions (positional='learned')"
         )
     base = real_number(base, "base", low=1.0, low_open=True, hint="the paper uses 10000.0")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
@@ -468,14 +459,12 @@ print("C = 8, base 100:   w =", sinusoidal_frequencies(8, base=100.0).tolist())
 def sinusoidal_positional_encoding(
     n_positions: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
 ) -> torch.Tensor:
-    """The fixed position code [n_positions, C]; row p encodes position p (position 0 first).
+    """The fixed position code [n_positions, C]: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i).
 
-    PE[p, 2i] = sin(p * w_i) and PE[p, 2i+1] = cos(p * w_i) with w_i = base^(-2i/C)
-    (:func:`sinusoidal_frequencies`). Computed in float64 and returned in ``dtype`` (default: torch's
-    default dtype). ``d_model`` must be even: an odd width raises a ValueError.
+    Computed in float64, returned in ``dtype`` (default: torch's default dtype).
     """
     n_positions = whole_number(n_positions, "n_positions")
-    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; checks d_model and base
     ### BEGIN SOLUTION
     angles = torch.arange(n_positions, dtype=torch.float64)[:, None] * omega  # (n, C/2)
     pe = torch.empty(n_positions, d_model, dtype=torch.float64)
@@ -693,11 +682,10 @@ def position_shift_matrix(
 ) -> torch.Tensor:
     """The matrix M [C, C] with PE[p + offset] = M @ PE[p] for every position p.
 
-    Block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i. It depends on the
-    offset only, not on p, so one linear map relates every position to the one ``offset`` steps on.
+    Block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i, whatever p is.
     """
     offset = whole_number(offset, "offset", low=None)  # any sign: negative offsets move backwards
-    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; refuses an odd d_model or a bad base
+    omega = sinusoidal_frequencies(d_model, base)  # (C/2,) float64; checks d_model and base
     ### BEGIN SOLUTION
     phi = offset * omega  # (C/2,) rotation angle of each pair
     cos, sin = torch.cos(phi), torch.sin(phi)
@@ -868,16 +856,11 @@ print(f"dot product at gap 3, positions 0/3 and 40/43: {(pe_long[0] @ pe_long[3]
 class InputEmbedding(nn.Module):
     """Token ids [B, T] -> token vector + position vector, then dropout: [B, T, C].
 
-    - ``token``: ``nn.Embedding(V, C)``, one learned row per vocabulary entry.
-    - ``positional="learned"``: ``position`` is ``nn.Embedding(block_size, C)``, one learned row per
-      position (as in GPT-2).
-    - ``positional="sinusoidal"``: the fixed code of :func:`sinusoidal_positional_encoding`, kept as
-      the non-persistent buffer ``pe`` [block_size, C] (not trained, not saved); ``position`` is None.
-    - ``positional=None``: no position vector at all (the token vector alone); for models whose
-      attention adds the positions itself, as rotary positions do (chapter 10).
-
-    ``forward(idx, start_pos=0)`` places the T tokens at positions ``start_pos .. start_pos+T-1``, so
-    a model that has already processed ``start_pos`` tokens (the KV cache) can embed only new ones.
+    ``token`` is ``nn.Embedding(V, C)``. Positions: "learned" (GPT-2): ``position`` is
+    ``nn.Embedding(block_size, C)``; "sinusoidal": the non-persistent buffer ``pe`` [block_size, C]
+    (not trained, not saved); None: no position vector (rotary positions enter in attention, ch. 10).
+    ``forward(idx, start_pos=0)`` places the T tokens at positions ``start_pos .. start_pos+T-1``
+    (a KV cache then embeds only the new tokens).
     """
 
     def __init__(
@@ -887,7 +870,7 @@ class InputEmbedding(nn.Module):
         self.vocab_size = whole_number(vocab_size, "vocab_size")
         self.d_model = whole_number(d_model, "d_model")
         self.block_size = whole_number(block_size, "block_size")
-        if positional is not None:  # None: token vectors only (rotary positions, chapter 10)
+        if positional is not None:
             choice(positional, "positional", POSITIONAL_KINDS, hint="or None for no position vectors")
         real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True, hint="a probability")
         self.positional = positional
@@ -917,7 +900,7 @@ class InputEmbedding(nn.Module):
                 f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
                 "or build the model with a larger block_size"
             )
-        if self.positional is None:  # the positions enter elsewhere (rotary, in attention)
+        if self.positional is None:
             return self.token.weight.new_zeros(T, self.d_model)  # (T, C)
         if self.position is None:
             return self.pe[start_pos:end]  # (T, C)

@@ -1,11 +1,10 @@
 # %% [markdown]
 # # Chapter 03: one attention head, step by step
 #
-# > Scaled dot-product attention, the causal mask, and one attention head.
-# > Shapes: B batch, T time, C = d_model channels, hs head size; T_q / T_k query / key positions,
-# > d_k the width of queries and keys, d_v the width of values. Attention is softmax(q kᵀ / √d_k) v
-# > (Vaswani et al. 2017, section 3.2.1); a bool mask (True = may attend) removes keys before the
-# > softmax, and a query that may attend nothing gets zero weights and a zero output, never NaN.
+# > Scaled dot-product attention, the causal mask, and one attention head. Attention is
+# > softmax(q kᵀ / √d_k) v (Vaswani et al. 2017, section 3.2.1). Shapes: B batch, T time,
+# > C = d_model channels, hs head size; T_q / T_k query / key positions, d_k the width of queries and
+# > keys, d_v the width of values.
 #
 # **What this chapter builds.** The one operation that makes a transformer a transformer:
 # *attention*. Every position in a sequence asks a question (its query), every position offers a
@@ -68,7 +67,6 @@ _ = seed_everything(0)
 # %%
 #| export
 import math
-import operator
 
 import torch
 import torch.nn.functional as F
@@ -76,7 +74,7 @@ from torch import nn
 
 from transformer_course.arguments import real_number, whole_number
 
-_MASKED = float("-inf")  # the score a masked key gets: exp(-inf) = 0, so exactly zero weight, no magic -1e9
+_MASKED = float("-inf")  # a masked key's score: exp(-inf) = 0, exactly zero weight (no magic -1e9)
 
 # %% [markdown]
 # ## 1. What attention is for
@@ -450,12 +448,7 @@ print(f"at d_k={d_big}: the unscaled rows put {saturation[d_big][0]:.0%} of the 
 # Your turn - Exercise 3.2 (★☆☆, build): the causal mask.
 def causal_mask(T: int, device=None) -> torch.Tensor:
     """Bool [T, T]: True where query i may attend key j, that is j <= i (lower triangle and diagonal)."""
-    try:
-        T = operator.index(T)
-    except TypeError:
-        raise TypeError(f"causal_mask needs an int sequence length T, got {type(T).__name__} {T!r}") from None
-    if T < 1:
-        raise ValueError(f"causal_mask needs a sequence length T >= 1, got {T}")
+    T = whole_number(T, "T", hint="the sequence length")
     ### BEGIN SOLUTION
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
     ### END SOLUTION
@@ -574,13 +567,13 @@ def _check_qkv(q, k, v) -> torch.Size:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"q and k must have the same last dim d_k to be compared, got q {tuple(q.shape)} and "
-            f"k {tuple(k.shape)}; project both to the same head size"
+            f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}; "
+            "project both to the same head size"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
             f"k and v must have the same number of positions T_k (dim -2), got k {tuple(k.shape)} and "
-            f"v {tuple(v.shape)}; each key needs exactly one value"
+            f"v {tuple(v.shape)}; each key needs one value"
         )
     try:
         return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -600,8 +593,7 @@ def _check_qkv(q, k, v) -> torch.Size:
 def check_mask(mask, scores_shape: tuple) -> None:
     """Raise unless ``mask`` is a bool tensor that broadcasts to the scores' shape [..., T_q, T_k].
 
-    Every attention in the package checks its mask here (chapters 03, 04 and 09), so one mistake
-    gets one message, with the fix for a key-padding mask [B, T_k] that lacks the axes in between.
+    The one mask check of every attention in the package (chapters 03, 04, 09).
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a bool torch.Tensor (True = may attend), got {type(mask).__name__}")
@@ -651,16 +643,12 @@ def check_mask(mask, scores_shape: tuple) -> None:
 #| export
 # Your turn - Exercise 3.4 (★★☆, build): scaled dot-product attention.
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
-    """Attention of queries over keys: returns ``(out, weights)``.
+    """Attention of queries over keys: returns ``(out [..., T_q, d_v], weights [..., T_q, T_k])``.
 
     q [..., T_q, d_k], k [..., T_k, d_k], v [..., T_k, d_v]; the leading dims (batch, heads) broadcast.
-    mask: optional bool tensor broadcastable to [..., T_q, T_k], True where a query may attend a key.
-    scale: multiplies the scores; default 1/√d_k (the "scaled" in the name).
-    dropout_p: drop attention weights with this probability (pass 0.0 outside training).
-
-    out [..., T_q, d_v] is the weighted mean of the values; weights [..., T_q, T_k] are the softmax
-    weights (before dropout): each row sums to 1, masked keys get 0, and a row whose every key is
-    masked is all zeros, so its output is zeros, never NaN.
+    mask: optional bool, broadcastable to [..., T_q, T_k], True where a query may attend a key.
+    scale: default 1/√d_k. The weights are taken before dropout; a row whose every key is masked
+    gets zero weights and a zero output, never NaN.
     """
     batch = _check_qkv(q, k, v)
     T_q, T_k = q.shape[-2], k.shape[-2]
@@ -728,18 +716,34 @@ for name, call in bad_calls.items():
 #
 # An attention head is the three projections and the attention, packaged as an `nn.Module`. It
 # takes `x [B, T, C]` and returns `[B, T, hs]`: every position gets a new vector that blends the
-# values of the positions it may see.
+# values of the positions it may see. Like the attention function, it first checks its input, with a
+# check that chapters 04, 05 and 09's layers reuse.
 
 # %%
 #| export
+def check_input(x, d_model: int, who: str, *, batched: bool = True, name: str = "input") -> None:
+    """Raise unless ``x`` is a float tensor [B, T >= 1, d_model] (``batched=False``: [..., d_model]).
+
+    The one input check of the package's layers (chapters 03, 04, 05 and 09).
+    """
+    want = f"[B, T >= 1, {d_model}]" if batched else f"[..., {d_model}]"
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{who} expects a torch.Tensor {want}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{who} needs floating-point input, got {x.dtype}; token ids go through the "
+                        "embedding first (chapter 02), other tensors can be converted with .float()")
+    if (x.ndim != 3 or x.shape[1] == 0 if batched else x.ndim == 0) or x.shape[-1] != d_model:
+        fix = "; add a batch dimension with x.unsqueeze(0)" if batched and x.ndim == 2 else ""
+        raise ValueError(f"{who} was built for d_model={d_model}: its {name} must have shape {want}, "
+                         f"got {tuple(x.shape)}{fix}")
+
+
 class AttentionHead(nn.Module):
     """One head of self-attention: x [B, T, C] -> [B, T, hs].
 
-    Three bias-free linear maps project every position's vector into a query, a key and a value of
-    width ``head_size``; :func:`scaled_dot_product_attention` then mixes the values. With
-    ``causal=True`` position t sees positions 0..t only. ``forward`` takes an optional extra bool
-    mask broadcastable to [B, T, T] (True = may attend, e.g. padding), combined with the causal one.
-    The weights of the last call are kept, detached, in ``last_weights`` [B, T, T] for plotting.
+    Bias-free ``query``, ``key``, ``value`` (C -> hs). ``forward``'s optional bool ``mask`` [B, T, T]
+    (True = may attend) is combined with the causal one; ``last_weights`` [B, T, T] keeps the last
+    call's weights, detached, for plotting.
     """
 
     def __init__(self, d_model: int, head_size: int, causal: bool = True, dropout: float = 0.0):
@@ -753,9 +757,7 @@ class AttentionHead(nn.Module):
         self.last_weights: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"AttentionHead expects x of shape [B, T, {self.d_model}] (d_model={self.d_model}), got {shape}")
+        check_input(x, self.d_model, "AttentionHead")
         B, T, _ = x.shape
         q, k, v = self.query(x), self.key(x), self.value(x)  # (B, T, hs) each
         if mask is not None:
@@ -1100,5 +1102,6 @@ quiz([
 #
 # **Exported to `transformer_course/attention.py`:** `causal_mask(T, device=None)`,
 # `scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out, weights)`
-# and `AttentionHead(d_model, head_size, causal=True, dropout=0.0)`. Chapter 04 runs several heads
-# side by side in one `MultiHeadAttention`.
+# and `AttentionHead(d_model, head_size, causal=True, dropout=0.0)`, with the checks every later
+# attention reuses, `check_mask(mask, scores_shape)` and `check_input(x, d_model, who)`. Chapter 04
+# runs several heads side by side in one `MultiHeadAttention`.

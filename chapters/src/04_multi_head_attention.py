@@ -101,34 +101,28 @@ print("x:", tuple(x_src.shape), "= [B, T, C]")
 #| export
 """Multi-head causal self-attention (chapter 04), with the KV cache used for generation.
 
-Builds on chapter 03 (`attention.py`): a head there maps x [B, T, C] to [B, T, hs]. Here nh heads run
-side by side on slices of one packed projection, are merged back to [B, T, C] and mixed by an output
-projection W_o. Shapes: B batch, T new positions, L cached positions, T_total = L + T,
-C = d_model channels, nh heads, hs = C // nh head size.
+nh of chapter 03's heads side by side, on slices of one packed projection, mixed by W_o.
+Shapes: B batch, T new positions, L cached positions, T_total = L + T, C = d_model channels,
+nh heads, hs = C // nh head size.
 """
 
 from __future__ import annotations
-
-import operator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.arguments import real_number, whole_number
-from transformer_course.attention import causal_mask, check_mask, scaled_dot_product_attention
+from transformer_course.attention import causal_mask, check_input, check_mask, scaled_dot_product_attention
 
 
 def _check_sizes(d_model, n_head) -> None:
     whole_number(d_model, "d_model")
     whole_number(n_head, "n_head")
     if d_model % n_head:
-        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
-        raise ValueError(
-            f"d_model={d_model} is not divisible by n_head={n_head}: every head gets d_model // n_head "
-            f"channels, so choose n_head among the divisors of {d_model} ({', '.join(map(str, divisors[:10]))}"
-            f"{', ...' if len(divisors) > 10 else ''}) or change d_model"
-        )
+        divisors = ", ".join(str(h) for h in range(1, d_model + 1) if d_model % h == 0)
+        raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: every head gets d_model // n_head "
+                         f"channels, so choose n_head among {divisors}, or change d_model")
 
 # %%
 class LoopedMultiHeadAttention(nn.Module):
@@ -349,15 +343,9 @@ print("merge_heads(split_heads(x)) == x:", torch.equal(merge_heads(split_heads(x
 def causal_mask_with_past(T: int, past: int = 0, device=None) -> torch.Tensor:
     """Bool [T, past + T]: True where new query t (at position past + t) may attend key j, j <= past + t.
 
-    With ``past == 0`` this is chapter 03's `causal_mask(T)`. With ``past`` cached positions the
-    triangle shifts right by ``past`` columns: every new query sees all cached keys.
+    Chapter 03's `causal_mask(T)` shifted right by ``past`` columns: every cached key is visible.
     """
-    try:
-        past = operator.index(past)
-    except TypeError:
-        raise TypeError(f"past must be an int (the number of cached positions), got {type(past).__name__}") from None
-    if past < 0:
-        raise ValueError(f"past must be >= 0 (the number of cached positions), got {past}")
+    past = whole_number(past, "past", low=0, hint="the number of cached positions")
     ### BEGIN SOLUTION
     seen = torch.ones(T, past, dtype=torch.bool, device=device)  # cached keys: all in the past
     return torch.cat([seen, causal_mask(T, device=device)], dim=1)  # (T, past + T)
@@ -409,12 +397,10 @@ print("T = 1, is_causal=True = full sequence's last row:", torch.allclose(last_c
 class KVCache:
     """One layer's key/value cache: keys and values [B, nh, L, hs] of positions 0 .. L-1.
 
-    ``update(k, v)`` writes the new positions' keys and values after the cached ones (time is dim 2) and
-    returns all of them, so new queries attend to the whole past without recomputing it. They live in
+    ``update(k, v)`` appends the new positions (time is dim 2) and returns all of them. They live in
     buffers [B, nh, room, hs] with room for ``capacity`` positions (None: what the first update needs),
-    doubled whenever it runs out, so an append copies only the new positions (a ``torch.cat`` per step
-    would copy the whole past every step). ``k`` and ``v`` are views [B, nh, L, hs] of the filled part. Memory: 2 * B * nh * hs * element_size
-    bytes per position held (``nbytes``).
+    doubled when full, so an append copies only the new positions. ``k`` and ``v`` are views of the
+    filled part; ``nbytes`` = 2 * B * nh * L * hs * element_size.
     """
 
     def __init__(self, capacity: int | None = None) -> None:
@@ -425,26 +411,25 @@ class KVCache:
 
     @property
     def k(self) -> torch.Tensor | None:
-        """Cached keys [B, nh, L, hs] (a view of the buffer), None when empty."""
+        """Cached keys [B, nh, L, hs], None when empty."""
         return None if self._k is None else self._k[:, :, : self._length]
 
     @property
     def v(self) -> torch.Tensor | None:
-        """Cached values [B, nh, L, hs] (a view of the buffer), None when empty."""
+        """Cached values [B, nh, L, hs], None when empty."""
         return None if self._v is None else self._v[:, :, : self._length]
 
     @property
     def length(self) -> int:
-        """L, the number of cached positions (0 when empty)."""
+        """L, the number of cached positions."""
         return self._length
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the cached keys and values (the filled part)."""
         return 0 if self._k is None else 2 * self.k.numel() * self._k.element_size()
 
     def reset(self) -> None:
-        """Forget every cached position (before starting a new sequence)."""
+        """Forget every cached position (before a new sequence)."""
         self._k = self._v = None
         self._length = 0
 
@@ -459,7 +444,7 @@ class KVCache:
             raise ValueError(
                 f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old_k.dtype}, {old_k.device}) but got "
                 f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "
-                "stay the same; call reset() (or use a new cache) for a new batch"
+                "stay the same; call reset() for a new batch"
             )
         if old_k is None or need > old_k.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
             room = max(need, self.capacity or 0, 2 * old_k.shape[2] if old_k is not None else 0)
@@ -515,10 +500,8 @@ except ValueError as e:
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention: x [B, T, C] -> [B, T, C].
 
-    ``qkv`` (C -> 3C, output [q | k | v], heads contiguous inside each) makes every head's queries,
-    keys and values in one product; `split_heads` gives head h its hs = C // nh channels; ``attend``
-    runs all heads at once; `merge_heads` lays the heads side by side and ``proj`` (W_o, C -> C) mixes
-    them. ``fast=True`` uses ``F.scaled_dot_product_attention``; ``fast=False`` uses chapter 03's
+    ``qkv`` (C -> 3C, output [q | k | v], heads contiguous inside each), ``proj`` (W_o, C -> C).
+    ``fast=True`` uses ``F.scaled_dot_product_attention``; ``fast=False`` uses chapter 03's
     function and keeps the weights [B, nh, T, T_total] in ``.last_weights``. Same parameters either way.
     """
 
@@ -537,12 +520,9 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]. ``mask``: extra bool mask broadcastable to [B, nh, T, T_total].
 
-        ``cache``: a `KVCache` holding L earlier positions; the T new queries sit at positions
-        L .. L+T-1 and see keys 0 .. L+t. The cache is updated in place.
+        ``cache`` (updated in place) holds L earlier positions: the new queries sit at L .. L+T-1.
         """
-        if not isinstance(x, torch.Tensor) or x.ndim != 3 or x.shape[-1] != self.d_model or x.shape[1] == 0:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"MultiHeadAttention expects x of shape [B, T >= 1, {self.d_model}] (d_model={self.d_model}), got {shape}")
+        check_input(x, self.d_model, "MultiHeadAttention")
         B, T, C = x.shape
         q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
         q, k, v = (split_heads(t, self.n_head) for t in (q, k, v))  # 3 x (B, nh, T, hs)
@@ -554,11 +534,9 @@ class MultiHeadAttention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Attention of every head at once: q [B, nh, T, hs], k and v [B, nh, T_total, hs] -> [B, nh, T, hs].
 
-        The T queries are the last T of the T_total positions (T_total - T cached before them). With
-        ``causal`` the causal mask, shifted by the cache, is combined with ``mask``, an optional extra bool
-        mask broadcastable to [B, nh, T, T_total] (True = may attend). ``fast`` picks the fused kernel or
-        chapter 03's function (which keeps the weights in ``.last_weights``); a query whose every key
-        is masked gets a zero output on both paths.
+        The queries are the last T of the T_total positions. ``mask`` (bool, broadcastable to
+        [B, nh, T, T_total]) is combined with the shifted causal mask; a query whose every key is
+        masked gets a zero output on both paths.
         """
         B, nh, T, _ = q.shape
         T_total = k.shape[2]

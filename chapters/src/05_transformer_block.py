@@ -50,12 +50,9 @@ _ = torch.manual_seed(0)
 # %%
 #| export
 """The transformer block: layer normalisation, the position-wise feed-forward network, and the
-residual block that wraps chapter 04's multi-head attention and the feed-forward network.
+residual block around them and chapter 04's multi-head attention, [B, T, C] -> [B, T, C].
 
-Shapes: B batch, T time (sequence), C = d_model channels, d_ff the feed-forward hidden width
-(4C by default), nh heads.
-
-A block maps [B, T, C] to [B, T, C], so blocks stack; a GPT is a stack of them (chapter 06).
+Shapes: B batch, T time, C = d_model channels, d_ff the feed-forward width (4C by default), nh heads.
 """
 
 from __future__ import annotations
@@ -65,6 +62,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.arguments import choice, real_number, whole_number
+from transformer_course.attention import check_input
 from transformer_course.multihead import KVCache, MultiHeadAttention
 
 NORMS = ("pre", "post")  # where the LayerNorm sits: GPT-2 (pre) or the 2017 paper (post)
@@ -138,26 +136,9 @@ print("x_seed:", tuple(x_seed.shape), "= [B, T, C]")
 # C = 4 a visible difference, and not what `nn.LayerNorm` or GPT-2 compute.
 
 # %% [markdown]
-# Now the module. It takes input of any shape `[..., C]` and checks that the last dimension is the
-# width it was built for (these helpers are used by every module of the chapter).
-
-# %%
-#| export
-def _check_channels(x, d_model: int, who: str) -> None:
-    """Raise a clear error unless ``x`` is a tensor whose last dimension is ``d_model``."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{who} expects a torch.Tensor [..., {d_model}], got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(f"{who} needs floating-point input, got {x.dtype}; token ids go through the "
-                        "embedding first (chapter 02), other tensors can be converted with .float()")
-    if x.ndim == 0 or x.shape[-1] != d_model:
-        raise ValueError(
-            f"{who} was built for d_model={d_model} but got input of shape {tuple(x.shape)}: "
-            f"the last dimension must be the {d_model} channels C; fix the input's width or build "
-            f"the module with the input's width"
-        )
-
-# %% [markdown]
+# Now the module. It takes input of any shape `[..., C]` and checks, with chapter 03's `check_input`,
+# that the last dimension is the width it was built for.
+#
 # `LayerNorm` has two paths with the same parameters. The fast one (the default) hands everything to
 # PyTorch's `F.layer_norm`. The teaching path, `fast=False`, is yours to write: the formula above,
 # step by step, on an input `x [..., C]` of any number of leading dimensions.
@@ -175,16 +156,11 @@ def _check_channels(x, d_model: int, who: str) -> None:
 #| export
 # Your turn - Exercise 5.1 (★☆☆, build): LayerNorm's formula, step by step.
 class LayerNorm(nn.Module):
-    """Layer normalisation over the last dimension (Ba, Kiros and Hinton, 2016).
+    """Layer normalisation over the last dimension (Ba, Kiros and Hinton, 2016): [..., C] -> [..., C].
 
-    Each token's C numbers are shifted to mean 0 and scaled to variance 1, then scaled by the
-    learned gain ``weight`` (γ, starts at 1) and shifted by the learned ``bias`` (β, starts at 0):
-    ``y = (x - mean) / sqrt(var + eps) * weight + bias``. The variance divides by C, and ``eps`` sits
-    inside the square root, as in ``nn.LayerNorm`` and GPT-2. ``bias=False`` drops β (``bias`` is None).
-    ``fast=False`` computes the formula step by step (the teaching path); ``fast=True`` (default)
-    hands it to PyTorch's fused ``F.layer_norm``: one pass over the data, same parameters, same result.
-
-    Input [..., C] (usually [B, T, C]) -> output of the same shape.
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, the variance divided by C, as in
+    ``nn.LayerNorm`` and GPT-2. ``bias=False``: no β (``bias`` is None). ``fast=True`` calls
+    ``F.layer_norm``; ``fast=False`` computes the formula step by step (same parameters and result).
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5, bias: bool = True, fast: bool = True):
@@ -199,7 +175,7 @@ class LayerNorm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_channels(x, self.d_model, "LayerNorm")
+        check_input(x, self.d_model, "LayerNorm", batched=False)
         if self.fast:
             return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., C)
         ### BEGIN SOLUTION
@@ -332,20 +308,17 @@ plt.show()
 # %%
 #| export
 _ACTIVATION_LAYERS = {
-    "relu": lambda: nn.ReLU(),
-    "gelu": lambda: nn.GELU(),  # exact: x * Φ(x), Φ the standard normal CDF (via erf)
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,  # exact: x * Φ(x), Φ the standard normal CDF (via erf)
     "gelu_tanh": lambda: nn.GELU(approximate="tanh"),  # GPT-2's approximation ("gelu_new" in HF)
 }
 
 
 class FeedForward(nn.Module):
-    """Position-wise feed-forward network: ``proj(act(fc(x)))``, the same MLP at every position.
+    """Position-wise feed-forward network ``proj(act(fc(x)))``: [..., C] -> [..., d_ff] -> [..., C].
 
-    ``fc`` widens C -> d_ff (default 4C, as in the 2017 paper and GPT-2), ``proj`` narrows back to C.
-    ``activation``: "relu" (2017 paper), "gelu" (exact GELU), or "gelu_tanh" (GPT-2's tanh
-    approximation). ``dropout`` applies to the output (GPT-2's residual dropout).
-
-    Input [..., C] -> output [..., C] (hidden [..., d_ff]).
+    ``fc`` widens C -> d_ff (default 4C, as in the 2017 paper and GPT-2), ``proj`` narrows back;
+    ``dropout`` applies to the output (GPT-2's residual dropout).
     """
 
     def __init__(self, d_model: int, d_ff: int | None = None, activation: str = "gelu",
@@ -361,7 +334,7 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_channels(x, self.d_model, "FeedForward")
+        check_input(x, self.d_model, "FeedForward", batched=False)
         h = self.act(self.fc(x))  # (..., d_ff)
         return self.dropout(self.proj(h))  # (..., C)
 
@@ -531,16 +504,13 @@ print(f"residual: d out / d x = {chain_gradient(lambda h: h + 0.5 * torch.tanh(h
 #| export
 # Your turn - Exercise 5.3 (★★☆, build): the block's forward pass, pre-norm and post-norm.
 class TransformerBlock(nn.Module):
-    """One decoder block: causal multi-head self-attention, then the feed-forward network, each
-    wrapped in a residual connection and a LayerNorm. Input [B, T, C] -> output [B, T, C].
+    """One decoder block, [B, T, C] -> [B, T, C]: causal self-attention, then the feed-forward
+    network, each in a residual connection with a LayerNorm.
 
     ``norm="pre"`` (GPT-2):        ``x = x + attn(ln1(x))``,  ``x = x + mlp(ln2(x))``
     ``norm="post"`` (2017 paper):  ``x = ln1(x + attn(x))``,  ``x = ln2(x + mlp(x))``
 
-    Pre-norm leaves the residual path untouched, so gradients reach early blocks undiminished;
-    post-norm sends them through a LayerNorm at every sublayer. ``mask`` is an optional extra bool
-    mask (True = may attend) broadcastable to [B, nh, T, T_total], combined with the causal mask;
-    ``cache`` is this layer's :class:`KVCache` during generation (chapter 07).
+    ``mask`` (bool, broadcastable to [B, nh, T, T_total]) and ``cache`` go to the attention.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
@@ -548,7 +518,6 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.d_model = whole_number(d_model, "d_model")
         self.norm = choice(norm, "norm", NORMS)
-        choice(activation, "activation", ACTIVATIONS)  # fail before building anything
         self.ln1 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
         self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast)
         self.ln2 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
@@ -556,10 +525,7 @@ class TransformerBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
-        _check_channels(x, self.d_model, "TransformerBlock")
-        if x.ndim != 3:
-            raise ValueError(f"TransformerBlock expects x of shape [B, T, C], got {tuple(x.shape)}; "
-                             "add a batch dimension with x.unsqueeze(0)")
+        check_input(x, self.d_model, "TransformerBlock")
         ### BEGIN SOLUTION
         if self.norm == "pre":
             x = x + self.attn(self.ln1(x), mask=mask, cache=cache)  # (B, T, C)
@@ -849,12 +815,10 @@ print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
 #| export
 # Your turn - Exercise 5.5 (★★★, build): measure the gradient reaching each layer's input.
 def input_gradient_norms(layers, x: torch.Tensor, grad_output: torch.Tensor) -> torch.Tensor:
-    """How much gradient reaches the input of each layer in a stack.
+    """Norms [len(layers)] of dL/dx_l, the gradient reaching the input x_l of each layer in a stack.
 
     ``layers`` (applied in order, bottom first) map x [B, T, C] to an output shaped like
-    ``grad_output``, the upstream gradient dL/d(out). Returns a float tensor [len(layers)] whose
-    entry l is the norm of dL/dx_l, where x_l is the input of ``layers[l]``. Leaves the layers'
-    parameter gradients untouched.
+    ``grad_output``, the upstream gradient dL/d(out). The layers' parameter gradients are untouched.
     """
     layers = list(layers)
     if not layers:

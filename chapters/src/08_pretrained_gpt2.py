@@ -68,24 +68,22 @@ from transformer_course import GPT, GPTConfig, generate  # noqa: E402
 # that differ only in depth, width and number of heads; all of them read 1,024 tokens of context and
 # use the same 50,257-token BPE vocabulary.
 #
-# The module this chapter exports starts by saying what it translates.
+# Only the storage differs, and the module this chapter exports translates it:
+#
+# - Hugging Face's GPT-2 keeps its linear layers in `Conv1D` modules whose weight is `[in, out]`
+#   (`y = x @ W + b`); `nn.Linear` keeps `[out, in]` (`y = x @ W.T + b`), so those weights are transposed;
+# - query, key and value are packed in one `c_attn` matrix as `[q | k | v]`, heads contiguous inside
+#   each: the layout of our `MultiHeadAttention.qkv`, so it loads as one block;
+# - the language-model head is not stored: it is the token embedding (tied weights);
+# - config names differ (`n_embd` -> `d_model`, `n_positions` -> `block_size`, `layer_norm_epsilon` ->
+#   `eps`, `activation_function` "gelu_new" -> "gelu_tanh").
 
 # %%
 #| export
 """Load GPT-2 weights saved in Hugging Face's layout into the course's `GPT` (exported from chapter 08).
 
-OpenAI's GPT-2 is the architecture chapters 02-06 built: learned positions, pre-norm blocks,
-LayerNorm with eps 1e-5, a 4x MLP with the tanh approximation of GELU, and an output layer tied
-to the token embedding. Only the storage differs, and this module translates it:
-
-- Hugging Face's GPT-2 keeps its linear layers in `Conv1D` modules whose weight is [in, out]
-  (y = x @ W + b); `nn.Linear` keeps [out, in] (y = x @ W.T + b), so those weights are transposed;
-- query, key and value are packed in one `c_attn` matrix as [q | k | v], heads contiguous inside
-  each: the layout of our `MultiHeadAttention.qkv`, so it loads as one block;
-- the language-model head is not stored: it is the token embedding (tied weights);
-- config names differ (n_embd -> d_model, n_positions -> block_size, layer_norm_epsilon -> eps,
-  activation_function "gelu_new" -> "gelu_tanh").
-
+GPT-2 is the model chapters 02-06 built; only the storage differs: `Conv1D` weights [in, out] are
+transposed to `nn.Linear`'s [out, in], the head is the token embedding, config names are translated.
 Shapes: B batch, T time, C = d_model channels, V vocabulary, L layers.
 """
 
@@ -148,9 +146,8 @@ def make_hf_stand_in(vocab_size: int = 512, n_positions: int = 128, n_embd: int 
                      n_head: int = 4, seed: int = 0, std: float = 0.1, **config):
     """A small random Hugging Face `GPT2LMHeadModel` (eval mode) to test loaders without the network.
 
-    Every parameter, LayerNorms and biases included, is drawn from N(0, std) (LayerNorm weights from
-    N(1, std)), so a mix-up between any two tensors changes the outputs. Extra `config` fields go to
-    `GPT2Config`. Needs `transformers` (the `pretrained` extra).
+    Every parameter is drawn from N(0, std) (LayerNorm weights from N(1, std)), so a mix-up between
+    any two tensors changes the outputs. Extra `config` fields go to `GPT2Config`.
     """
     try:
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -352,9 +349,9 @@ HF_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "ge
 
 
 def config_from_hf(hf: Mapping) -> GPTConfig:
-    """Translate a Hugging Face GPT-2 `config.json` (as a dict) into a `GPTConfig` for inference.
+    """A Hugging Face GPT-2 `config.json` (as a dict) -> `GPTConfig` for inference (dropout 0).
 
-    Raises `ValueError` naming the field when the checkpoint is a variant our GPT does not build.
+    A variant our GPT does not build raises `ValueError` naming the field.
     """
     if hf.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"config.json describes a {hf['model_type']!r} model; GPT.from_pretrained reads GPT-2 only")
@@ -406,13 +403,11 @@ def _names(names: list[str], n: int = 6) -> str:
 
 
 def convert_hf_state_dict(hf_sd: Mapping[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Rename, transpose and check GPT-2 tensors so that `model.load_state_dict` accepts them (`model`:
-    one of our `GPT`s, built from `config_from_hf` of the same checkpoint).
+    """GPT-2 tensors renamed, transposed and checked for `model.load_state_dict` (`model`: our `GPT`
+    built from `config_from_hf` of the same checkpoint).
 
-    Conv1D weights [in, out] become nn.Linear weights [out, in] (c_attn [C, 3C] -> qkv [3C, C]).
-    Names may carry the "transformer." prefix or not. Unknown, missing or wrongly shaped tensors raise
-    `ValueError` naming them. When `model` ties `lm_head` to the token embedding, `lm_head.weight`
-    is `wte.weight` (a stored copy must equal it); when untied, it is read from the file.
+    Unknown, missing or wrongly shaped tensors raise `ValueError` naming them. A tied `lm_head.weight`
+    is `wte.weight` (a stored copy must equal it); an untied one is read from the file.
     """
     L = len(model.blocks)
     table = hf_key_map(L)
@@ -545,12 +540,10 @@ def _resolve(path_or_name: str | os.PathLike) -> Path:
 # %%
 #| export
 def read_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """The configuration and tensors of a GPT-2 checkpoint saved in Hugging Face's layout, as
-    (`config_from_hf` of its config.json, its tensors under Hugging Face's names).
+    """(`config_from_hf` of config.json, tensors under Hugging Face's names) of a GPT-2 checkpoint.
 
-    `path_or_name` is a local folder (config.json plus model.safetensors, or pytorch_model.bin) or a
-    Hub name such as "gpt2" or "openai-community/gpt2-medium" (downloaded once, then cached).
-    `GPT.from_pretrained(path_or_name)` turns them into our model.
+    `path_or_name`: a local folder (config.json and the weights) or a Hub name such as "gpt2"
+    (downloaded once, then cached).
     """
     folder = _resolve(path_or_name)
     config_file = folder / "config.json"
@@ -785,8 +778,7 @@ print("HF's first logits:", reference[0, 0, :5])
 def block_outputs(model: torch.nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:
     """The residual stream after the embedding and after each block: L + 1 tensors [B, T, C].
 
-    Recorded by forward hooks during one ordinary `model(idx)` call, so it is exactly what the
-    model computes.
+    Recorded by forward hooks during one ordinary `model(idx)` call.
     """
     seen: list[torch.Tensor] = []
     hooks = [m.register_forward_hook(lambda _m, _in, out: seen.append(out)) for m in (model.embed, *model.blocks)]

@@ -78,10 +78,9 @@ check_predict_cross_weights_shape(my_prediction)
 #| export
 """The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
 
-An encoder reads the source once with bidirectional self-attention; a decoder generates the target
-with causal self-attention and, in every layer, cross-attention to the encoder's output (queries from
-the decoder, keys and values from the encoder). Post-norm as in the paper, pre-norm selectable.
-Shapes: B batch, S source positions, T target positions, C = d_model, nh heads, V vocabulary.
+An encoder reads the source once; a decoder writes the target with causal self-attention and
+cross-attention to the encoder's output. Shapes: B batch, S source positions, T target positions,
+C = d_model, nh heads, V vocabulary.
 """
 
 from __future__ import annotations
@@ -93,6 +92,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.arguments import choice, whole_number
+from transformer_course.attention import check_input
 from transformer_course.block import NORMS, LayerNorm, TransformerBlock
 from transformer_course.multihead import MultiHeadAttention, merge_heads, split_heads
 from transformer_course.positional import InputEmbedding
@@ -185,22 +185,19 @@ print(combined.int())
 #| export
 # Your turn - Exercise 9.2 (★★☆, build): multi-head cross-attention.
 class CrossAttention(MultiHeadAttention):
-    """Multi-head attention from the decoder (queries) to the encoder output (keys, values).
+    """Multi-head attention from the decoder (queries) to the encoder output (keys, values), never causal.
 
-    ``forward(x [B, T, C], memory [B, S, C], mask=None) -> [B, T, C]``. Same parameters as
-    `MultiHeadAttention` (``qkv`` packed [q | k | v], ``proj``); never causal: the whole source is
-    known. ``mask``: bool, broadcastable to [B, nh, T, S] (True = may attend), e.g. ``key_mask(keep)``.
-    A query whose every key is masked gets a zero output, never NaN.
+    ``forward(x [B, T, C], memory [B, S, C], mask=None) -> [B, T, C]``; the parameters of
+    `MultiHeadAttention` (``qkv`` packed [q | k | v], ``proj``). ``mask``: bool, broadcastable to
+    [B, nh, T, S] (True = may attend), e.g. ``key_mask(keep)``.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True, fast: bool = True):
         super().__init__(d_model, n_head, dropout=dropout, bias=bias, causal=False, fast=fast)
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        for name, t in (("x", x), ("memory", memory)):
-            if not isinstance(t, torch.Tensor) or t.ndim != 3 or t.shape[-1] != self.d_model:
-                shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(f"CrossAttention expects {name} of shape [B, *, {self.d_model}], got {shape}")
+        check_input(x, self.d_model, "CrossAttention")
+        check_input(memory, self.d_model, "CrossAttention", name="memory")
         if x.shape[0] != memory.shape[0]:
             raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
         ### BEGIN SOLUTION
@@ -252,11 +249,9 @@ print("equal to nn.MultiheadAttention within 1e-6:", torch.allclose(ours(x_dec, 
 # %%
 #| export
 class EncoderLayer(TransformerBlock):
-    """Bidirectional self-attention + feed-forward: x [B, S, C] -> [B, S, C].
+    """Chapter 05's `TransformerBlock` with bidirectional attention: x [B, S, C] -> [B, S, C].
 
-    Chapter 05's `TransformerBlock` (same ``ln1``, ``attn``, ``ln2``, ``mlp`` and pre/post-norm
-    logic) with a non-causal attention. ``mask``: bool key mask broadcastable to [B, nh, S, S].
-    Defaults follow the 2017 paper: post-norm, ReLU.
+    ``mask``: bool key mask broadcastable to [B, nh, S, S]. Defaults: the paper's post-norm, ReLU.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
@@ -268,10 +263,8 @@ class EncoderLayer(TransformerBlock):
 class DecoderLayer(TransformerBlock):
     """Causal self-attention, cross-attention to the encoder, feed-forward: x [B, T, C] -> [B, T, C].
 
-    Adds ``ln_cross`` and ``cross_attn`` (a `CrossAttention`) between chapter 05's two sublayers.
-    ``self_mask``: extra bool mask for the self-attention (target padding), broadcastable to
-    [B, nh, T, T], combined with the causal mask; ``memory_mask``: bool mask [B, nh, T, S] for the
-    cross-attention (source padding).
+    Chapter 05's block with ``ln_cross`` and ``cross_attn`` between its two sublayers. ``self_mask``
+    [B, nh, T, T] (target padding) joins the causal mask; ``memory_mask`` [B, nh, T, S] (source padding).
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
@@ -438,9 +431,6 @@ class EncoderDecoder(nn.Module):
 
     def forward(self, src, tgt, targets=None):
         """(logits [B, T, V_tgt], loss or None); padded targets (pad_id) are left out of the loss."""
-        if src.shape[0] != tgt.shape[0]:
-            raise ValueError(f"source batch has {src.shape[0]} sequences but target batch has {tgt.shape[0]}: "
-                             "they must pair up one to one")
         logits = self.decode(tgt, *self.encode(src))
         if targets is None:
             return logits, None

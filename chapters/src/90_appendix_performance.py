@@ -334,8 +334,8 @@ for r in race["rows"]:
 # others, and with `--max-restarts` starts them again, and they resume from the last checkpoint.
 #
 # ```
-# torchrun --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp
-# torchrun --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp --global-batch 12
+# torchrun --standalone --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp
+# torchrun --standalone --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/dp --global-batch 12
 # # two machines: the same command on each, naming one rendezvous endpoint
 # torchrun --nnodes 2 --nproc-per-node 1 --rdzv-backend c10d --rdzv-endpoint host0:29400 --rdzv-id run1 \
 #     -m transformer_course train --preset tiny --out runs/dp
@@ -357,7 +357,7 @@ from transformer_course.config import History
 
 def run_train(out: str, processes: int, *flags: str) -> History:
     """`transformer-course train --preset tiny` for 60 steps in `out`, under torchrun when processes > 1."""
-    launcher = ["-m", "torch.distributed.run", f"--nproc-per-node={processes}"] if processes > 1 else []
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={processes}"] if processes > 1 else []
     command = [sys.executable, *launcher, "-m", "transformer_course", "train", "--preset", "tiny", "--out", out,
                "--max-iters", "60", "--eval-interval", "30", "--device", "cpu", *flags]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
