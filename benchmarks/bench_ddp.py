@@ -72,26 +72,30 @@ def run(name: str, steps: int, scratch: Path) -> dict:
         raise ValueError(name)
     h = _history(out)
     processes = 1 if name.startswith("1 process") else 2
-    return {"run": name, "processes": processes, "windows_per_step": h.tokens_per_step // 64, "steps": len(h.step),
-            "tokens_per_s": h.tokens_per_second, "val_loss": h.val_loss[-1]}
+    cores = 2 if "2 threads" in name or processes == 2 else 1
+    return {"run": name, "processes": processes, "cores": cores, "windows_per_step": h.tokens_per_step // 64,
+            "steps": len(h.step), "tokens_per_s": h.tokens_per_second, "val_loss": h.val_loss[-1]}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="40 steps per run instead of 300")
+    parser.add_argument("--quick", action="store_true", help="40 steps per run, once, instead of 300, twice")
     args = parser.parse_args()
-    steps = 40 if args.quick else 300
+    steps, repeats = (40, 1) if args.quick else (300, 2)
     names = ["1 process, 1 thread", "1 process, 2 threads", "2 processes (gloo), 1 thread each",
              "2 nodes x 1 process over loopback (c10d rendezvous)"]
     load_before = os.getloadavg()[0]
     began = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
-        rows = [run(name, steps, Path(scratch)) for name in names]
+        rows = []
+        for name in names:  # the faster of `repeats` runs: other work on the machine only ever slows one down
+            rows.append(max((run(name, steps, Path(scratch) / str(i)) for i in range(repeats)),
+                            key=lambda r: r["tokens_per_s"]))
     seconds = time.perf_counter() - began
     single = rows[0]["tokens_per_s"]
     for r in rows:
         r["vs_1_process_1_thread"] = r["tokens_per_s"] / single
-        r["scaling_efficiency"] = r["tokens_per_s"] / (r["processes"] * single)  # limit: N x one process
+        r["scaling_efficiency"] = r["tokens_per_s"] / (r["cores"] * single)  # limit: one core's speed per core
     import torch
 
     torch.set_num_threads(1)  # the line names one thread per process (the 2-thread row says otherwise)
@@ -108,15 +112,16 @@ def main() -> None:
         f"Command: `python benchmarks/bench_ddp.py{' --quick' if args.quick else ''}`"
         f"{' (quick run: few steps, noisy)' if args.quick else ''}", "",
         f"Each run: `transformer-course train --preset tiny` on the CPU for {steps} steps (chapter 06's shapes: "
-        "4 layers x 128, block 64, batch 12 windows per process), evaluation only at the start and the end. "
-        "tokens/s counts the tokens of all processes per second of step time. Scaling efficiency = tokens/s / "
-        "(processes x tokens/s of one process on one thread): 1.0 is the physical limit of N independent "
-        "copies; two processes on two cores also wait for each other in every all-reduce.", "",
-        "| run | processes | windows per step | tokens / s | vs 1 process, 1 thread | scaling efficiency | val loss at the end |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "4 layers x 128, block 64, batch 12 windows per process), evaluation only at the start and the end; "
+        f"the faster of {repeats} run(s). tokens/s counts the tokens of all processes per second of step time. "
+        "Scaling efficiency = tokens/s / (cores used x tokens/s of one process on one core): 1.0 is the "
+        "physical limit, every core as fast as one alone; two processes also wait for each other in every "
+        "all-reduce, and two threads split every matrix product.", "",
+        "| run | processes | cores | windows per step | tokens / s | vs 1 process, 1 thread | scaling efficiency | val loss at the end |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['processes']} | {r['windows_per_step']} | {r['tokens_per_s']:,.0f} | "
+        lines.append(f"| {r['run']} | {r['processes']} | {r['cores']} | {r['windows_per_step']} | {r['tokens_per_s']:,.0f} | "
                      f"{r['vs_1_process_1_thread']:.2f}x | {r['scaling_efficiency']:.2f} | {r['val_loss']:.3f} |")
     lines += ["", "The two-process runs take twice the windows per step (the presets' default: the global batch grows "
               "with the number of processes), so at equal steps they have seen twice the data; `--global-batch` "
