@@ -182,10 +182,12 @@ def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
 
 
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
-    """SIGKILL one rank of a 2-process run after its second checkpoint; `--max-restarts 1` restarts
-    both ranks, which resume from that checkpoint and end where an uninterrupted run ends."""
+    """SIGKILL one rank of a 2-process run after its second checkpoint; `--max-restarts` restarts both
+    ranks, which resume from that checkpoint and end where an uninterrupted run ends. (3 restarts, as the
+    README advises: on a loaded machine a restarted round's gloo connection can itself time out, seen
+    once in `make test`; torchrun then simply tries again.)"""
     out, steps = tmp_path / "run", 80  # long enough that the kill lands mid-run on a loaded machine
-    job = subprocess.Popen([*TORCHRUN, "--max-restarts", "1", *_cli_train(out, "--max-iters", str(steps),
+    job = subprocess.Popen([*TORCHRUN, "--max-restarts", "3", *_cli_train(out, "--max-iters", str(steps),
                                                                           "--eval-interval", "10")],
                            cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
@@ -209,7 +211,8 @@ def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
     assert resumed and 10 <= int(resumed[1]) < steps, stdout
     assert load_checkpoint(checkpoint).step == steps
     history = _history(out / "history.json")
-    assert history["eval_step"][-1] == steps and stdout.count("training 'tiny'") == 2  # rank 0 alone prints
+    assert history["eval_step"][-1] == steps
+    assert stdout.count("training 'tiny'") == 1 + stdout.count("resuming from step")  # rank 0 alone prints
 
 
 def test_global_batch_that_does_not_split_is_refused(tmp_path, capsys):
