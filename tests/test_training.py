@@ -503,7 +503,7 @@ def test_max_parameters_is_a_stated_limit_the_caller_can_lift(tmp_path):
     ("changes", "match"),
     [
         ({"tokenizer": {"state": {"chars": ["a"]}}}, "tokenizer entry is not a dict with 'class' and 'state'"),
-        ({"tokenizer": {"class": "Pickle", "state": {}}}, "tokenizer class 'Pickle' is unknown"),
+        ({"tokenizer": {"class": "Pickle", "state": {}}}, "not a tokenizer dict: expected a 'type'"),
         ({"history": {"step": [0], "bogus": 1}}, r"unknown History field\(s\) \['bogus'\]"),
         ({"train_config": {"max_iters": "many"}}, "TrainConfig.max_iters must be a whole number"),
         ({"model_config": {"vocab_size": 12}}, r"GPTConfig: .*missing 4 required"),

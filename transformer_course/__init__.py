@@ -26,7 +26,7 @@ Modules:
 - `transformer_course.grading`: Grading handed-in notebooks: which exercises passed, failed, are not done, were not run or are missing (hand-written).
 - `transformer_course.grading_sandbox`: Run one handed-in notebook for the grader: a fresh kernel, one time limit for the whole notebook and, where Linux allows it, a sandbox (hand-written).
 - `transformer_course.leak_check`: The leak check: does a student edition reproduce a solution somewhere else in its notebook? (hand-written)
-- `transformer_course.model`: The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry (exported from chapter 06, which also writes its settings, `config.py`, its training, `training.py`, and its checkpoints, `checkpoint.py`). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
+- `transformer_course.model`: The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry (chapter 06, which also writes `config.py`, `training.py` and `checkpoint.py`). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
 - `transformer_course.modern`: From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
 - `transformer_course.multihead`: Multi-head causal self-attention (chapter 04), with the KV cache used for generation.
 - `transformer_course.positional`: Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].

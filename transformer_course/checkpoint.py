@@ -4,11 +4,9 @@ from __future__ import annotations
 
 __all__ = ['CHECKPOINT_FORMAT', 'MAX_PARAMETERS', 'CheckpointError', 'config_differences', 'state_sha256', 'save_checkpoint', 'Checkpoint', 'load_checkpoint']
 
-# %% ../chapters/06_gpt_and_training.ipynb #c43462e5
-# Checkpoints (exported from chapter 06 to transformer_course/checkpoint.py): everything a run needs to
-# continue exactly, written atomically with a SHA-256 of its contents, read with weights_only=True, and
-# refused with a `CheckpointError` that says why when the file is damaged, unsafe, or asks for a model
-# larger than its tensors or than `max_parameters`.
+# %% ../chapters/06_gpt_and_training.ipynb #b99a116b
+# Checkpoints (checkpoint.py): all a run needs to continue exactly, written atomically with a SHA-256,
+# read with weights_only=True, refused with a `CheckpointError` that says why.
 import hashlib
 import re
 from dataclasses import dataclass, fields
@@ -16,20 +14,20 @@ from pathlib import Path
 
 import torch
 
-from . import tokenization
 from .arguments import whole_number
 from .config import GPTConfig, History, TrainConfig
 from .model import GPT, count_parameters
 from .runtime import atomic_save
+from .tokenization import tokenizer_from_dict
 
-CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
+CHECKPOINT_FORMAT = 1  # the file layout `save_checkpoint` writes; loading checks it
 
-# %% ../chapters/06_gpt_and_training.ipynb #de076eb2
+# %% ../chapters/06_gpt_and_training.ipynb #54725809
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model (the message says which)."""
+    """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model."""
 
 
-_NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
+_NOT_IN_WEIGHTS = {"dropout", "fast"}  # fields that change neither the weights nor the function
 
 
 def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
@@ -39,8 +37,8 @@ def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
 
 
 def state_sha256(state) -> str:
-    """Hex SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other
-    value's repr, in the order the (nested) dicts and lists hold them."""
+    """Hex SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes and every other
+    value's repr, in order."""
     digest = hashlib.sha256()
 
     def feed(value) -> None:
@@ -68,8 +66,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
-    with their SHA-256 (`state_sha256`), which `load_checkpoint` verifies. `rank_rng`: under data-parallel
-    training, every rank's CPU random state (for its dropout), in rank order."""
+    with their `state_sha256`. `rank_rng`: every data-parallel rank's CPU random state, in rank order."""
     rng = {"torch": torch.get_rng_state()}
     if rank_rng is not None:
         rng["ranks"] = rank_rng
@@ -83,10 +80,10 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
     state["sha256"] = state_sha256(state)
-    return atomic_save(state, path)  # readers see the old file or the new one, never half of one
+    return atomic_save(state, path)
 
-# %% ../chapters/06_gpt_and_training.ipynb #e95cdcca
-MAX_PARAMETERS = 2_000_000_000  # the largest model load_checkpoint builds unless told otherwise (GPT-2 XL: 1.56 B)
+# %% ../chapters/06_gpt_and_training.ipynb #1a328d46
+MAX_PARAMETERS = 2_000_000_000  # load_checkpoint's default limit (GPT-2 XL: 1.56 B)
 
 
 @dataclass
@@ -111,8 +108,7 @@ def _read(path: Path, map_location) -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
         message = str(error)
-        # weights_only refused to call a Python object ("Unsupported global: GLOBAL os.system", or since
-        # PyTorch 2.13 "unsupported GLOBAL posix.system"): never run it
+        # weights_only refused a Python object ("Unsupported global: GLOBAL os.system"): never run it
         if refused := re.search(r"unsupported global:?\s+(?:global\s+)?([\w.]+)", message, re.IGNORECASE):
             raise CheckpointError(f"{path} asks to run code when opened (it calls the Python object {refused[1]}); "
                                   "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
@@ -150,19 +146,14 @@ def _tokenizer_from(entry):
         return None
     if not isinstance(entry, dict) or not {"class", "state"} <= set(entry):
         raise ValueError("its tokenizer entry is not a dict with 'class' and 'state', as save_checkpoint writes it")
-    cls = getattr(tokenization, entry["class"], None) if isinstance(entry["class"], str) else None
-    if cls is None or not hasattr(cls, "from_dict"):
-        raise ValueError(f"its tokenizer class {entry['class']!r} is unknown to this version")
-    return cls.from_dict(entry["state"])
+    return tokenizer_from_dict(entry["state"])
 
 
 def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
                     max_parameters: int | None = MAX_PARAMETERS) -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified). With `model`,
-    its config must match the checkpoint's (the differing fields are named) and the weights are loaded
-    into it; without, a GPT is built from the stored config, once it is known to be no larger than the
-    stored tensors and than `max_parameters` (None: no limit). Raises `CheckpointError` saying why a
-    file cannot be used, and FileNotFoundError when there is none."""
+    """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified) into `model`,
+    whose config must match, or into a GPT built from the stored config once it is known to be no larger
+    than the stored tensors and `max_parameters` (None: no limit). Raises `CheckpointError` saying why."""
     path = Path(path)
     state = _read(path, map_location)
     try:

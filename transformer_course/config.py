@@ -4,44 +4,44 @@ from __future__ import annotations
 
 __all__ = ['PRESETS', 'TRAIN_PRESETS', 'GPTConfig', 'TrainConfig', 'History']
 
-# %% ../chapters/06_gpt_and_training.ipynb #74585378
-# The settings of chapter 06 (exported to transformer_course/config.py): what a GPT is (GPTConfig,
-# PRESETS), how to train one (TrainConfig, TRAIN_PRESETS) and what a run did (History). Plain
-# dataclasses that check themselves and turn into JSON-able dicts; no tensors, so checkpoints store them
-# as plain data and every other module can build on them.
+# %% ../chapters/06_gpt_and_training.ipynb #40562373
+# Chapter 06's settings (config.py): what a GPT is, how to train one, what a run did. Dataclasses that
+# check themselves and turn into JSON-able dicts, so checkpoints store them as plain data.
 from dataclasses import asdict, dataclass, field, fields
+from typing import Self
 
 from .arguments import choice, flag, real_number, whole_number
 
-# %% ../chapters/06_gpt_and_training.ipynb #e5065eb0
+# %% ../chapters/06_gpt_and_training.ipynb #6073702d
 _CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu"),
             "normalization": ("layernorm", "rmsnorm"), "mlp": ("plain", "swiglu")}
 
 
-def _from_dict(cls, d):
-    """`cls(**d)` for a dataclass, with a clear error for anything but a dict of its fields."""
-    if not isinstance(d, dict):
-        raise ValueError(f"a {cls.__name__} is stored as a dict of its fields, got {type(d).__name__}")
-    if unknown := sorted(map(str, set(d) - {f.name for f in fields(cls)})):
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: written by another version of the course?")
-    try:
-        return cls(**d)
-    except TypeError as error:  # a required field is missing
-        raise ValueError(f"{cls.__name__}: {error}") from None
+class _Stored:
+    """`to_dict`: a dataclass as a JSON-able dict; `from_dict`: the inverse, which names what is wrong."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Self:
+        if not isinstance(d, dict):
+            raise ValueError(f"a {cls.__name__} is stored as a dict of its fields, got {type(d).__name__}")
+        if unknown := sorted(map(str, set(d) - {f.name for f in fields(cls)})):
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: written by another version of the course?")
+        try:
+            return cls(**d)
+        except TypeError as error:  # a required field is missing
+            raise ValueError(f"{cls.__name__}: {error}") from None
 
 
 @dataclass
-class GPTConfig:
-    """Every architectural choice of a GPT.
-
-    `vocab_size` V, `block_size` the longest context T, `n_layer` blocks, `n_head` heads of size
-    `d_model // n_head`, `d_model` C. `tie_weights` shares the token-embedding matrix with the LM head
-    (Press & Wolf 2017, as GPT-2 does); `fast` uses PyTorch's fused attention and LayerNorm kernels.
-
-    Chapter 10's modern-decoder choices (their defaults are GPT-2's): `positional="rope"`,
-    `normalization="rmsnorm"`, `mlp="swiglu"`, `n_kv_head` key/value heads (None: one per head),
-    `d_ff` the MLP's hidden width (None: 4C, or the 8/3 rule for SwiGLU), `rope_base`.
-    """
+class GPTConfig(_Stored):
+    """Every architectural choice of a GPT: `vocab_size` V, `block_size` the longest context T, `n_layer`
+    blocks, `n_head` heads of `d_model // n_head` channels, `d_model` C; `tie_weights` shares the token
+    embedding with the LM head; `fast` uses PyTorch's fused kernels. Chapter 10's choices (defaults:
+    GPT-2's): `positional="rope"`, `normalization="rmsnorm"`, `mlp="swiglu"`, `n_kv_head` key/value heads
+    (None: one per head), `d_ff` the MLP width (None: 4C, or 8/3 rule for SwiGLU), `rope_base`."""
 
     vocab_size: int
     block_size: int
@@ -91,31 +91,22 @@ class GPTConfig:
         return (self.positional == "rope" or self.normalization != "layernorm" or self.mlp != "plain"
                 or self.n_kv_head is not None or self.d_ff is not None or self.rope_base != 10000.0)
 
-    def to_dict(self) -> dict:
-        """Plain JSON-able dict (what checkpoints store)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GPTConfig:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
-
-# %% ../chapters/06_gpt_and_training.ipynb #e57a8b70
+# %% ../chapters/06_gpt_and_training.ipynb #53afd6f8
 PRESETS: dict[str, GPTConfig] = {
-    # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters): two minutes on a laptop CPU
+    # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters)
     "tiny": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False),
-    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters with position embeddings): wants a GPU
+    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters)
     "small": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, d_model=384, dropout=0.2),
-    # GPT-2 (Radford et al. 2019): byte-level BPE vocabulary 50257, context 1024, tanh-approximated GELU
+    # GPT-2 (Radford et al. 2019): BPE vocabulary, context 1024, tanh-approximated GELU
     "gpt2": GPTConfig(50257, 1024, n_layer=12, n_head=12, d_model=768, activation="gelu_tanh"),
     "gpt2-medium": GPTConfig(50257, 1024, n_layer=24, n_head=16, d_model=1024, activation="gelu_tanh"),
     "gpt2-large": GPTConfig(50257, 1024, n_layer=36, n_head=20, d_model=1280, activation="gelu_tanh"),
     "gpt2-xl": GPTConfig(50257, 1024, n_layer=48, n_head=25, d_model=1600, activation="gelu_tanh"),
 }
 
-# %% ../chapters/06_gpt_and_training.ipynb #f8d44565
+# %% ../chapters/06_gpt_and_training.ipynb #38456934
 @dataclass
-class TrainConfig:
+class TrainConfig(_Stored):
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
 
     max_iters: int = 2000  # optimizer steps; a resumed run continues the count
@@ -127,16 +118,16 @@ class TrainConfig:
     weight_decay: float = 0.1  # applied to matrices and embeddings only
     beta1: float = 0.9
     beta2: float = 0.99
-    grad_clip: float = 1.0  # largest allowed global gradient norm; 0 turns clipping off
+    grad_clip: float = 1.0  # largest global gradient norm; 0: no clipping
     eval_interval: int = 250  # evaluate every this many steps, and at the end
-    eval_iters: int = 20  # batches averaged per evaluation, for train and for val
+    eval_iters: int = 20  # batches per evaluation, of train and of val
     max_seconds: float | None = None  # stop early after this much wall time
     seed: int = 1337  # seeds the batch sampler
     grad_accum: int = 1  # micro-batches per process per step: global batch = batch_size * grad_accum * processes
     device: str | None = None  # None: CUDA, then MPS, then CPU
-    compile: bool = False  # torch.compile the model (pays off only for long runs)
-    bf16: bool | None = None  # bf16 autocast: None = on a CUDA GPU only; True = on the CPU too (opt-in); False = never
-    progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
+    compile: bool = False  # torch.compile the model (pays off in long runs)
+    bf16: bool | None = None  # bf16 autocast: None on a CUDA GPU only, True on the CPU too, False never
+    progress: bool = True  # a tqdm progress bar
 
     def __post_init__(self):
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters"):
@@ -159,20 +150,12 @@ class TrainConfig:
         for name in ("compile", "progress"):
             flag(getattr(self, name), f"TrainConfig.{name}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
-
-# %% ../chapters/06_gpt_and_training.ipynb #00cb4ed7
+# %% ../chapters/06_gpt_and_training.ipynb #46e6dfa8
 @dataclass
-class History:
+class History(_Stored):
     """What happened in a run: one entry per step, one per evaluation, and the time it took."""
 
-    tokens_per_step: int = 0  # batch_size * block_size
+    tokens_per_step: int = 0  # tokens per optimizer step, all processes together
     step: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)  # loss of that step's batch
     lr: list[float] = field(default_factory=list)
@@ -180,30 +163,22 @@ class History:
     train_loss: list[float] = field(default_factory=list)  # mean over eval_iters batches
     val_loss: list[float] = field(default_factory=list)
     eval_seconds: list[float] = field(default_factory=list)  # wall time since the start, at each evaluation
-    train_seconds: float = 0.0  # time inside training steps (evaluation excluded)
+    train_seconds: float = 0.0  # in training steps, evaluation excluded
     wall_seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> History:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
 
     @property
     def tokens_per_second(self) -> float:
-        """Training throughput: tokens through forward, backward and update per second of step time."""
+        """Tokens trained on per second of step time."""
         return len(self.step) * self.tokens_per_step / self.train_seconds if self.train_seconds else 0.0
 
     def time_to(self, val_loss: float) -> float | None:
         """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
         return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
 
-# %% ../chapters/06_gpt_and_training.ipynb #2d6f6b41
+# %% ../chapters/06_gpt_and_training.ipynb #914533d6
 TRAIN_PRESETS: dict[str, TrainConfig] = {
-    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.87 in one to
-    # two minutes of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
+    # nanoGPT's CPU recipe with twice its learning rate and 1,500 steps: val loss near 1.87 in one to two
+    # minutes on a 2-core CPU
     "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
     # nanoGPT's shakespeare-char GPU recipe: wants a GPU
     "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 __all__ = ['EVAL_SEED_OFFSET', 'train_step', 'accumulated_step', 'param_groups', 'fused_adamw_works', 'make_optimizer', 'lr_at', 'estimate_loss', 'autocast_for', 'train', 'plot_history', 'encode_corpus']
 
-# %% ../chapters/06_gpt_and_training.ipynb #15b0bbf7
-# Training a GPT (exported from chapter 06 to transformer_course/training.py): AdamW with weight decay on
-# matrices only (fused where this PyTorch offers it), linear warm-up then cosine learning rate, gradient
-# clipping, periodic evaluation on fixed batches, checkpoints at every evaluation and exact resuming.
-# Shapes: B batch, T time (block_size), V vocabulary.
+# %% ../chapters/06_gpt_and_training.ipynb #b5800704
+# Training (training.py): AdamW, warm-up then cosine learning rate, gradient clipping, evaluation on
+# fixed batches, checkpoints and exact resuming. Shapes: B batch, T time (block_size).
 import functools
-import inspect
 import math
 import time
 from contextlib import nullcontext
@@ -25,7 +22,7 @@ from .model import GPT
 from .runtime import pick_device
 from .tokenization import CharTokenizer
 
-EVAL_SEED_OFFSET = 1  # evaluation batches are drawn from seed cfg.seed + 1, never from the training stream
+EVAL_SEED_OFFSET = 1  # evaluation batches come from seed cfg.seed + 1, not the training stream
 
 # %% ../chapters/06_gpt_and_training.ipynb #ca750e3b
 def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: float = 1.0, autocast=None) -> float:
@@ -40,20 +37,19 @@ def train_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, grad_clip: fl
     optimizer.step()
     return loss.item()
 
-# %% ../chapters/06_gpt_and_training.ipynb #cb605945
+# %% ../chapters/06_gpt_and_training.ipynb #728569fc
 def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_batches: int, grad_clip: float = 1.0,
                      autocast=None) -> float:
-    """One optimizer step on x, y [B, T] taken as `micro_batches` slices of B / micro_batches rows, one
-    forward and backward each (memory of one slice); the gradient is that of the mean loss over all B
-    rows. Under DDP the gradients are averaged over processes in the last backward only. Returns the
-    mean loss (before the update)."""
+    """One optimizer step on x, y [B, T] in `micro_batches` slices (memory of one), with the gradient of
+    the mean loss over all B rows; returns that loss (before the update). DDP all-reduces in the last
+    backward only."""
     if len(x) % micro_batches:
         raise ValueError(f"a batch of {len(x)} rows does not split into {micro_batches} equal micro-batches")
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for i, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
         last = i == micro_batches - 1
-        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():  # DDP: all-reduce once
+        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():
             with autocast or nullcontext():
                 _, loss = model(xs, ys)
             (loss / micro_batches).backward()
@@ -63,7 +59,7 @@ def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_b
     optimizer.step()
     return total / micro_batches
 
-# %% ../chapters/06_gpt_and_training.ipynb #6461e92b
+# %% ../chapters/06_gpt_and_training.ipynb #538b2035
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """AdamW groups: matrices and embeddings (dim >= 2) decayed, biases and LayerNorm gains (dim 1)
     not. `parameters()` yields a tied tensor once, so it is updated once per step."""
@@ -76,10 +72,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 @functools.cache
 def fused_adamw_works(device_type: str) -> bool:
-    """Whether this PyTorch runs AdamW's fused kernel on `device_type` ("cpu", "cuda", "mps"): it tries
-    one step on a one-number tensor there (PyTorch checks the device only at the first step)."""
-    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
-        return False
+    """Whether AdamW's fused kernel runs on `device_type`: one trial step tells (PyTorch checks the
+    device only at the first step)."""
     p = torch.zeros(1, device=device_type, requires_grad=True)
     p.grad = torch.zeros_like(p)
     try:
@@ -90,9 +84,7 @@ def fused_adamw_works(device_type: str) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups`: the fused kernel (one pass over all tensors per step) where
-    `fused_adamw_works` on the parameters' device, else PyTorch's default for that device (the same
-    update, up to rounding)."""
+    """AdamW over `param_groups`, fused where `fused_adamw_works` (the same update, up to rounding)."""
     fused = fused_adamw_works(next(model.parameters()).device.type)
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), fused=fused)
@@ -109,14 +101,13 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     progress = (step - cfg.warmup_iters) / (end - cfg.warmup_iters)  # 0 -> 1
     return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
 
-# %% ../chapters/06_gpt_and_training.ipynb #8c289bd7
+# %% ../chapters/06_gpt_and_training.ipynb #2d76dd41
 @torch.no_grad()
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
                   device=None, shard: tuple[int, int] = (0, 1)) -> float:
-    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data`, drawn by a generator
-    of its own seeded with `seed` (the global random state is neither used nor changed).
-    `shard=(rank, processes)`: score only batches rank, rank + processes, ... and return their share of
-    the mean, so the shares of all processes add up to the mean over all `iters` batches."""
+    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn by a generator
+    seeded with `seed` (the global random state is untouched). `shard=(rank, processes)`: score batches
+    rank, rank + processes, ... only, returning their share of the mean (the shares add up to it)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -129,12 +120,10 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
     model.train(was_training)
     return total / iters
 
-# %% ../chapters/06_gpt_and_training.ipynb #80ea14f2
+# %% ../chapters/06_gpt_and_training.ipynb #702ea1b7
 def autocast_for(device: torch.device, cfg: TrainConfig):
-    """The forward pass's precision: bf16 autocast on a CUDA GPU that supports it (unless cfg.bf16 is
-    False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
-    The CPU never switches to bf16 on its own, so a run's numbers do not depend on the CPU's
-    instruction set (`runtime.cpu_has_fast_bf16` tells whether bf16 is fast here)."""
+    """bf16 autocast on a CUDA GPU that supports it unless cfg.bf16 is False, on the CPU only if it is
+    True (so numbers never depend on the CPU's instruction set); else float32 (a no-op context)."""
     if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and cfg.bf16 is True:
@@ -143,7 +132,7 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
 
 
 def _now(device: torch.device) -> float:
-    """`time.perf_counter()` once the device has finished its queued work (CUDA runs asynchronously)."""
+    """`time.perf_counter()` after the device's queued work (CUDA is asynchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -166,17 +155,15 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
     if "cuda" in resume.rng and torch.cuda.is_available() and world.size == 1:  # rank 0's alone: not for all ranks
         torch.cuda.set_rng_state_all(resume.rng["cuda"])
 
-# %% ../chapters/06_gpt_and_training.ipynb #726c6c63
+# %% ../chapters/06_gpt_and_training.ipynb #846b79d7
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids; return the History.
 
-    Every `eval_interval` steps and at the end: evaluate train and val (and write `checkpoint_path`,
-    if given). `resume` (from `load_checkpoint`) restores weights, optimizer, step, RNG states and
-    history: stopping and resuming gives the same losses as never stopping.
-    Under torchrun (a process group is running) it trains data-parallel: every process takes its rows of
-    each global batch of batch_size * grad_accum * processes windows, DDP averages the gradients, losses
-    and evaluations are averaged over the processes, and only rank 0 writes checkpoints and the bar.
+    Every `eval_interval` steps and at the end: evaluate and write `checkpoint_path` (if given).
+    `resume` (from `load_checkpoint`) continues exactly: the same losses as never stopping.
+    Under torchrun it trains data-parallel: each process takes its rows of every global batch,
+    gradients, losses and evaluations are averaged over processes, and rank 0 alone writes.
     """
     from tqdm.auto import tqdm
 
@@ -185,15 +172,15 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     model.to(device).train()
     optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
     global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per optimizer step, all processes
-    history, step = History(tokens_per_step=global_rows * model.cfg.block_size), 0
+    history, step = History(), 0
     if world.size > 1:  # distinct dropout draws per process
         torch.manual_seed(cfg.seed + world.rank)
     if resume is not None:
         _restore(resume, model, optimizer, batches, world, cfg.seed)
         history, step = resume.history or history, resume.step
-        history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed
+    history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed on resuming
     forward = torch.compile(model) if cfg.compile else model
-    stepper = world.wrap(forward)  # under torchrun: gradients averaged over the processes in backward
+    stepper = world.wrap(forward)  # DDP under torchrun
     began, base = _now(device), history.wall_seconds
 
     def evaluate() -> None:
@@ -211,7 +198,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                             history=history, batch_generator=batches, rank_rng=rank_rng)
         world.barrier()  # no rank goes on (or returns) before the checkpoint is written
 
-    # redraw at most once a second: every redraw of a Jupyter widget is a message to the front end
+    # at most one redraw a second: each is a message to Jupyter's front end
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
                disable=not (cfg.progress and world.is_main))
     while step < cfg.max_iters:
@@ -255,12 +242,10 @@ def plot_history(history: History, ax=None, title: str | None = None):
     ax.legend()
     return ax
 
-# %% ../chapters/06_gpt_and_training.ipynb #8e2e0177
+# %% ../chapters/06_gpt_and_training.ipynb #d6135da0
 def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
-    """All of `text` as a 1-D tensor of token ids, equal to `tokenizer.encode(text)`: uint8 when the
-    vocabulary fits in a byte, else int32. A `CharTokenizer` (one id per character, whatever its
-    neighbours) is encoded `chunk` characters at a time straight into one preallocated tensor, so its
-    Python list of ids never holds more than `chunk` entries; any other tokenizer in one call."""
+    """`tokenizer.encode(text)` as a 1-D tensor, uint8 when the vocabulary fits in a byte, else int32.
+    A `CharTokenizer` (one id per character) is encoded `chunk` characters at a time into one tensor."""
     dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
     if not isinstance(tokenizer, CharTokenizer):
         return torch.tensor(tokenizer.encode(text), dtype=dtype)

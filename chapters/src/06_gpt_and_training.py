@@ -2,8 +2,8 @@
 # # Chapter 06: the whole GPT, and training it on Shakespeare
 #
 # > The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model
-# > head that gives every position one logit per vocabulary entry (exported from chapter 06, which also
-# > writes its settings, `config.py`, its training, `training.py`, and its checkpoints, `checkpoint.py`).
+# > head that gives every position one logit per vocabulary entry (chapter 06, which also writes
+# > `config.py`, `training.py` and `checkpoint.py`).
 # > Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
 #
 # **What this chapter builds.** Chapters 02 to 05 built the parts: the input embedding (token +
@@ -77,20 +77,17 @@ from transformer_course.positional import InputEmbedding
 
 # %%
 #| export config
-# The settings of chapter 06 (exported to transformer_course/config.py): what a GPT is (GPTConfig,
-# PRESETS), how to train one (TrainConfig, TRAIN_PRESETS) and what a run did (History). Plain
-# dataclasses that check themselves and turn into JSON-able dicts; no tensors, so checkpoints store them
-# as plain data and every other module can build on them.
+# Chapter 06's settings (config.py): what a GPT is, how to train one, what a run did. Dataclasses that
+# check themselves and turn into JSON-able dicts, so checkpoints store them as plain data.
 from dataclasses import asdict, dataclass, field, fields
+from typing import Self
 
 from transformer_course.arguments import choice, flag, real_number, whole_number
 
 # %%
 #| export checkpoint
-# Checkpoints (exported from chapter 06 to transformer_course/checkpoint.py): everything a run needs to
-# continue exactly, written atomically with a SHA-256 of its contents, read with weights_only=True, and
-# refused with a `CheckpointError` that says why when the file is damaged, unsafe, or asks for a model
-# larger than its tensors or than `max_parameters`.
+# Checkpoints (checkpoint.py): all a run needs to continue exactly, written atomically with a SHA-256,
+# read with weights_only=True, refused with a `CheckpointError` that says why.
 import hashlib
 import re
 from dataclasses import dataclass, fields
@@ -98,22 +95,19 @@ from pathlib import Path
 
 import torch
 
-from transformer_course import tokenization
 from transformer_course.arguments import whole_number
 from transformer_course.config import GPTConfig, History, TrainConfig
 from transformer_course.model import GPT, count_parameters
 from transformer_course.runtime import atomic_save
+from transformer_course.tokenization import tokenizer_from_dict
 
-CHECKPOINT_FORMAT = 1  # the layout of the files `save_checkpoint` writes (section 6); loading checks it
+CHECKPOINT_FORMAT = 1  # the file layout `save_checkpoint` writes; loading checks it
 
 # %%
 #| export training
-# Training a GPT (exported from chapter 06 to transformer_course/training.py): AdamW with weight decay on
-# matrices only (fused where this PyTorch offers it), linear warm-up then cosine learning rate, gradient
-# clipping, periodic evaluation on fixed batches, checkpoints at every evaluation and exact resuming.
-# Shapes: B batch, T time (block_size), V vocabulary.
+# Training (training.py): AdamW, warm-up then cosine learning rate, gradient clipping, evaluation on
+# fixed batches, checkpoints and exact resuming. Shapes: B batch, T time (block_size).
 import functools
-import inspect
 import math
 import time
 from contextlib import nullcontext
@@ -128,7 +122,7 @@ from transformer_course.model import GPT
 from transformer_course.runtime import pick_device
 from transformer_course.tokenization import CharTokenizer
 
-EVAL_SEED_OFFSET = 1  # evaluation batches are drawn from seed cfg.seed + 1, never from the training stream
+EVAL_SEED_OFFSET = 1  # evaluation batches come from seed cfg.seed + 1, not the training stream
 
 # %% [markdown]
 # ## 1. From blocks to a language model
@@ -161,30 +155,31 @@ _CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "po
             "normalization": ("layernorm", "rmsnorm"), "mlp": ("plain", "swiglu")}
 
 
-def _from_dict(cls, d):
-    """`cls(**d)` for a dataclass, with a clear error for anything but a dict of its fields."""
-    if not isinstance(d, dict):
-        raise ValueError(f"a {cls.__name__} is stored as a dict of its fields, got {type(d).__name__}")
-    if unknown := sorted(map(str, set(d) - {f.name for f in fields(cls)})):
-        raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: written by another version of the course?")
-    try:
-        return cls(**d)
-    except TypeError as error:  # a required field is missing
-        raise ValueError(f"{cls.__name__}: {error}") from None
+class _Stored:
+    """`to_dict`: a dataclass as a JSON-able dict; `from_dict`: the inverse, which names what is wrong."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Self:
+        if not isinstance(d, dict):
+            raise ValueError(f"a {cls.__name__} is stored as a dict of its fields, got {type(d).__name__}")
+        if unknown := sorted(map(str, set(d) - {f.name for f in fields(cls)})):
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}: written by another version of the course?")
+        try:
+            return cls(**d)
+        except TypeError as error:  # a required field is missing
+            raise ValueError(f"{cls.__name__}: {error}") from None
 
 
 @dataclass
-class GPTConfig:
-    """Every architectural choice of a GPT.
-
-    `vocab_size` V, `block_size` the longest context T, `n_layer` blocks, `n_head` heads of size
-    `d_model // n_head`, `d_model` C. `tie_weights` shares the token-embedding matrix with the LM head
-    (Press & Wolf 2017, as GPT-2 does); `fast` uses PyTorch's fused attention and LayerNorm kernels.
-
-    Chapter 10's modern-decoder choices (their defaults are GPT-2's): `positional="rope"`,
-    `normalization="rmsnorm"`, `mlp="swiglu"`, `n_kv_head` key/value heads (None: one per head),
-    `d_ff` the MLP's hidden width (None: 4C, or the 8/3 rule for SwiGLU), `rope_base`.
-    """
+class GPTConfig(_Stored):
+    """Every architectural choice of a GPT: `vocab_size` V, `block_size` the longest context T, `n_layer`
+    blocks, `n_head` heads of `d_model // n_head` channels, `d_model` C; `tie_weights` shares the token
+    embedding with the LM head; `fast` uses PyTorch's fused kernels. Chapter 10's choices (defaults:
+    GPT-2's): `positional="rope"`, `normalization="rmsnorm"`, `mlp="swiglu"`, `n_kv_head` key/value heads
+    (None: one per head), `d_ff` the MLP width (None: 4C, or 8/3 rule for SwiGLU), `rope_base`."""
 
     vocab_size: int
     block_size: int
@@ -234,15 +229,6 @@ class GPTConfig:
         return (self.positional == "rope" or self.normalization != "layernorm" or self.mlp != "plain"
                 or self.n_kv_head is not None or self.d_ff is not None or self.rope_base != 10000.0)
 
-    def to_dict(self) -> dict:
-        """Plain JSON-able dict (what checkpoints store)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> GPTConfig:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
-
 
 # %% [markdown]
 # Named configurations are defined once, here, and everything else (the CLI, chapter 08) uses them.
@@ -253,11 +239,11 @@ class GPTConfig:
 # %%
 #| export config
 PRESETS: dict[str, GPTConfig] = {
-    # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters): two minutes on a laptop CPU
+    # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters)
     "tiny": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False),
-    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters with position embeddings): wants a GPU
+    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters)
     "small": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, d_model=384, dropout=0.2),
-    # GPT-2 (Radford et al. 2019): byte-level BPE vocabulary 50257, context 1024, tanh-approximated GELU
+    # GPT-2 (Radford et al. 2019): BPE vocabulary, context 1024, tanh-approximated GELU
     "gpt2": GPTConfig(50257, 1024, n_layer=12, n_head=12, d_model=768, activation="gelu_tanh"),
     "gpt2-medium": GPTConfig(50257, 1024, n_layer=24, n_head=16, d_model=1024, activation="gelu_tanh"),
     "gpt2-large": GPTConfig(50257, 1024, n_layer=36, n_head=20, d_model=1280, activation="gelu_tanh"),
@@ -288,7 +274,7 @@ except ValueError as e:
 @torch.no_grad()
 def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
     """GPT-2 initialisation, in place: Linear and Embedding weights ~ N(0, std), biases 0, LayerNorm
-    (1, 0); the residual-stream projections (`attn.proj`, `mlp.proj` of every block) ~ N(0, std/√(2·n_layer))."""
+    (1, 0); the residual projections `attn.proj`, `mlp.proj` ~ N(0, std/√(2·n_layer))."""
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -344,7 +330,7 @@ class GPT(nn.Module):
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"GPT needs a GPTConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        if cfg.modern:  # RMSNorm, SwiGLU, rotary positions, grouped-query attention (chapter 10)
+        if cfg.modern:  # chapter 10's blocks
             from transformer_course.modern import modern_parts
 
             self.embed, self.blocks, self.ln_f = modern_parts(cfg)
@@ -363,14 +349,9 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, cache: list[KVCache] | None = None,
                 *, last_only: bool = False):
-        """idx [B, T] token ids -> (logits [B, T, V], mean cross-entropy over targets [B, T] or None).
-
-        Embedding, every block in order, ln_f, lm_head. The loss is the mean cross-entropy (in float32)
-        over all positions whose target is not -1 (target entries equal to -1 are ignored). With a
-        `cache` (from `new_cache()`), the T new tokens sit at positions cache[0].length ..
-        cache[0].length + T - 1, block i uses cache[i], and the cache grows by T.
-        `last_only=True` returns the last position's logits only, [B, 1, V]: all that generation
-        needs, and it skips the LM head's [C, V] product at the other T - 1 positions.
+        """idx [B, T] token ids -> (logits [B, T, V], float32 mean cross-entropy over the targets [B, T]
+        that are not -1, or None). With a `cache` (from `new_cache()`) the new tokens follow the cached
+        positions and block i uses cache[i]. `last_only=True`: the last position's logits only, [B, 1, V].
         """
         if last_only and targets is not None:
             raise ValueError("last_only=True computes the last position's logits only, so there is no loss over "
@@ -379,7 +360,7 @@ class GPT(nn.Module):
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)}, got {tuple(targets.shape)}")
         if targets is not None and not bool((targets != -1).any()):  # the mean over no positions is NaN
             raise ValueError("every target is -1 (ignored), so there is no loss to average: give at least one "
-                             "real target (a batch of padding only has nothing to learn from)")
+                             "real target")
         start = 0
         if cache is not None:
             if len(cache) != len(self.blocks):
@@ -404,8 +385,7 @@ class GPT(nn.Module):
         ### END SOLUTION
 
     def new_cache(self) -> list[KVCache]:
-        """An empty key/value cache, one `KVCache` per block (chapter 07 generates with it), each with
-        room for block_size positions, the longest context the model accepts."""
+        """An empty key/value cache: one `KVCache` of block_size positions per block."""
         return [KVCache(capacity=self.cfg.block_size) for _ in self.blocks]
 
     def num_parameters(self) -> int:
@@ -421,12 +401,8 @@ class GPT(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path_or_name: str = "gpt2") -> GPT:
-        """OpenAI's GPT-2 weights as Hugging Face saves them, in our GPT (eval mode).
-
-        `path_or_name`: a local folder holding config.json and model.safetensors (or pytorch_model.bin),
-        or a Hub name such as "gpt2" or "openai-community/gpt2-medium" (downloaded once, then cached).
-        Chapter 08 writes the translation of names and layouts (`transformer_course.pretrained`).
-        """
+        """OpenAI's GPT-2 weights in our GPT (eval mode), from a local Hugging Face folder (config.json,
+        model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2" (chapter 08)."""
         from transformer_course.pretrained import convert_hf_state_dict, read_hf_gpt2
 
         config, tensors = read_hf_gpt2(path_or_name)
@@ -435,9 +411,7 @@ class GPT(nn.Module):
         return model.eval()
 
     def generate(self, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
-        """idx [B, T] -> [B, T + max_new_tokens]: `transformer_course.generation.generate(self, idx,
-        max_new_tokens, **options)`, the same function with the same options (temperature, top_k, top_p,
-        generator, ...; chapter 07 builds it)."""
+        """idx [B, T] -> [B, T + max_new_tokens] by chapter 07's `generation.generate` and its options."""
         from transformer_course.generation import generate
 
         return generate(self, idx, max_new_tokens, **options)
@@ -729,7 +703,7 @@ print(f"V·C = {gpt2.vocab_size} x {gpt2.d_model} = {saved:,} parameters, {saved
 # %%
 #| export config
 @dataclass
-class TrainConfig:
+class TrainConfig(_Stored):
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
 
     max_iters: int = 2000  # optimizer steps; a resumed run continues the count
@@ -741,16 +715,16 @@ class TrainConfig:
     weight_decay: float = 0.1  # applied to matrices and embeddings only
     beta1: float = 0.9
     beta2: float = 0.99
-    grad_clip: float = 1.0  # largest allowed global gradient norm; 0 turns clipping off
+    grad_clip: float = 1.0  # largest global gradient norm; 0: no clipping
     eval_interval: int = 250  # evaluate every this many steps, and at the end
-    eval_iters: int = 20  # batches averaged per evaluation, for train and for val
+    eval_iters: int = 20  # batches per evaluation, of train and of val
     max_seconds: float | None = None  # stop early after this much wall time
     seed: int = 1337  # seeds the batch sampler
     grad_accum: int = 1  # micro-batches per process per step: global batch = batch_size * grad_accum * processes
     device: str | None = None  # None: CUDA, then MPS, then CPU
-    compile: bool = False  # torch.compile the model (pays off only for long runs)
-    bf16: bool | None = None  # bf16 autocast: None = on a CUDA GPU only; True = on the CPU too (opt-in); False = never
-    progress: bool = True  # a tqdm bar: a widget in Jupyter, text in a terminal
+    compile: bool = False  # torch.compile the model (pays off in long runs)
+    bf16: bool | None = None  # bf16 autocast: None on a CUDA GPU only, True on the CPU too, False never
+    progress: bool = True  # a tqdm progress bar
 
     def __post_init__(self):
         for name in ("max_iters", "batch_size", "grad_accum", "eval_interval", "eval_iters"):
@@ -772,14 +746,6 @@ class TrainConfig:
             flag(self.bf16, "TrainConfig.bf16", hint="or None for bf16 on a CUDA GPU only")
         for name in ("compile", "progress"):
             flag(getattr(self, name), f"TrainConfig.{name}")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TrainConfig:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
 
 # %%
 for bad in (dict(learning_rate=0.0), dict(learning_rate=-3e-4), dict(batch_size=0)):
@@ -850,17 +816,16 @@ train_step = check_train_step(train_step).use
 #| export training
 def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_batches: int, grad_clip: float = 1.0,
                      autocast=None) -> float:
-    """One optimizer step on x, y [B, T] taken as `micro_batches` slices of B / micro_batches rows, one
-    forward and backward each (memory of one slice); the gradient is that of the mean loss over all B
-    rows. Under DDP the gradients are averaged over processes in the last backward only. Returns the
-    mean loss (before the update)."""
+    """One optimizer step on x, y [B, T] in `micro_batches` slices (memory of one), with the gradient of
+    the mean loss over all B rows; returns that loss (before the update). DDP all-reduces in the last
+    backward only."""
     if len(x) % micro_batches:
         raise ValueError(f"a batch of {len(x)} rows does not split into {micro_batches} equal micro-batches")
     optimizer.zero_grad(set_to_none=True)
     total = 0.0
     for i, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
         last = i == micro_batches - 1
-        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():  # DDP: all-reduce once
+        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():
             with autocast or nullcontext():
                 _, loss = model(xs, ys)
             (loss / micro_batches).backward()
@@ -923,10 +888,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 @functools.cache
 def fused_adamw_works(device_type: str) -> bool:
-    """Whether this PyTorch runs AdamW's fused kernel on `device_type` ("cpu", "cuda", "mps"): it tries
-    one step on a one-number tensor there (PyTorch checks the device only at the first step)."""
-    if "fused" not in inspect.signature(torch.optim.AdamW).parameters:
-        return False
+    """Whether AdamW's fused kernel runs on `device_type`: one trial step tells (PyTorch checks the
+    device only at the first step)."""
     p = torch.zeros(1, device=device_type, requires_grad=True)
     p.grad = torch.zeros_like(p)
     try:
@@ -937,9 +900,7 @@ def fused_adamw_works(device_type: str) -> bool:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW over `param_groups`: the fused kernel (one pass over all tensors per step) where
-    `fused_adamw_works` on the parameters' device, else PyTorch's default for that device (the same
-    update, up to rounding)."""
+    """AdamW over `param_groups`, fused where `fused_adamw_works` (the same update, up to rounding)."""
     fused = fused_adamw_works(next(model.parameters()).device.type)
     return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                              betas=(cfg.beta1, cfg.beta2), fused=fused)
@@ -1049,10 +1010,9 @@ draw_schedule(100, 1e-4)  # the starting view, stored with the notebook
 @torch.no_grad()
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
                   device=None, shard: tuple[int, int] = (0, 1)) -> float:
-    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data`, drawn by a generator
-    of its own seeded with `seed` (the global random state is neither used nor changed).
-    `shard=(rank, processes)`: score only batches rank, rank + processes, ... and return their share of
-    the mean, so the shares of all processes add up to the mean over all `iters` batches."""
+    """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn by a generator
+    seeded with `seed` (the global random state is untouched). `shard=(rank, processes)`: score batches
+    rank, rank + processes, ... only, returning their share of the mean (the shares add up to it)."""
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -1072,10 +1032,10 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
 # %%
 #| export config
 @dataclass
-class History:
+class History(_Stored):
     """What happened in a run: one entry per step, one per evaluation, and the time it took."""
 
-    tokens_per_step: int = 0  # batch_size * block_size
+    tokens_per_step: int = 0  # tokens per optimizer step, all processes together
     step: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)  # loss of that step's batch
     lr: list[float] = field(default_factory=list)
@@ -1083,20 +1043,12 @@ class History:
     train_loss: list[float] = field(default_factory=list)  # mean over eval_iters batches
     val_loss: list[float] = field(default_factory=list)
     eval_seconds: list[float] = field(default_factory=list)  # wall time since the start, at each evaluation
-    train_seconds: float = 0.0  # time inside training steps (evaluation excluded)
+    train_seconds: float = 0.0  # in training steps, evaluation excluded
     wall_seconds: float = 0.0
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> History:
-        """Inverse of `to_dict`; unknown keys are an error that names them."""
-        return _from_dict(cls, d)
 
     @property
     def tokens_per_second(self) -> float:
-        """Training throughput: tokens through forward, backward and update per second of step time."""
+        """Tokens trained on per second of step time."""
         return len(self.step) * self.tokens_per_step / self.train_seconds if self.train_seconds else 0.0
 
     def time_to(self, val_loss: float) -> float | None:
@@ -1128,10 +1080,10 @@ class History:
 # %%
 #| export checkpoint
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model (the message says which)."""
+    """A checkpoint that cannot be loaded: damaged, unsafe, too large, or for another model."""
 
 
-_NOT_IN_WEIGHTS = {"dropout", "fast"}  # config fields a checkpoint may differ in: weights and function unchanged
+_NOT_IN_WEIGHTS = {"dropout", "fast"}  # fields that change neither the weights nor the function
 
 
 def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
@@ -1141,8 +1093,8 @@ def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
 
 
 def state_sha256(state) -> str:
-    """Hex SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes, and every other
-    value's repr, in the order the (nested) dicts and lists hold them."""
+    """Hex SHA-256 of a checkpoint's contents: every tensor's dtype, shape and bytes and every other
+    value's repr, in order."""
     digest = hashlib.sha256()
 
     def feed(value) -> None:
@@ -1170,8 +1122,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
-    with their SHA-256 (`state_sha256`), which `load_checkpoint` verifies. `rank_rng`: under data-parallel
-    training, every rank's CPU random state (for its dropout), in rank order."""
+    with their `state_sha256`. `rank_rng`: every data-parallel rank's CPU random state, in rank order."""
     rng = {"torch": torch.get_rng_state()}
     if rank_rng is not None:
         rng["ranks"] = rank_rng
@@ -1185,11 +1136,11 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
     state["sha256"] = state_sha256(state)
-    return atomic_save(state, path)  # readers see the old file or the new one, never half of one
+    return atomic_save(state, path)
 
 # %%
 #| export checkpoint
-MAX_PARAMETERS = 2_000_000_000  # the largest model load_checkpoint builds unless told otherwise (GPT-2 XL: 1.56 B)
+MAX_PARAMETERS = 2_000_000_000  # load_checkpoint's default limit (GPT-2 XL: 1.56 B)
 
 
 @dataclass
@@ -1214,8 +1165,7 @@ def _read(path: Path, map_location) -> dict:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
         message = str(error)
-        # weights_only refused to call a Python object ("Unsupported global: GLOBAL os.system", or since
-        # PyTorch 2.13 "unsupported GLOBAL posix.system"): never run it
+        # weights_only refused a Python object ("Unsupported global: GLOBAL os.system"): never run it
         if refused := re.search(r"unsupported global:?\s+(?:global\s+)?([\w.]+)", message, re.IGNORECASE):
             raise CheckpointError(f"{path} asks to run code when opened (it calls the Python object {refused[1]}); "
                                   "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
@@ -1253,19 +1203,14 @@ def _tokenizer_from(entry):
         return None
     if not isinstance(entry, dict) or not {"class", "state"} <= set(entry):
         raise ValueError("its tokenizer entry is not a dict with 'class' and 'state', as save_checkpoint writes it")
-    cls = getattr(tokenization, entry["class"], None) if isinstance(entry["class"], str) else None
-    if cls is None or not hasattr(cls, "from_dict"):
-        raise ValueError(f"its tokenizer class {entry['class']!r} is unknown to this version")
-    return cls.from_dict(entry["state"])
+    return tokenizer_from_dict(entry["state"])
 
 
 def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
                     max_parameters: int | None = MAX_PARAMETERS) -> Checkpoint:
-    """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified). With `model`,
-    its config must match the checkpoint's (the differing fields are named) and the weights are loaded
-    into it; without, a GPT is built from the stored config, once it is known to be no larger than the
-    stored tensors and than `max_parameters` (None: no limit). Raises `CheckpointError` saying why a
-    file cannot be used, and FileNotFoundError when there is none."""
+    """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified) into `model`,
+    whose config must match, or into a GPT built from the stored config once it is known to be no larger
+    than the stored tensors and `max_parameters` (None: no limit). Raises `CheckpointError` saying why."""
     path = Path(path)
     state = _read(path, map_location)
     try:
@@ -1317,10 +1262,8 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
 # %%
 #| export training
 def autocast_for(device: torch.device, cfg: TrainConfig):
-    """The forward pass's precision: bf16 autocast on a CUDA GPU that supports it (unless cfg.bf16 is
-    False), and on the CPU only when asked (cfg.bf16 is True); float32 (a no-op context) otherwise.
-    The CPU never switches to bf16 on its own, so a run's numbers do not depend on the CPU's
-    instruction set (`runtime.cpu_has_fast_bf16` tells whether bf16 is fast here)."""
+    """bf16 autocast on a CUDA GPU that supports it unless cfg.bf16 is False, on the CPU only if it is
+    True (so numbers never depend on the CPU's instruction set); else float32 (a no-op context)."""
     if device.type == "cuda" and cfg.bf16 is not False and torch.cuda.is_bf16_supported(including_emulation=False):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16)
     if device.type == "cpu" and cfg.bf16 is True:
@@ -1329,7 +1272,7 @@ def autocast_for(device: torch.device, cfg: TrainConfig):
 
 
 def _now(device: torch.device) -> float:
-    """`time.perf_counter()` once the device has finished its queued work (CUDA runs asynchronously)."""
+    """`time.perf_counter()` after the device's queued work (CUDA is asynchronous)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return time.perf_counter()
@@ -1358,12 +1301,10 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids; return the History.
 
-    Every `eval_interval` steps and at the end: evaluate train and val (and write `checkpoint_path`,
-    if given). `resume` (from `load_checkpoint`) restores weights, optimizer, step, RNG states and
-    history: stopping and resuming gives the same losses as never stopping.
-    Under torchrun (a process group is running) it trains data-parallel: every process takes its rows of
-    each global batch of batch_size * grad_accum * processes windows, DDP averages the gradients, losses
-    and evaluations are averaged over the processes, and only rank 0 writes checkpoints and the bar.
+    Every `eval_interval` steps and at the end: evaluate and write `checkpoint_path` (if given).
+    `resume` (from `load_checkpoint`) continues exactly: the same losses as never stopping.
+    Under torchrun it trains data-parallel: each process takes its rows of every global batch,
+    gradients, losses and evaluations are averaged over processes, and rank 0 alone writes.
     """
     from tqdm.auto import tqdm
 
@@ -1372,15 +1313,15 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     model.to(device).train()
     optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
     global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per optimizer step, all processes
-    history, step = History(tokens_per_step=global_rows * model.cfg.block_size), 0
+    history, step = History(), 0
     if world.size > 1:  # distinct dropout draws per process
         torch.manual_seed(cfg.seed + world.rank)
     if resume is not None:
         _restore(resume, model, optimizer, batches, world, cfg.seed)
         history, step = resume.history or history, resume.step
-        history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed
+    history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed on resuming
     forward = torch.compile(model) if cfg.compile else model
-    stepper = world.wrap(forward)  # under torchrun: gradients averaged over the processes in backward
+    stepper = world.wrap(forward)  # DDP under torchrun
     began, base = _now(device), history.wall_seconds
 
     def evaluate() -> None:
@@ -1398,7 +1339,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                             history=history, batch_generator=batches, rank_rng=rank_rng)
         world.barrier()  # no rank goes on (or returns) before the checkpoint is written
 
-    # redraw at most once a second: every redraw of a Jupyter widget is a message to the front end
+    # at most one redraw a second: each is a message to Jupyter's front end
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
                disable=not (cfg.progress and world.is_main))
     while step < cfg.max_iters:
@@ -1782,8 +1723,8 @@ except ValueError as e:
 # %%
 #| export config
 TRAIN_PRESETS: dict[str, TrainConfig] = {
-    # nanoGPT's CPU shapes with a twice larger learning rate and 1,500 steps: val loss near 1.87 in one to
-    # two minutes of float32 on a 2-core CPU (TrainConfig() itself is nanoGPT's 2,000-step recipe)
+    # nanoGPT's CPU recipe with twice its learning rate and 1,500 steps: val loss near 1.87 in one to two
+    # minutes on a 2-core CPU
     "tiny": TrainConfig(max_iters=1500, learning_rate=2e-3, min_lr=2e-4, eval_interval=100),
     # nanoGPT's shakespeare-char GPU recipe: wants a GPU
     "small": TrainConfig(max_iters=5000, batch_size=64, learning_rate=1e-3, min_lr=1e-4, warmup_iters=100,
@@ -1800,10 +1741,8 @@ TRAIN_PRESETS: dict[str, TrainConfig] = {
 # %%
 #| export training
 def encode_corpus(tokenizer, text: str, chunk: int = 1 << 16) -> torch.Tensor:
-    """All of `text` as a 1-D tensor of token ids, equal to `tokenizer.encode(text)`: uint8 when the
-    vocabulary fits in a byte, else int32. A `CharTokenizer` (one id per character, whatever its
-    neighbours) is encoded `chunk` characters at a time straight into one preallocated tensor, so its
-    Python list of ids never holds more than `chunk` entries; any other tokenizer in one call."""
+    """`tokenizer.encode(text)` as a 1-D tensor, uint8 when the vocabulary fits in a byte, else int32.
+    A `CharTokenizer` (one id per character) is encoded `chunk` characters at a time into one tensor."""
     dtype = torch.uint8 if tokenizer.vocab_size <= 256 else torch.int32
     if not isinstance(tokenizer, CharTokenizer):
         return torch.tensor(tokenizer.encode(text), dtype=dtype)
