@@ -184,9 +184,9 @@ def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
 
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
     """SIGKILL one rank of a 2-process run after its second checkpoint; `--max-restarts` restarts both
-    ranks, which resume from that checkpoint and end where an uninterrupted run ends. (3 restarts, as the
-    README advises: on a loaded machine a restarted round's gloo connection can itself time out, seen
-    once in `make test`; torchrun then simply tries again.)"""
+    ranks, which resume from that checkpoint and end where an uninterrupted run ends. (Before the store
+    got a prefix per restart round, a restarted rank on a loaded machine could read the address a dead
+    rank had published and fail to connect; this test caught it twice under `make test`.)"""
     out, steps = tmp_path / "run", 40  # the kill lands well before the end, even on a loaded machine
     job = subprocess.Popen([*TORCHRUN, "--max-restarts", "3", *_cli_train(out, "--max-iters", str(steps),
                                                                           "--eval-interval", "10")],

@@ -129,8 +129,19 @@ def start_from_environment(device: str | None) -> tuple[World, str]:
     else:
         raise ValueError(f"data-parallel training runs on CUDA GPUs (NCCL) or CPUs (gloo), not on {kind!r}; "
                          "pass --device cpu or --device cuda")
-    dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(backend, store=_store_for_this_round(), rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=COLLECTIVE_TIMEOUT)
     return current_world(), device
+
+
+def _store_for_this_round() -> dist.Store:
+    """The job's key-value store (where ranks publish their addresses), with keys of this restart round
+    only. torchrun keeps one store across `--max-restarts` rounds; without a prefix per round, a restarted
+    rank could read an address a dead rank of the last round published, and its connection is refused."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          is_master=not agent_hosts_it and os.environ["RANK"] == "0", timeout=COLLECTIVE_TIMEOUT)
+    return dist.PrefixStore(f"transformer_course/round_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 def stop() -> None:
