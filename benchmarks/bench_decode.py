@@ -36,7 +36,7 @@ import transformers  # noqa: E402
 
 from transformer_course.generation import generate  # noqa: E402
 from transformer_course.model import GPT  # noqa: E402
-from transformer_course.performance import bf16_weights  # noqa: E402
+from transformer_course.performance import bf16_weights, read_bandwidth  # noqa: E402
 from transformer_course.pretrained import make_hf_stand_in  # noqa: E402
 
 transformers.logging.set_verbosity_error()
@@ -49,18 +49,6 @@ SIZES = {
     "gpt2-124M shape (12 x 768)": (12, 12, 768, 50257),
 }
 PROMPT_LEN = 16
-
-
-def read_bandwidth(repeats: int = 7, n_bytes: int = 256 * 2**20) -> float:
-    """Bytes per second one thread reads: the best of ``repeats`` sums of an fp32 tensor of ``n_bytes``."""
-    x = torch.ones(n_bytes // 4)
-    x.sum()  # touch every page first
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - start)
-    return n_bytes / best
 
 
 def bytes_per_token(model, n_layer: int, d_model: int, new: int) -> float:
@@ -125,7 +113,7 @@ def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     repeats = 2 if args.quick else args.repeats
-    bandwidth = read_bandwidth()
+    bandwidth = read_bandwidth(n_bytes=256 * 2**20, repeats=7)
     rows, records = [], []
     for name, (n_layer, n_head, d_model, vocab) in SIZES.items():
         new = (32 if n_layer == 12 else 64) if args.quick else (64 if n_layer == 12 else 128)

@@ -3,11 +3,12 @@ against the plain float32 path."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from transformer_course.generation import generate
 from transformer_course.model import GPT, GPTConfig
-from transformer_course.performance import bf16_weights
+from transformer_course.performance import bf16_weights, read_bandwidth
 
 CFG = GPTConfig(vocab_size=60, block_size=32, n_layer=2, n_head=2, d_model=32)
 
@@ -63,3 +64,16 @@ def test_cached_generation_works_and_draws_nothing_from_the_global_rng():
     out = generate(bf16, prompt, 10, temperature=0)
     assert out.shape == (1, 13) and torch.equal(out[:, :3], prompt)
     assert torch.equal(torch.rand(1), expected)
+
+
+
+@pytest.mark.parametrize("bad, named", [(dict(n_bytes=1000), "n_bytes"), (dict(n_bytes=2.0**20), "n_bytes"),
+                                        (dict(n_bytes=2**20, repeats=0), "repeats"), (dict(repeats=True), "repeats")])
+def test_read_bandwidth_refuses_what_would_measure_nothing(bad, named):
+    with pytest.raises(ValueError, match=named):
+        read_bandwidth(**bad)
+
+
+def test_read_bandwidth_measures_a_positive_finite_rate():
+    rate = read_bandwidth(n_bytes=2**20, repeats=2)
+    assert isinstance(rate, float) and 0 < rate < float("inf")

@@ -29,6 +29,7 @@ Modules:
 - `transformer_course.model`: The whole GPT: an embedding, a stack of transformer blocks, a final LayerNorm and a language-model head that gives every position one logit per vocabulary entry (chapter 06, which also writes `config.py`, `training.py` and `checkpoint.py`). Shapes: B batch, T time (positions), C = d_model channels, V vocabulary size.
 - `transformer_course.modern`: From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
 - `transformer_course.multihead`: Multi-head causal self-attention (chapter 04), with the KV cache used for generation.
+- `transformer_course.performance`: Performance helpers (the appendix): how fast this machine reads memory, and a bf16-weights copy of a model for decoding.
 - `transformer_course.positional`: Token embeddings and positional encodings: token ids [B, T] -> input vectors [B, T, C].
 - `transformer_course.pretrained`: Load GPT-2 weights saved in Hugging Face's layout into the course's `GPT` (exported from chapter 08).
 - `transformer_course.quiz`: Quick self-test questions at the end of each chapter, as an offline ipywidgets quiz.

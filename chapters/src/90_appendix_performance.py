@@ -26,16 +26,20 @@
 
 # %%
 #| export
-"""Performance helpers (the appendix): a bf16-weights copy of a model for decoding.
+"""Performance helpers (the appendix): how fast this machine reads memory, and a bf16-weights copy of a
+model for decoding.
 
-Opt-in only: nothing in the course calls it for you.
+Opt-in only: nothing in the course calls them for you.
 """
 
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
+
+from transformer_course.arguments import whole_number
 
 # %%
 import time
@@ -91,8 +95,12 @@ for name, c in (("course model", cfg), ("GPT-2 124M", gpt2)):
 # few sums is the bandwidth (this cell and the next only measure; section 4 prints the numbers).
 
 # %%
+#| export
 def read_bandwidth(n_bytes: int = 128 * 2**20, repeats: int = 5) -> float:
-    """Bytes/s one thread reads: the best of `repeats` sums of an fp32 tensor of `n_bytes`."""
+    """Bytes/s one thread reads: the best of `repeats` sums of an fp32 tensor of `n_bytes`
+    (`benchmarks/bench_decode.py` uses it too)."""
+    whole_number(n_bytes, "n_bytes", low=2**20, hint="a tensor smaller than 1 MiB measures the call, not memory")
+    whole_number(repeats, "repeats")
     x = torch.ones(n_bytes // 4)
     x.sum()  # touch every page first
     best = float("inf")
@@ -102,7 +110,7 @@ def read_bandwidth(n_bytes: int = 128 * 2**20, repeats: int = 5) -> float:
         best = min(best, time.perf_counter() - start)
     return n_bytes / best
 
-
+# %%
 bandwidth = read_bandwidth()
 
 # %% [markdown]

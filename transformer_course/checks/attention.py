@@ -12,7 +12,7 @@ import math
 import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from ._core import CheckFailed, check, expect, expect_close
+from ._core import CheckFailed, check, expect, expect_close, seeded_randn
 
 __all__ = [
     "check_alibi_bias",
@@ -23,8 +23,8 @@ __all__ = [
 ]
 
 
-def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+def _randn64(*shape: int, seed: int) -> torch.Tensor:
+    return seeded_randn(*shape, seed=seed, dtype=torch.float64)
 
 
 def _same(a, b) -> bool:
@@ -38,7 +38,7 @@ def _same(a, b) -> bool:
 def check_attention_scores(fn):
     """``fn(q [..., T_q, d_k], k [..., T_k, d_k]) -> scores [..., T_q, T_k] = q kᵀ / √d_k``."""
     # square first: 4 positions and d_k = 4, where multiplying by the untransposed k runs silently
-    q, k = _randn(4, 4, seed=0), _randn(4, 4, seed=1)
+    q, k = _randn64(4, 4, seed=0), _randn64(4, 4, seed=1)
     got = fn(q, k)
     expect(isinstance(got, torch.Tensor), f"return a tensor of scores, got {type(got).__name__}")
     expect(got.shape == (4, 4), f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
@@ -60,7 +60,7 @@ def check_attention_scores(fn):
         expect(not _same(got, raw), "these are the raw dot products: divide them by √d_k (d_k = q.shape[-1])")
         expect(not _same(got, raw / 4), "you divided by d_k; divide by its square root, √d_k")
         expect_close(got, want, "the scores differ from q kᵀ / √d_k")
-    q, k = _randn(3, 4, seed=2), _randn(5, 4, seed=3)  # T_q = 3, T_k = 5, d_k = 4
+    q, k = _randn64(3, 4, seed=2), _randn64(5, 4, seed=3)  # T_q = 3, T_k = 5, d_k = 4
     try:
         got = fn(q, k)
     except RuntimeError as error:
@@ -74,7 +74,7 @@ def check_attention_scores(fn):
     expect_close(got, q @ k.T / 2.0, "the scores differ from q kᵀ / √d_k")
     expect_close(fn(q[:, :2], k[:, :2]), q[:, :2] @ k[:, :2].T / math.sqrt(2),
                  "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, math.sqrt(q.shape[-1])")
-    qb, kb = _randn(2, 3, 4, seed=4), _randn(2, 5, 4, seed=5)  # a batch of two sequences
+    qb, kb = _randn64(2, 3, 4, seed=4), _randn64(2, 5, 4, seed=5)  # a batch of two sequences
     hint = ("works for one sequence but not for a batch [B, T, d_k]: transpose only the last two dims, "
             "k.transpose(-2, -1); k.T reverses every dim")
     try:
@@ -144,7 +144,7 @@ def check_predict_equal_scores(fn):
 @check("3.4", "scaled_dot_product_attention", reference="transformer_course.attention:scaled_dot_product_attention")
 def check_attention(fn):
     """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
-    q, k, v = _randn(2, 4, 3, seed=10), _randn(2, 6, 3, seed=11), _randn(2, 6, 5, seed=12)
+    q, k, v = _randn64(2, 4, 3, seed=10), _randn64(2, 6, 3, seed=11), _randn64(2, 6, 5, seed=12)
     result = fn(q, k, v)
     expect(isinstance(result, tuple) and len(result) == 2, "return a pair (out, weights), not just the output")
     out, weights = result
@@ -165,7 +165,7 @@ def check_attention(fn):
     expect_close(w_one, scaled_dot_product_attention(q, k, v, scale=1.0)[1],
                  "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does not divide)")
 
-    heads = (_randn(2, 3, 4, 5, seed=13), _randn(2, 3, 6, 5, seed=14), _randn(2, 3, 6, 2, seed=15))  # [B, nh, T, d]
+    heads = (_randn64(2, 3, 4, 5, seed=13), _randn64(2, 3, 6, 5, seed=14), _randn64(2, 3, 6, 2, seed=15))  # [B, nh, T, d]
     hint = ("with two batch dims [B, nh, T, d_k] the weights are wrong: transpose only the last two dims of k, "
             "k.transpose(-2, -1) (k.T or k.transpose(0, 1) mixes up the batch dims)")
     try:

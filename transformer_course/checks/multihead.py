@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..attention import AttentionHead, causal_mask
 from ..multihead import MultiHeadAttention, causal_mask_with_past, merge_heads, split_heads
-from ._core import CheckFailed, check, expect, expect_close
+from ._core import CheckFailed, check, expect, expect_close, seeded_randn
 
 __all__ = [
     "check_causal_mask_with_past",
@@ -25,10 +25,6 @@ __all__ = [
     "grouped_query_attention_reference",
     "pack_heads",
 ]
-
-
-def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _same(a, b) -> bool:
@@ -91,7 +87,7 @@ def check_split_heads(fn):
     )
     expect(torch.equal(got, split_heads(x, 2)), f"head 0 should be [[0, 1], [4, 5], [8, 9]], got {got[0, 0].tolist()}")
     for shape, n_head in (((2, 5, 12), 3), ((3, 1, 8), 1), ((1, 4, 6), 6)):  # ordinary, nh = 1 and T = 1, hs = 1
-        xb = _randn(*shape, seed=sum(shape))
+        xb = seeded_randn(*shape, seed=sum(shape))
         hint = (f"right for the small example but not for [B, T, C] = {list(shape)} with {n_head} heads: "
                 "read B, T, C from x.shape and hs from C // n_head")
         _expect_same(_other_size(fn, xb, n_head, hint=hint), split_heads(xb, n_head), hint)
@@ -143,7 +139,7 @@ def check_merge_heads(fn):
     )
     expect(torch.equal(got, merge_heads(y)), f"token 0 should be (0, 1, 6, 7), got {tuple(got[0, 0].tolist())}")
     for shape, n_head in (((2, 5, 12), 3), ((3, 1, 8), 1), ((1, 4, 6), 6)):
-        x = _randn(*shape, seed=sum(shape) + 1)
+        x = seeded_randn(*shape, seed=sum(shape) + 1)
         hint = (f"merging split_heads(x) should give x back ([B, T, C] = {list(shape)}, {n_head} heads): "
                 "read the sizes from y.shape")
         _expect_same(_other_size(fn, split_heads(x, n_head), hint=hint), x, hint)
@@ -242,7 +238,7 @@ def check_pack_heads(fn):
            "qkv.bias still holds its random start: the heads have no bias, so set qkv.bias to zero")
     expect(_same(mha.proj.weight.detach(), proj.weight.detach()) and _same(mha.proj.bias.detach(), proj.bias.detach()),
            "proj (W_o) should be a copy of the loop's proj: its weight and its bias")
-    x = _randn(2, 5, 8, seed=11)
+    x = seeded_randn(2, 5, 8, seed=11)
     with torch.no_grad():
         expect_close(mha(x), looped(x), "the packed layer should compute what the loop computes", atol=1e-5)
     expect(fn(heads, proj, fast=False).fast is False, "pass fast on to the new layer (it is made for you above the region)")
@@ -251,7 +247,7 @@ def check_pack_heads(fn):
         hint = (f"right for 2 heads of C=8 but not for {n_head} heads of C={C}{'' if bias else ' without biases (qkv.bias is None)'}: "
                 "loop over all the heads" + ("" if bias else ", and only touch qkv.bias when it exists"))
         packed = _other_size(fn, other_heads, other_proj, hint=hint)
-        xo = _randn(2, 5, C, seed=C)
+        xo = seeded_randn(2, 5, C, seed=C)
         with torch.no_grad():
             _expect_same(packed(xo), other(xo), hint)
 
@@ -268,7 +264,7 @@ def _layer(d_model: int, n_head: int, seed: int, bias: bool = True) -> MultiHead
 @check("4.6", "my_heads_attention")
 def check_heads_attention(fn):
     """``fn(layer, x [B, T, C]) -> [B, T, C]`` equal to ``layer(x)``: causal, scores scaled by 1/√hs."""
-    layer, x = _layer(32, 4, seed=6), _randn(2, 6, 32, seed=6)  # hs = 8: √hs, √C and hs all differ
+    layer, x = _layer(32, 4, seed=6), seeded_randn(2, 6, 32, seed=6)  # hs = 8: √hs, √C and hs all differ
     with torch.no_grad():
         got = fn(layer, x)
         expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
@@ -294,7 +290,7 @@ def check_heads_attention(fn):
             for hint, variant in variants:
                 expect(not _same(got, variant), hint)
             _expect_same(got, want, "differs from layer(x)")
-        layer3, x3 = _layer(12, 3, seed=7, bias=False), _randn(1, 7, 12, seed=7)
+        layer3, x3 = _layer(12, 3, seed=7, bias=False), seeded_randn(1, 7, 12, seed=7)
         hint = "right for 4 heads of C=32 but not for 3 heads of C=12: read sizes from x and the layer"
         _expect_same(_other_size(fn, layer3, x3, hint=hint), layer3(x3), hint)
 
@@ -316,7 +312,7 @@ def grouped_query_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch
 @check("4.7", "my_grouped_query_attention")
 def check_grouped_query_attention(fn):
     """``fn(q [B, nh, T, hs], k [B, n_kv, T, hs], v [B, n_kv, T, hs]) -> [B, nh, T, hs]``, causal."""
-    q, k, v = _randn(2, 4, 5, 8, seed=2), _randn(2, 2, 5, 8, seed=3), _randn(2, 2, 5, 8, seed=4)
+    q, k, v = seeded_randn(2, 4, 5, 8, seed=2), seeded_randn(2, 2, 5, 8, seed=3), seeded_randn(2, 2, 5, 8, seed=4)
     got = fn(q, k, v)
     expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
     expect(got.shape == q.shape, f"the output has one row per query head: [B, nh, T, hs] = {tuple(q.shape)}, got {tuple(got.shape)}")
@@ -333,7 +329,7 @@ def check_grouped_query_attention(fn):
     expect(not _same(got, unscaled), "the scores are not scaled: divide q kᵀ by √hs")
     expect_close(got, ref, "differs from causal attention where query head h uses key/value head h // (nh // n_kv)")
     for n_kv in (1, 4):  # multi-query (one shared head) and plain multi-head
-        k2, v2 = _randn(1, n_kv, 6, 4, seed=5 + n_kv), _randn(1, n_kv, 6, 4, seed=7 + n_kv)
-        q2 = _randn(1, 4, 6, 4, seed=9)
+        k2, v2 = seeded_randn(1, n_kv, 6, 4, seed=5 + n_kv), seeded_randn(1, n_kv, 6, 4, seed=7 + n_kv)
+        q2 = seeded_randn(1, 4, 6, 4, seed=9)
         hint = f"right for 2 groups but not for n_kv={n_kv}: compute the group size as nh // n_kv"
         _expect_same(_other_size(fn, q2, k2, v2, hint=hint), grouped_query_attention_reference(q2, k2, v2), hint)

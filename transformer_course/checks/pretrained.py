@@ -12,13 +12,9 @@ from collections.abc import Mapping
 import torch
 
 from ..multihead import split_heads
-from ._core import check, expect, expect_close
+from ._core import check, expect, expect_close, seeded_randn
 
 __all__ = ["check_hf_key_map", "check_predict_silent_transpose", "check_split_qkv", "check_to_hf_state_dict"]
-
-
-def _randn(*shape, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
 def _close(a, b, atol: float = 1e-6) -> bool:
@@ -140,7 +136,7 @@ def check_split_qkv(fn):
     """``fn(packed [B, T, 3C], n_head) -> (q, k, v)``, each [B, nh, T, hs], from GPT-2's [q | k | v]."""
     for B, T, C, nh, seed in ((2, 5, 12, 3, 0), (1, 4, 8, 1, 1)):  # several heads, then a single one
         hs = C // nh
-        packed = _randn(B, T, 3 * C, seed=seed)
+        packed = seeded_randn(B, T, 3 * C, seed=seed)
         got = fn(packed, nh)
         expect(isinstance(got, tuple | list) and len(got) == 3, "return three tensors: (q, k, v)")
         want = _split_qkv(packed, nh)
@@ -195,7 +191,7 @@ def _random_gpt(n_layer: int, seed: int):
                               activation="gelu_tanh")).eval()
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):
-            p.add_(0.1 * _randn(*p.shape, seed=100 * seed + i))
+            p.add_(0.1 * seeded_randn(*p.shape, seed=100 * seed + i))
     return model
 
 
