@@ -424,6 +424,8 @@ def test_generate_never_touches_the_global_random_state(use_cache):
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=13), "crop_to must be"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, use_cache="no"), "use_cache must be True or False"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, generator=7), r"generator must be a torch.Generator.*manual_seed"),
+        # a model on another device (meta stands in for a GPU here; tests/test_gpu.py tries CUDA)
+        (lambda m: generate(m.to("meta"), torch.tensor([[1, 2]]), 3), r"the prompt is on cpu but the model on meta: .*idx\.to\('meta'\)"),
         (lambda m: stream(m, torch.tensor([[1, 2]]), -2), "max_new_tokens"),  # raised at the call, not at next()
     ],
 )

@@ -337,6 +337,16 @@ def test_greedy_tokens_of_the_course_model_equal_on_cpu_and_cuda():
     assert first is None, f"greedy tokens differ from position {first} on: CUDA {gpu[first:first + 5]}, CPU {cpu[first:first + 5]}"
 
 
+@on_cuda
+def test_generate_names_the_fix_for_a_prompt_or_generator_on_the_cpu():
+    model = _gpt().to("cuda")
+    with pytest.raises(ValueError, match=r"the prompt is on cpu but the model on cuda:0: .*idx\.to\('cuda:0'\)"):
+        generate(model, torch.tensor([[1, 2]]), 3)
+    with pytest.raises(ValueError, match=r"the generator draws on cpu but the prompt is on cuda:0: .*torch\.Generator\('cuda'\)"):
+        generate(model, torch.tensor([[1, 2]], device="cuda"), 3, generator=torch.Generator().manual_seed(0))
+    assert generate(model, torch.tensor([[1, 2]], device="cuda"), 3, generator=torch.Generator("cuda").manual_seed(0)).shape == (1, 5)
+
+
 # ---------------------------------------------------------------- checkpoints across devices
 
 def checkpoint_across(device: str, other: str, data, tmp_path: Path) -> tuple[float, list[str]]:

@@ -147,7 +147,7 @@ def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop
     finally:
         model.train(was_training)
 
-# %% ../chapters/07_generation.ipynb #7446d7f0
+# %% ../chapters/07_generation.ipynb #3ac99cf2
 def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
            eos_id: int | None = None, *, crop_to: int | None = None) -> Iterator[torch.Tensor]:
@@ -165,6 +165,10 @@ def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1
     if (bad := idx[(idx < 0) | (idx >= vocab)]).numel():
         raise ValueError(f"token id {int(bad[0])} is outside the model's vocabulary 0..{vocab - 1}: encode the "
                          "prompt with the model's tokenizer")
+    weights = next(model.parameters(), None)
+    if weights is not None and weights.device != idx.device:  # e.g. a model `train` left on a GPU
+        raise ValueError(f"the prompt is on {idx.device} but the model on {weights.device}: move the prompt "
+                         f"there, idx.to({str(weights.device)!r})")
     whole_number(max_new_tokens, "max_new_tokens", low=0)
     flag(use_cache, "use_cache")
     if generator is None:
@@ -172,6 +176,9 @@ def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1
     elif not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {generator!r}: pass "
                          "torch.Generator().manual_seed(seed)")
+    elif generator.device.type != idx.device.type:
+        raise ValueError(f"the generator draws on {generator.device.type} but the prompt is on {idx.device}: "
+                         f"make it there, torch.Generator({idx.device.type!r}).manual_seed(seed)")
     whole_number(eos_id, "eos_id", low=0, high=vocab - 1, none_ok=True)
     crop_to = whole_number(block if crop_to is None else crop_to, "crop_to", high=block,
                            hint=f"the tokens kept when the context outgrows block_size={block}")

@@ -1481,17 +1481,21 @@ for t in range(8):
 # %% [markdown]
 # Before any training, a sample. `sample` is a throwaway helper: it feeds the text so far, turns the
 # last position's logits into probabilities and draws the next character from them. Chapter 07
-# builds generation properly (temperature, top-k, the KV cache).
+# builds generation properly (temperature, top-k, the KV cache). It works wherever the model lives:
+# `train` below runs on the best device here (a CUDA GPU, then Apple's MPS, then the CPU, as chapter 00
+# printed) and leaves the model there, so `sample` sends the text to the model's device and brings the
+# probabilities back, to draw with a CPU generator.
 
 # %%
 @torch.no_grad()
 def sample(model, prompt: str, n: int, seed: int = 0) -> str:
     """Continue `prompt` by `n` characters drawn from the model's next-character distribution."""
     generator = torch.Generator().manual_seed(seed)
-    idx = torch.tensor([tokenizer.encode(prompt)])  # (1, T)
+    device = next(model.parameters()).device
+    idx = torch.tensor([tokenizer.encode(prompt)])  # (1, T), on the CPU
     for _ in range(n):
-        logits, _ = model(idx[:, -model.cfg.block_size:])  # crop to the context the model can see
-        probs = logits[0, -1].softmax(-1)  # (V,)
+        logits, _ = model(idx[:, -model.cfg.block_size:].to(device))  # crop to the context the model can see
+        probs = logits[0, -1].softmax(-1).cpu()  # (V,)
         idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)[None]], dim=1)
     return tokenizer.decode(idx[0].tolist())
 
@@ -1653,7 +1657,8 @@ for name, z in (("certain", certain), ("hedged", hedged)):
 # stored config, and gives back exactly the trained function, and the tokenizer with it:
 
 # %%
-ckpt = load_checkpoint(CHECKPOINT)
+ckpt = load_checkpoint(CHECKPOINT)  # onto the CPU
+model.cpu()  # training left it on its device (a GPU, if there is one): compare the two on the CPU
 x = train_data[:64][None].long()  # (1, 64)
 same = torch.equal(ckpt.model(x)[0], model(x)[0])
 print(f"step {ckpt.step}, same logits: {same}, same tokenizer: {ckpt.tokenizer.chars == tokenizer.chars}")
@@ -1662,14 +1667,17 @@ print(f"step {ckpt.step}, same logits: {same}, same tokenizer: {ckpt.tokenizer.c
 # **Resuming is exact.** Train a small model 40 steps in one go; train another 20 steps, save, load,
 # and train 20 more. Because the checkpoint restores the optimizer's state, the step (so the
 # learning-rate schedule), and the batch sampler's random state, the two runs see the same batches
-# and make the same updates: the losses agree to the last bit on the same machine.
+# and make the same updates: the losses agree to the last bit on the same machine. The demo runs on
+# the CPU (`device="cpu"`): on a GPU some kernels add their partial sums in an order that can change
+# from run to run (PyTorch's notes on reproducibility list them), and the last bits with it.
 
 # %%
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 small = GPTConfig(vocab_size=tokenizer.vocab_size, block_size=32, n_layer=2, n_head=2, d_model=32)
-short = dict(batch_size=8, warmup_iters=5, eval_interval=10, eval_iters=2, lr_decay_iters=40, progress=False)
+short = dict(batch_size=8, warmup_iters=5, eval_interval=10, eval_iters=2, lr_decay_iters=40, progress=False,
+             device="cpu")
 
 
 def fresh_model() -> GPT:
