@@ -347,6 +347,15 @@ def test_generate_names_the_fix_for_a_prompt_or_generator_on_the_cpu():
     assert generate(model, torch.tensor([[1, 2]], device="cuda"), 3, generator=torch.Generator("cuda").manual_seed(0)).shape == (1, 5)
 
 
+@on_cuda
+def test_evaluation_of_a_model_on_cuda_needs_no_device_argument(shakespeare):
+    from transformer_course.training import estimate_loss
+
+    model = GPT(GPTConfig(vocab_size=shakespeare[2], block_size=32, n_layer=2, n_head=4, d_model=64)).to("cuda")
+    plain = estimate_loss(model, shakespeare[1], 32, 4, 3)
+    assert plain == estimate_loss(model, shakespeare[1], 32, 4, 3, device="cuda")
+
+
 # ---------------------------------------------------------------- checkpoints across devices
 
 def checkpoint_across(device: str, other: str, data, tmp_path: Path) -> tuple[float, list[str]]:

@@ -399,6 +399,22 @@ def test_evaluation_leaves_the_global_random_state_alone(data):
     assert estimate_loss(model, data[1], 16, 4, 3, seed=5) == first  # its own seeded generator: the same batches
 
 
+def test_evaluation_sends_its_batches_to_the_models_device_unless_told(data, monkeypatch):
+    from transformer_course.data import get_batch
+
+    seen = []
+
+    def spy(*args, device=None, **kwargs):
+        seen.append(device)
+        return get_batch(*args, device=device, **kwargs)
+
+    monkeypatch.setattr(training, "get_batch", spy)
+    model = fresh()
+    plain = estimate_loss(model, data[1], 16, 4, 2, seed=5)
+    assert seen == [torch.device("cpu")] * 2  # the model's, not None: a model train() left on a GPU gets GPU batches
+    assert estimate_loss(model, data[1], 16, 4, 2, seed=5, device="cpu") == plain and seen[2:] == ["cpu"] * 2
+
+
 def test_get_batch_refuses_data_that_is_not_token_ids():
     from transformer_course.data import get_batch
 

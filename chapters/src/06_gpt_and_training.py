@@ -1011,8 +1011,10 @@ draw_schedule(100, 1e-4)  # the starting view, stored with the notebook
 def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, iters: int, seed: int = 0,
                   device=None, shard: tuple[int, int] = (0, 1)) -> float:
     """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn by a generator
-    seeded with `seed` (the global random state is untouched). `shard=(rank, processes)`: score batches
-    rank, rank + processes, ... only, returning their share of the mean (the shares add up to it)."""
+    seeded with `seed` (the global random state is untouched), sent to `device` (None: the model's).
+    `shard=(rank, processes)`: score batches rank, rank + processes, ... only, returning their share of
+    the mean (the shares add up to it)."""
+    device = next(model.parameters()).device if device is None else device
     was_training = model.training
     model.eval()
     generator = torch.Generator().manual_seed(seed)
@@ -1299,7 +1301,8 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
 #| export training
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
-    """Train `model` in place on 1-D tensors of token ids; return the History.
+    """Train `model` in place on 1-D tensors of token ids, on `cfg.device` (None: `pick_device()`, a GPU
+    if there is one), where the model stays afterwards; return the History.
 
     Every `eval_interval` steps and at the end: evaluate and write `checkpoint_path` (if given).
     `resume` (from `load_checkpoint`) continues exactly: the same losses as never stopping.
