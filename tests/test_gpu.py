@@ -409,7 +409,7 @@ def test_data_parallel_training_runs_on_nccl(tmp_path):
                "transformer_course", "train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--device", "cuda",
                "--max-iters", "40", "--eval-interval", "20"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr[-3000:]
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["eval_step"] == [0, 20, 40] and history["val_loss"][-1] < history["val_loss"][0]

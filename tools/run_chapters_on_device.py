@@ -2,6 +2,7 @@
 
     python tools/run_chapters_on_device.py                   # every chapters/NN_*.ipynb on CUDA
     python tools/run_chapters_on_device.py --device cpu chapters/00_welcome.ipynb   # a dry run, any machine
+    python tools/run_chapters_on_device.py --jobs 4 chapters/06_*.ipynb chapters/07_*.ipynb ...  # 4 at a time
 
 Each notebook runs in a fresh ``python3`` kernel with ``chapters/`` as its working directory (as
 ``tools/nb.py build`` and nbval run it), with ``TRANSFORMER_COURSE_DEVICE`` set to the device, so
@@ -12,12 +13,16 @@ their outputs differ from the CPU's stored ones and are not compared.
 
 Writes, per chapter, passed or failed, the seconds it took and the first error (cell, exception,
 message) to ``benchmarks/results/gpu_chapters.json`` (``--out`` elsewhere), with the device and the
-GPU named. Exits 1 when a chapter failed, 2 when the device asked for is not available.
+GPU named. The report is rewritten after every chapter, so a run stopped by a time limit keeps what it
+finished (the chapters not reached are listed as such). Chapters run in the order given; ``--jobs N``
+runs N at a time, each kernel in its own process. Exits 1 when a chapter failed or was not reached, 2
+when the device asked for is not available.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -80,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (default), cuda:N, mps or cpu")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--timeout", type=int, default=900, help="seconds one cell may run")
+    parser.add_argument("--jobs", type=int, default=1, help="chapters run at a time, each in its own kernel")
     args = parser.parse_args(argv)
     from transformer_course.runtime import DEVICE_ENV, pick_device
 
@@ -91,20 +97,33 @@ def main(argv: list[str] | None = None) -> int:
     notebooks = args.notebooks or sorted(CHAPTERS.glob("[0-9][0-9]_*.ipynb"))
     if missing := [str(p) for p in notebooks if not p.is_file()]:
         parser.error(f"no such notebook: {', '.join(missing)}")
+    if args.jobs < 1:
+        parser.error(f"--jobs {args.jobs}: give 1 or more")
     # the kernels inherit this environment
     os.environ.update({DEVICE_ENV: args.device, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    results = []
-    for path in notebooks:
-        results.append(run_chapter(path, args.timeout))
-        r = results[-1]
-        where = "" if r["passed"] else f": cell {r['error']['cell']}, {r['error']['ename']}: {r['error']['evalue'][:200]}"
-        print(f"{'passed' if r['passed'] else 'FAILED'} {r['chapter']} in {r['seconds']:.0f} s{where}", flush=True)
-    report = {**device_facts(args.device), "chapters": results,
-              "passed": sum(r["passed"] for r in results), "failed": sum(not r["passed"] for r in results)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"{report['passed']} of {len(results)} chapters ran on {args.device} without an error; written to {args.out}")
-    return 1 if report["failed"] else 0
+    facts, results = device_facts(args.device), {}
+
+    def write() -> dict:
+        rows = [results.get(p.stem, {"chapter": p.stem, "passed": False, "seconds": None, "error": None,
+                                     "not_reached": True}) for p in notebooks]
+        report = {**facts, "chapters": rows, "passed": sum(r["passed"] for r in rows),
+                  "failed": sum(not r["passed"] and not r.get("not_reached") for r in rows),
+                  "not_reached": sum(bool(r.get("not_reached")) for r in rows)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        return report
+
+    write()
+    with concurrent.futures.ProcessPoolExecutor(args.jobs) as pool:
+        running = {pool.submit(run_chapter, path, args.timeout): path for path in notebooks}
+        for done in concurrent.futures.as_completed(running):
+            r = results[running[done].stem] = done.result()
+            where = "" if r["passed"] else f": cell {r['error']['cell']}, {r['error']['ename']}: {r['error']['evalue'][:200]}"
+            print(f"{'passed' if r['passed'] else 'FAILED'} {r['chapter']} in {r['seconds']:.0f} s{where}", flush=True)
+            write()
+    report = write()
+    print(f"{report['passed']} of {len(notebooks)} chapters ran on {args.device} without an error; written to {args.out}")
+    return 1 if report["failed"] or report["not_reached"] else 0
 
 
 if __name__ == "__main__":

@@ -155,7 +155,7 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
     elif "torch" in resume.rng:
         torch.set_rng_state(resume.rng["torch"].cpu())
     if "cuda" in resume.rng and torch.cuda.is_available() and world.size == 1:  # rank 0's alone: not for all ranks
-        torch.cuda.set_rng_state_all(resume.rng["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in resume.rng["cuda"]])
 
 # %% ../chapters/06_gpt_and_training.ipynb #887d681c
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,

@@ -127,19 +127,17 @@ print("sampled, temperature 0.8:\n" + course.tokenizer.decode(sampled[0].tolist(
 # %% [markdown]
 # ## Is everything installed?
 #
-# The next cell checks the version of every package the course uses against what the course needs.
-# Every line should end in ✓. If one does not, run `make lab` again from the course folder: it
-# installs whatever is missing into `.venv`.
+# The next cell checks every package the course uses against the versions the course supports (its
+# `pyproject.toml`). Every line should start with ✓. A line with ✗ says what is wrong; run `make lab`
+# again from the course folder and it installs what is missing into `.venv`, keeping a PyTorch you
+# already have when it is a supported one.
 
 # %%
-from importlib.metadata import requires, version
+from transformer_course.environment import check_requirements
 
-from packaging.requirements import Requirement
-
-REQUIRED = {r.name: r.specifier for r in map(Requirement, requires("transformer-course")) if r.marker is None}
-for package, needed in REQUIRED.items():  # the versions the course's pyproject.toml asks for
-    ok = needed.contains(version(package), prereleases=True)
-    print(f"{'✓' if ok else '✗'} {package} (needs {needed})")
+REQUIRED = check_requirements()
+for row in REQUIRED:
+    print(row.verdict())
 
 # %% [markdown]
 # Your exact versions and the device PyTorch will use. `pick_device()` prefers an NVIDIA GPU (CUDA),
@@ -155,8 +153,8 @@ import torch
 from transformer_course import pick_device
 
 print("Python ", platform.python_version())
-for package in REQUIRED:
-    print(f"{package:<11}", version(package))
+for row in REQUIRED:
+    print(f"{row.package:<11}", row.version)
 print("device ", pick_device(), f"({torch.get_num_threads()} CPU threads)")
 
 # %% [markdown]
