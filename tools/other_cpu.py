@@ -39,10 +39,11 @@ def other_environment() -> tuple[dict[str, str], str]:
     env = dict(os.environ, ATEN_CPU_CAPABILITY=aten, ONEDNN_MAX_CPU_ISA=onednn, MKL_ENABLE_INSTRUCTIONS=mkl,
                OMP_NUM_THREADS="2", TRANSFORMER_COURSE_FAST_BF16=flipped, TRANSFORMER_COURSE_DEVICE="cpu",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    probe = "import torch; print(torch.backends.cpu.get_cpu_capability(), torch.get_num_threads())"
+    # older torch (2.6) names the lowest level "NO AVX", two words: one field per line
+    probe = "import torch; print(torch.backends.cpu.get_cpu_capability()); print(torch.get_num_threads())"
     there = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    got_cap, got_threads = there.stdout.split()
-    if got_cap == here and here != "DEFAULT":
+    got_cap, got_threads = there.stdout.strip().splitlines()[-2:]
+    if got_cap == here and here not in ("DEFAULT", "NO AVX"):
         raise SystemExit(f"ATEN_CPU_CAPABILITY={aten} did not take effect (still {here}); cannot test another CPU")
     line = (f"this CPU: PyTorch kernels {here}, native bf16 {cpu_has_fast_bf16()}; the other configuration: "
             f"PyTorch kernels {got_cap}, oneDNN <= {onednn}, MKL <= {mkl}, {got_threads} threads, native bf16 "

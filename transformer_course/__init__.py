@@ -21,6 +21,7 @@ Modules:
 - `transformer_course.data`: Training data for the course: Shakespeare's plays as plain text, and batches of token ids.
 - `transformer_course.distributed`: Data-parallel training under ``torchrun`` (hand-written; taught in the appendix chapter 90).
 - `transformer_course.encoder_decoder`: The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
+- `transformer_course.environment`: What the course needs installed, and whether this environment has it (hand-written, not exported).
 - `transformer_course.exercise_cells`: Exercise cells: how the student edition, the leak check and the grader find and name an exercise (hand-written).
 - `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
 - `transformer_course.grading`: Grading handed-in notebooks: which exercises passed, failed, are not done, were not run or are missing (hand-written).

@@ -181,9 +181,11 @@ print("the same 'bank' vector left the two sentences leaning different ways:",
 keys = torch.eye(3)  # three keys, one per axis
 values = torch.tensor([[10.0, 0.0], [0.0, 10.0], [5.0, 5.0]])
 query = torch.tensor([0.1, 0.9, 0.0])  # closest to key 1
+def four(t: torch.Tensor) -> str:  # 4 decimals, printed alike by every PyTorch release
+    return "[" + ", ".join(f"{x:.4f}" for x in t.tolist()) + "]"
 for sharpness in (1.0, 30.0):
     weights = torch.softmax(sharpness * (keys * query).sum(dim=-1), dim=-1)  # one dot product per key
-    print(f"sharpness {sharpness:4.0f}: weights {weights}, result {weights @ values}")
+    print(f"sharpness {sharpness:4.0f}: weights {four(weights)}, result {four(weights @ values)}")
 
 # %% [markdown]
 # The sharp look-up returns key 1's value `[0, 10]` almost exactly; the gentle one blends all
