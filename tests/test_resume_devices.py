@@ -9,6 +9,7 @@ hands the states to PyTorch on the CPU, whatever device they were loaded onto.
 
 import torch
 
+from transformer_course import training
 from transformer_course.checkpoint import load_checkpoint
 from transformer_course.config import TrainConfig
 from transformer_course.model import GPT
@@ -34,10 +35,15 @@ def test_cuda_generator_states_are_set_from_the_cpu(tmp_path, monkeypatch):
     resumed = load_checkpoint(path)
     saved = [LoadedElsewhere(torch.get_rng_state()) for _ in range(2)]  # two GPUs' states
     resumed.rng["cuda"] = saved
-    received = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [])
-    monkeypatch.setattr(torch.cuda, "set_rng_state_all", received.extend)
+    received, real_restore = [], training._restore
+
+    def restore_as_if_on_a_gpu(*args):  # only here: the optimizer of a CUDA build asks is_available() too
+        with monkeypatch.context() as gpu:
+            gpu.setattr(torch.cuda, "is_available", lambda: True)
+            gpu.setattr(torch.cuda, "set_rng_state_all", received.extend)
+            real_restore(*args)
+
+    monkeypatch.setattr(training, "_restore", restore_as_if_on_a_gpu)
     history = train(resumed.model, data, data, TrainConfig(**{**cfg.to_dict(), "max_iters": 3}), resume=resumed)
     assert len(history.step) == 3  # the two steps before the checkpoint, and one more
     assert all(s.brought_back for s in saved)
