@@ -13,7 +13,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +21,15 @@ import torch
 from transformer_course import cli, distributed
 from transformer_course.checkpoint import load_checkpoint, save_checkpoint
 from transformer_course.distributed import World
+from transformer_course.faults import FAULT_ENV
 from transformer_course.model import GPT
 from transformer_course.training import accumulated_step, estimate_loss, train, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]  # a free port each
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+# unbuffered: what a rank printed reaches the pipe even when torchrun ends that rank
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 sys.path.insert(0, str(Path(__file__).parent))
 import ddp_worker  # noqa: E402  (the same runs, in this one process)
@@ -97,9 +99,10 @@ def _end(job: subprocess.Popen) -> None:
             os.killpg(job.pid, signal.SIGKILL)
 
 
-def _job(command: list[str], timeout: float = 300) -> tuple[int, str, str]:
-    """Run a torchrun job; on timeout end it with all its workers (a hung job fails the test, not CI)."""
-    job = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def _job(command: list[str], timeout: float = 300, env: dict | None = None) -> tuple[int, str, str]:
+    """Run a torchrun job (`env`: variables added to ENV); on timeout end it with all its workers (a hung
+    job fails the test, not CI)."""
+    job = subprocess.Popen(command, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
         stdout, stderr = job.communicate(timeout=timeout)
@@ -166,54 +169,43 @@ def _cli_train(out: Path, *extra: str) -> list[str]:
 
 
 def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
-    planted = tmp_path / "planted.py"
-    planted.write_text(
-        "import os, sys\n"
-        "from transformer_course import cli, training\n"
-        "if os.environ['RANK'] == '1':\n"
-        "    def fail(*args, **kwargs):\n"
-        "        raise RuntimeError('planted failure in a training step')\n"
-        "    training.train_step = fail\n"
-        "sys.exit(cli.main(sys.argv[1:]))\n")
-    began = time.monotonic()
-    returncode, _, stderr = _job([*TORCHRUN, str(planted), *_cli_train(tmp_path / "run", "--max-iters", "50")[2:]])
+    """Rank 1 raises in its third step while rank 0 waits there (TRANSFORMER_COURSE_FAULT, see
+    transformer_course.faults): the job ends (`_job` fails the test if it hangs), torchrun names rank 1,
+    whose error is shown, and rank 0 never got past that step."""
+    fault = "raise:step=3:rank=1:others=wait"
+    returncode, _, stderr = _job([*TORCHRUN, *_cli_train(tmp_path / "run", "--max-iters", "50", "--eval-iters", "2")],
+                                 env={FAULT_ENV: fault})
     assert returncode != 0
-    assert time.monotonic() - began < 120, "the job must end soon after one rank fails, not hang"
-    assert "transformer-course train (rank 1): error: planted failure in a training step" in stderr
+    assert f"transformer-course train (rank 1): error: fault injected by {FAULT_ENV}={fault}" in stderr, stderr[-3000:]
+    assert re.search(r"failed \(exitcode: 2\) local_rank: 1 ", stderr), stderr[-3000:]  # the first failure seen
+    assert load_checkpoint(tmp_path / "run" / "checkpoint.pt").step == 0  # the step-0 checkpoint, no later one
+    assert not (tmp_path / "run" / "history.json").exists()  # rank 0 did not finish either
+
+
+def killed_rank_run(out: Path, steps: int = 10, interval: int = 5) -> None:
+    """Rank 1 of a 2-process run kills itself (SIGKILL) right after the second checkpoint (step
+    `interval`) is on disk, in torchrun's first round only, while rank 0 waits at the same point; with
+    `--max-restarts` torchrun restarts both ranks, which resume from exactly that checkpoint and end where
+    an uninterrupted run ends. The kill is counted in evaluations, not timed, so a faster or slower
+    machine changes nothing. (Before the store got a prefix per restart round, a restarted rank on a
+    loaded machine could read the address a dead rank had published and fail to connect; this test
+    caught it twice under `make test`.)"""
+    assert steps > interval
+    returncode, stdout, stderr = _job([*TORCHRUN, "--max-restarts", "3", *_cli_train(
+        out, "--max-iters", str(steps), "--eval-interval", str(interval), "--eval-iters", "2")],
+        env={FAULT_ENV: "kill:after_checkpoint=2:rank=1:round=0:others=wait"})
+    assert returncode == 0, stderr[-3000:]
+    assert re.search(r"failed \(exitcode: -9\) local_rank: 1 ", stderr), stderr[-3000:]  # torchrun saw the kill
+    assert re.findall(r"resuming from step (\d+)", stdout) == [str(interval)], stdout  # once, from that checkpoint
+    assert load_checkpoint(out / "checkpoint.pt").step == steps
+    history = _history(out / "history.json")
+    assert history["eval_step"] == list(range(0, steps, interval)) + [steps]
+    assert history["step"] == list(range(steps))  # every step once: the killed round's lost steps were redone
+    assert stdout.count("training 'tiny'") == 2  # rank 0 alone prints, once per round
 
 
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
-    """SIGKILL one rank of a 2-process run after its second checkpoint; `--max-restarts` restarts both
-    ranks, which resume from that checkpoint and end where an uninterrupted run ends. (Before the store
-    got a prefix per restart round, a restarted rank on a loaded machine could read the address a dead
-    rank had published and fail to connect; this test caught it twice under `make test`.)"""
-    out, steps = tmp_path / "run", 40  # the kill lands well before the end, even on a loaded machine
-    job = subprocess.Popen([*TORCHRUN, "--max-restarts", "3", *_cli_train(out, "--max-iters", str(steps),
-                                                                          "--eval-interval", "10")],
-                           cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        checkpoint, writes, seen = out / "checkpoint.pt", 0, None
-        deadline = time.monotonic() + 240
-        while writes < 2 and time.monotonic() < deadline:  # the step-0 checkpoint, then a later one
-            if checkpoint.exists() and (stamp := checkpoint.stat().st_mtime_ns) != seen:
-                writes, seen = writes + 1, stamp
-            time.sleep(0.05)
-        assert writes == 2, "the run wrote no second checkpoint"
-        workers = subprocess.run(["ps", "-o", "pid=", "--ppid", str(job.pid)], capture_output=True, text=True).stdout.split()
-        assert len(workers) == 2, workers
-        os.kill(max(int(pid) for pid in workers), signal.SIGKILL)  # the last-started worker: rank 1
-        stdout, stderr = job.communicate(timeout=300)
-    finally:
-        _end(job)
-    assert job.returncode == 0, stderr[-3000:]
-    assert "exitcode: -9" in stderr or "exitcode  : -9" in stderr  # torchrun saw the kill
-    resumed = re.search(r"resuming from step (\d+)", stdout)
-    assert resumed and 10 <= int(resumed[1]) < steps, stdout
-    assert load_checkpoint(checkpoint).step == steps
-    history = _history(out / "history.json")
-    assert history["eval_step"][-1] == steps
-    assert stdout.count("training 'tiny'") == 1 + stdout.count("resuming from step")  # rank 0 alone prints
+    killed_rank_run(tmp_path / "run")
 
 
 def test_global_batch_that_does_not_split_is_refused(tmp_path, capsys):

@@ -23,6 +23,7 @@ Modules:
 - `transformer_course.encoder_decoder`: The encoder-decoder transformer of Vaswani et al. (2017), built on chapters 03-05 (chapter 09).
 - `transformer_course.environment`: What the course needs installed, and whether this environment has it (hand-written, not exported).
 - `transformer_course.exercise_cells`: Exercise cells: how the student edition, the leak check and the grader find and name an exercise (hand-written).
+- `transformer_course.faults`: Test-only fault injection (hand-written, not exported): a process fails or kills itself at a chosen point, so the tests of crashes and restarts trigger their fault by a count of events, never by a timer.
 - `transformer_course.generation`: Generation: turn a GPT's logits into text, one token at a time (exported from chapter 07).
 - `transformer_course.grading`: Grading handed-in notebooks: which exercises passed, failed, are not done, were not run or are missing (hand-written).
 - `transformer_course.grading_sandbox`: Run one handed-in notebook for the grader: a fresh kernel, one time limit for the whole notebook and, where Linux allows it, a sandbox (hand-written).

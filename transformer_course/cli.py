@@ -26,6 +26,8 @@ def _add_train(sub) -> None:
     p.add_argument("--max-iters", type=_positive_int, default=None, help="stop after this many steps")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
     p.add_argument("--eval-interval", type=_positive_int, default=None, help="evaluate and checkpoint every this many steps")
+    p.add_argument("--eval-iters", type=_positive_int, default=None,
+                   help="batches of the train and of the val split per evaluation (fewer: faster, noisier)")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--grad-accum", type=_positive_int, default=None,
                        help="micro-batches per process per step (default 1: under torchrun the global batch grows "
@@ -91,6 +93,7 @@ def _train(args, world) -> int:
     from dataclasses import replace
     from pathlib import Path
 
+    from . import faults
     from .checkpoint import load_checkpoint
     from .config import PRESETS, TRAIN_PRESETS
     from .data import load_shakespeare, train_val_split
@@ -109,10 +112,11 @@ def _train(args, world) -> int:
     tokenizer = CharTokenizer.from_text(text)
     train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
     del text
+    faults.reached("start")  # tests only: TRANSFORMER_COURSE_FAULT=kill:start=1
     overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
     if args.bf16:
         overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
-    for name in ("max_iters", "eval_interval", "grad_accum"):
+    for name in ("max_iters", "eval_interval", "eval_iters", "grad_accum"):
         if getattr(args, name):
             overrides[name] = getattr(args, name)
     cfg = replace(TRAIN_PRESETS[args.preset], **overrides)

@@ -19,6 +19,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import faults
+
 # a rank that waits longer than this for the others (a peer that hangs rather than dies) ends the job
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
@@ -90,11 +92,12 @@ class World:
 
 
 def current_world() -> World:
-    """The job this process belongs to: a `World` of one unless a process group is running."""
+    """The job this process belongs to: a `World` of one unless a process group is running. (Tests that
+    set TRANSFORMER_COURSE_FAULT get one that also counts steps: `faults.watch`.)"""
     if not (dist.is_available() and dist.is_initialized()):
-        return World()
+        return faults.watch(World())
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    return World(dist.get_rank(), dist.get_world_size(), device)
+    return faults.watch(World(dist.get_rank(), dist.get_world_size(), device))
 
 
 def launched_by_torchrun() -> bool:

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import faults
 from .arguments import real_number
 from .exercise_cells import (
     COURSE_CHAPTERS,
@@ -177,6 +178,7 @@ def grade_notebooks(paths, timeout: float = DEFAULT_TIMEOUT, execute: bool = Tru
         grades.append(grade)
         if on_grade is not None:
             on_grade(grade)
+        faults.reached("after_grade")  # tests only: TRANSFORMER_COURSE_FAULT=kill:after_grade=1
     return grades
 
 
@@ -211,6 +213,7 @@ def write_csv(grades: list[NotebookGrade], path) -> None:
         with handle:
             handle.write(buffer.getvalue())
             handle.flush()
+            faults.reached("mid_csv", partial=handle)  # tests only: TRANSFORMER_COURSE_FAULT=kill:mid_csv=1
             os.fsync(handle.fileno())
         os.replace(handle.name, path)
     except BaseException:

@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import faults
+
 DEVICE_ENV = "TRANSFORMER_COURSE_DEVICE"
 _DEVICES = ("cpu", "cuda", "mps")
 
@@ -111,6 +113,7 @@ def atomic_save(obj, path) -> Path:
         with os.fdopen(fd, "wb") as f:
             torch.save(obj, f)
             f.flush()
+            faults.reached("mid_save", partial=f)  # tests only: TRANSFORMER_COURSE_FAULT=kill:mid_save=1
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as error:
