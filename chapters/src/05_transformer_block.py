@@ -222,8 +222,8 @@ x_wild = 3.0 + 10.0 * torch.randn(8, 32, 64, generator=torch.Generator().manual_
 ours64, ref64 = paired_layer_norms(64)
 for name, a, b in (("seed batch", ours(x_seed), ref(x_seed)), ("[8, 32, 64]", ours64(x_wild), ref64(x_wild))):
     diff = (a - b).abs().max().item()
-    print(f"{name:12s} equal to nn.LayerNorm within 1e-6: {diff < 1e-6}")
-    assert torch.allclose(a, b, atol=1e-6, rtol=1e-6)
+    print(f"{name:12s} equal to nn.LayerNorm within 1e-5: {diff < 1e-5}")  # float32, any CPU's kernels
+    assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 # %% [markdown]
 # That was the teaching path, `fast=False`: four separate operations (mean, centre, variance,
@@ -401,7 +401,8 @@ def gelu_tanh_with_a_bug(x: torch.Tensor) -> torch.Tensor:
 buggy, right = gelu_tanh_with_a_bug(xs), F.gelu(xs, approximate="tanh")
 gap = (buggy - right).abs()
 print("equal to PyTorch's tanh GELU within 1e-6:", gap.max().item() < 1e-6)
-print(f"largest gap {gap.max().item():.3f} at x = {xs[gap.argmax()].item():.2f}")
+# the gap is the same at -x and x (an even function), so either may come out first: name both
+print(f"largest gap {gap.max().item():.3f} at x = ±{xs[gap.argmax()].abs().item():.2f}")
 print(f"minimum: {buggy.min().item():.4f} (PyTorch's: {right.min().item():.4f})")
 one = torch.tensor(1.0, dtype=torch.float64)
 print(f"at x = 1: {gelu_tanh_with_a_bug(one).item():.4f} (PyTorch's: {F.gelu(one, approximate='tanh').item():.4f})")
