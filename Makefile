@@ -34,7 +34,7 @@ help:
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
 	@echo "make student       write the student edition to student/"
-	@echo "make export        write the notebooks' exported cells into transformer_course/"
+	@echo "make export        write the chapter scripts' exported cells into transformer_course/"
 	@echo "make course        re-execute every chapter in place (authors)"
 	@echo "make bench         run the benchmarks and rewrite benchmarks/results/"
 
