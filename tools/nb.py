@@ -199,8 +199,9 @@ def _coalesce_streams(nb) -> None:
             cell.outputs = merged
 
 
-def build(src: Path, timeout: int = 900) -> Path:
-    """Export the package, then execute ``src`` as a notebook in ``chapters/`` and save it there."""
+def build(src: Path, timeout: int = 900, out: Path | None = None) -> Path:
+    """Export the package, then execute ``src`` as a notebook in ``chapters/`` and save it there (or in
+    the folder ``out``: a trial run that leaves the committed notebook alone)."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -208,7 +209,7 @@ def build(src: Path, timeout: int = 900) -> Path:
     nb = _read_script(src)
     _clean(nb, src)
     _stable_ids(nb)
-    nb_path = _notebook_for(src)
+    nb_path = _notebook_for(src) if out is None else Path(out) / (src.stem + ".ipynb")
     start = time.perf_counter()
     client = NotebookClient(
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(CHAPTERS)}}
@@ -218,7 +219,7 @@ def build(src: Path, timeout: int = 900) -> Path:
     _coalesce_streams(nb)
     nbformat.validator.normalize(nb)
     nbformat.write(nb, nb_path)
-    print(f"built {nb_path.relative_to(ROOT)} in {time.perf_counter() - start:.1f} s")
+    print(f"built {nb_path} in {time.perf_counter() - start:.1f} s")
     return nb_path
 
 
@@ -276,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("scripts", nargs="*", type=Path)
     b.add_argument("--all", action="store_true", help="build every chapter in order")
     b.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
+    b.add_argument("--out", type=Path, help="write the executed notebook here, not into chapters/")
     sub.add_parser("export", help="write the scripts' exported cells into transformer_course/")
     sub.add_parser("check", help="fail if scripts, notebooks and package disagree")
     args = parser.parse_args(argv)
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         if not scripts:
             parser.error("name at least one script, or pass --all")
         for src in scripts:
-            build(Path(src).resolve(), timeout=args.timeout)
+            build(Path(src).resolve(), timeout=args.timeout, out=args.out)
     elif args.cmd == "export":
         for path in export():
             print("exported", path.relative_to(ROOT))
