@@ -34,8 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import transformers  # noqa: E402
 
+from transformer_course import pretrained  # noqa: E402
 from transformer_course.generation import generate  # noqa: E402
-from transformer_course.model import GPT  # noqa: E402
 from transformer_course.performance import bf16_weights, read_bandwidth  # noqa: E402
 from transformer_course.pretrained import make_hf_stand_in  # noqa: E402
 
@@ -78,7 +78,7 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, re
                           std=0.02, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp).eval()
+        ours = pretrained.from_pretrained(tmp).eval()
     hf.eval()
     prompt = torch.randint(0, vocab, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
 

@@ -24,7 +24,7 @@ the time to val loss 1.47.
 
 (b) Greedy decoding with the KV cache (`generation.generate`, chapter 07) against Hugging Face's
 `generate(do_sample=False)` on the same random weights at GPT-2 124M's shapes (`pretrained.make_hf_stand_in`,
-loaded with `GPT.from_pretrained`, as `bench_decode.py` does), batch 1 and 16, float32 and bf16.
+loaded with `pretrained.from_pretrained`, as `bench_decode.py` does), batch 1 and 16, float32 and bf16.
 
 `--smoke`: tiny sizes and a few steps, so the whole script runs on a CPU in seconds (tests/test_gpu.py
 runs it); its numbers mean nothing. Without a CUDA GPU and without `--smoke` it says so and exits 0, so
@@ -274,13 +274,14 @@ def median_seconds(run, device: torch.device, repeats: int) -> float:
 def bench_decoding(sizes: Sizes, device: torch.device) -> list[dict]:
     import transformers
 
+    from transformer_course import pretrained
     from transformer_course.pretrained import make_hf_stand_in
 
     transformers.logging.set_verbosity_error()
     hf = make_hf_stand_in(**sizes.decode, std=0.02, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp)
+        ours = pretrained.from_pretrained(tmp)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         hf, ours = hf.to(device, dtype).eval(), ours.to(device, dtype).eval()
@@ -371,7 +372,7 @@ def write_report(out_dir: Path, smoke: bool, info: dict, gpu: dict, measured: fl
         d = decoding[0]
         lines += ["## Greedy decoding with the KV cache against Hugging Face `generate`", "",
                   "Random weights in GPT-2's layout (`make_hf_stand_in`, std 0.02), loaded into our GPT with "
-                  f"`GPT.from_pretrained`; a {d['prompt']}-token prompt, "
+                  f"`pretrained.from_pretrained`; a {d['prompt']}-token prompt, "
                   f"{d['new_tokens']} new tokens per sequence, median of the timed runs after a warm-up.", "",
                   "| weights | batch | ours, tokens/s | HF, tokens/s | ours / HF | same tokens as HF | greedy choices equal |",
                   "|---|---:|---:|---:|---:|:---:|---:|"]

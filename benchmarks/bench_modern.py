@@ -69,7 +69,8 @@ def run(name: str, seed: int, seconds: float, decay_steps: int) -> dict:
 
     from transformer_course.config import TRAIN_PRESETS
     from transformer_course.data import load_shakespeare, train_val_split
-    from transformer_course.model import GPT, count_parameters
+    from transformer_course.model import count_parameters
+    from transformer_course.modern import build_gpt
     from transformer_course.tokenization import CharTokenizer
     from transformer_course.training import encode_corpus, train
 
@@ -80,7 +81,7 @@ def run(name: str, seed: int, seconds: float, decay_steps: int) -> dict:
     del text
     cfg = model_config(name, tokenizer.vocab_size)
     torch.manual_seed(seed)
-    model = GPT(cfg)
+    model = build_gpt(cfg)
     recipe = TRAIN_PRESETS["tiny"]
     train_cfg = replace(recipe, max_iters=10**9, lr_decay_iters=decay_steps, max_seconds=seconds, seed=seed,
                         device="cpu", progress=False)

@@ -136,8 +136,8 @@ print("x_seed:", tuple(x_seed.shape), "= [B, T, C]")
 # C = 4 a visible difference, and not what `nn.LayerNorm` or GPT-2 compute.
 
 # %% [markdown]
-# Now the module. It takes input of any shape `[..., C]` and checks, with chapter 03's `check_input`,
-# that the last dimension is the width it was built for.
+# Now the module. It takes input of any shape `[..., C]`; the block that holds it checks its input
+# once, at its entry (a layer inside a model does not re-check what the model already checked).
 #
 # `LayerNorm` has two paths with the same parameters. The fast one (the default) hands everything to
 # PyTorch's `F.layer_norm`. The teaching path, `fast=False`, is yours to write: the formula above,
@@ -175,7 +175,6 @@ class LayerNorm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.d_model, "LayerNorm", batched=False)
         if self.fast:
             return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., C)
         ### BEGIN SOLUTION
@@ -334,7 +333,6 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.d_model, "FeedForward", batched=False)
         h = self.act(self.fc(x))  # (..., d_ff)
         return self.dropout(self.proj(h))  # (..., C)
 
@@ -512,17 +510,24 @@ class TransformerBlock(nn.Module):
     ``norm="post"`` (2017 paper):  ``x = ln1(x + attn(x))``,  ``x = ln2(x + mlp(x))``
 
     ``mask`` (bool, broadcastable to [B, nh, T, T_total]) and ``cache`` go to the attention.
+    Chapter 10's parts plug in by keyword: ``make_norm(d_model)`` builds ``ln1`` and ``ln2`` (default:
+    this chapter's LayerNorm), ``mlp`` replaces the FeedForward (of width ``d_ff``, default 4C),
+    ``n_kv_head`` and ``rope`` go to the attention.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 norm: str = "pre", activation: str = "gelu", fast: bool = True, eps: float = 1e-5):
+                 norm: str = "pre", activation: str = "gelu", fast: bool = True, eps: float = 1e-5,
+                 *, d_ff: int | None = None, n_kv_head: int | None = None, rope: nn.Module | None = None,
+                 make_norm=None, mlp: nn.Module | None = None):
         super().__init__()
         self.d_model = whole_number(d_model, "d_model")
         self.norm = choice(norm, "norm", NORMS)
-        self.ln1 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
-        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast)
-        self.ln2 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
-        self.mlp = FeedForward(d_model, activation=activation, dropout=dropout, bias=bias)
+        make_norm = make_norm or (lambda C: LayerNorm(C, eps=eps, bias=bias, fast=fast))
+        self.ln1 = make_norm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast,
+                                       n_kv_head=n_kv_head, rope=rope)
+        self.ln2 = make_norm(d_model)
+        self.mlp = mlp if mlp is not None else FeedForward(d_model, d_ff, activation, dropout, bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -1058,7 +1063,7 @@ print("on centred tokens, equal to LayerNorm without β within 1e-5:",
 tries = {
     "wrong width": lambda: TransformerBlock(32, n_head=4)(torch.randn(2, 5, 16)),
     "no batch dimension": lambda: TransformerBlock(32, n_head=4)(torch.randn(5, 32)),
-    "LayerNorm width": lambda: LayerNorm(8)(torch.randn(3, 6)),
+    "LayerNorm width (PyTorch's own message)": lambda: LayerNorm(8)(torch.randn(3, 6)),
     "unknown norm": lambda: TransformerBlock(32, n_head=4, norm="sandwich"),
     "unknown activation": lambda: FeedForward(32, activation="swish"),
     "token ids, not vectors": lambda: TransformerBlock(32, n_head=4)(torch.zeros(2, 5, 32, dtype=torch.long)),
@@ -1066,7 +1071,7 @@ tries = {
 for what, attempt in tries.items():
     try:
         attempt()
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RuntimeError) as e:
         print(f"{what}: {e}")
     else:
         raise AssertionError(f"{what}: no error was raised")

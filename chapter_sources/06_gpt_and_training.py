@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_course.block import LayerNorm, TransformerBlock, block_parameter_count
+from transformer_course.block import LayerNorm, TransformerBlock
 from transformer_course.config import PRESETS, GPTConfig
 from transformer_course.multihead import KVCache
 from transformer_course.positional import InputEmbedding
@@ -82,7 +82,7 @@ from transformer_course.positional import InputEmbedding
 from dataclasses import asdict, dataclass, field, fields
 from typing import Self
 
-from transformer_course.arguments import choice, flag, real_number, whole_number
+from transformer_course.arguments import check_heads, choice, flag, real_number, whole_number
 
 # %%
 #| export checkpoint
@@ -94,6 +94,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from transformer_course.arguments import whole_number
 from transformer_course.config import GPTConfig, History, TrainConfig
@@ -117,7 +118,6 @@ import torch
 from transformer_course.checkpoint import Checkpoint, config_differences, save_checkpoint
 from transformer_course.config import History, TrainConfig
 from transformer_course.data import get_batch
-from transformer_course.distributed import current_world
 from transformer_course.model import GPT
 from transformer_course.runtime import pick_device
 from transformer_course.tokenization import CharTokenizer
@@ -201,11 +201,9 @@ class GPTConfig(_Stored):
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+        for name in ("vocab_size", "block_size", "n_layer"):
             whole_number(getattr(self, name), f"GPTConfig.{name}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "
-                             f"each head gets d_model // n_head channels")
+        check_heads(self.d_model, self.n_head, self.n_kv_head, prefix="GPTConfig.")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         real_number(self.dropout, "GPTConfig.dropout", low=0.0, high=1.0, high_open=True)
@@ -214,10 +212,16 @@ class GPTConfig(_Stored):
             flag(getattr(self, name), f"GPTConfig.{name}")
         for name, allowed in _CHOICES.items():
             choice(getattr(self, name), f"GPTConfig.{name}", allowed)
-        if self.modern:
-            from transformer_course.modern import check_modern_config  # chapter 10
-
-            check_modern_config(self)
+        whole_number(self.d_ff, "GPTConfig.d_ff", none_ok=True)
+        real_number(self.rope_base, "GPTConfig.rope_base", low=1, low_open=True)
+        if self.modern and self.norm != "pre":
+            raise ValueError("chapter 10's choices (normalization, mlp, positional='rope', n_kv_head, d_ff) "
+                             "come with pre-norm blocks, as in every modern decoder: use norm='pre'")
+        if self.positional == "rope" and self.head_size % 2:
+            raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got "
+                             f"{self.head_size}: choose d_model and n_head so that d_model // n_head is even")
+        if self.positional != "rope" and self.rope_base != 10000.0:
+            raise ValueError(f"rope_base={self.rope_base} only matters with positional='rope'")
 
     @property
     def head_size(self) -> int:
@@ -225,9 +229,23 @@ class GPTConfig(_Stored):
 
     @property
     def modern(self) -> bool:
-        """True when a chapter 10 choice differs from GPT-2's: the blocks then come from `modern.py`."""
+        """True when a chapter 10 choice differs from GPT-2's."""
         return (self.positional == "rope" or self.normalization != "layernorm" or self.mlp != "plain"
                 or self.n_kv_head is not None or self.d_ff is not None or self.rope_base != 10000.0)
+
+    @property
+    def needs_modern_parts(self) -> bool:
+        """True when the model needs chapter 10's RMSNorm, SwiGLU or RoPE (build it with
+        `transformer_course.modern.build_gpt`); chapter 05's block covers everything else."""
+        return self.positional == "rope" or self.normalization == "rmsnorm" or self.mlp == "swiglu"
+
+    @property
+    def hidden_width(self) -> int:
+        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU Llama's 8C/3 rounded up to a
+        multiple of 8 (chapter 10's `swiglu_hidden`)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "plain" else 8 * -(-(8 * self.d_model // 3) // 8)
 
 
 # %% [markdown]
@@ -293,7 +311,7 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
 #
 # Now the model itself. Its constructor is written for you: it builds the parts under the names the
 # course's contract fixes (`embed`, `blocks`, `ln_f`, `lm_head`; chapter 07 generates with this class
-# and chapter 08 loads GPT-2's weights into it). With `tie_weights` the head *is* the token-embedding
+# and chapter 08 loads GPT-2's weights into it; chapter 10 hands it other `parts`). With `tie_weights` the head *is* the token-embedding
 # matrix: the same `[V, C]` tensor embeds token v on the way in (row v) and scores token v on the way
 # out (dot product with row v).
 #
@@ -325,23 +343,25 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
 class GPT(nn.Module):
     """Decoder-only transformer: token ids idx [B, T] -> logits [B, T, V] (and the loss, given targets)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, parts: tuple[nn.Module, nn.ModuleList, nn.Module] | None = None):
+        """``parts``: (embedding, blocks, final norm) built elsewhere (chapter 10's `modern.build_gpt`);
+        None builds chapter 02-05's from ``cfg``."""
         super().__init__()
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"GPT needs a GPTConfig, got {type(cfg).__name__}")
+        if parts is None and cfg.needs_modern_parts:
+            raise ValueError("this config uses chapter 10's parts (RMSNorm, SwiGLU or RoPE): build the model "
+                             "with transformer_course.modern.build_gpt(cfg)")
         self.cfg = cfg
-        if cfg.modern:  # chapter 10's blocks
-            from transformer_course.modern import modern_parts
-
-            self.embed, self.blocks, self.ln_f = modern_parts(cfg)
-        else:
-            self.embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout)
-            self.blocks = nn.ModuleList(
-                TransformerBlock(cfg.d_model, cfg.n_head, dropout=cfg.dropout, bias=cfg.bias, norm=cfg.norm,
-                                 activation=cfg.activation, fast=cfg.fast, eps=cfg.eps)
+        self.embed, self.blocks, self.ln_f = parts or (
+            InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout),
+            nn.ModuleList(
+                TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
+                                 cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
                 for _ in range(cfg.n_layer)
-            )
-            self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast)
+            ),
+            LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast),
+        )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
@@ -361,12 +381,9 @@ class GPT(nn.Module):
         if targets is not None and not bool((targets != -1).any()):  # the mean over no positions is NaN
             raise ValueError("every target is -1 (ignored), so there is no loss to average: give at least one "
                              "real target")
-        start = 0
-        if cache is not None:
-            if len(cache) != len(self.blocks):
-                raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}: use model.new_cache()")
-            start = cache[0].length
-        T = idx.shape[-1]
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}: use model.new_cache()")
+        start, T = (0 if cache is None else cache[0].length), idx.shape[-1]
         if start + T > self.cfg.block_size:
             held = f" ({start} cached + {T} new)" if start else ""
             raise ValueError(f"sequence of length {start + T}{held} is longer than block_size "
@@ -398,23 +415,6 @@ class GPT(nn.Module):
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(replace(PRESETS[name], **overrides))
-
-    @classmethod
-    def from_pretrained(cls, path_or_name: str = "gpt2") -> GPT:
-        """OpenAI's GPT-2 weights in our GPT (eval mode), from a local Hugging Face folder (config.json,
-        model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2" (chapter 08)."""
-        from transformer_course.pretrained import convert_hf_state_dict, read_hf_gpt2
-
-        config, tensors = read_hf_gpt2(path_or_name)
-        model = cls(config)
-        model.load_state_dict(convert_hf_state_dict(tensors, model))
-        return model.eval()
-
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
-        """idx [B, T] -> [B, T + max_new_tokens] by chapter 07's `generation.generate` and its options."""
-        from transformer_course.generation import generate
-
-        return generate(self, idx, max_new_tokens, **options)
 
 # %% [markdown]
 # The check compares your `forward` with the package's on a small model: the logits, the loss (with
@@ -649,15 +649,15 @@ for L in (6, 12, 24, 48):
 #| export
 def count_parameters(cfg: GPTConfig) -> int:
     """Trainable parameters of `GPT(cfg)`, worked out from the config (a tied head counts once)."""
-    C, V = cfg.d_model, cfg.vocab_size
+    C, V, H, b = cfg.d_model, cfg.vocab_size, cfg.hidden_width, int(cfg.bias)
+    kv = (cfg.n_kv_head or cfg.n_head) * cfg.head_size  # the width of the keys, and of the values
+    attention = C * (C + 2 * kv) + b * (C + 2 * kv) + C * C + b * C  # qkv and proj
+    up = 2 if cfg.mlp == "swiglu" else 1  # SwiGLU widens twice (gate and up), the plain MLP once
+    mlp = (up + 1) * C * H + b * (up * H + C)
+    norm = C + (b * C if cfg.normalization == "layernorm" else 0)  # gain (+ shift)
     embed = V * C + (cfg.block_size * C if cfg.positional == "learned" else 0)  # token + learned positions
-    final_norm = C + (C if cfg.bias and cfg.normalization == "layernorm" else 0)  # gain (+ shift)
     head = 0 if cfg.tie_weights else C * V
-    if cfg.modern:  # chapter 10's blocks
-        from transformer_course.modern import modern_block_parameter_count
-
-        return embed + cfg.n_layer * modern_block_parameter_count(cfg) + final_norm + head
-    return embed + cfg.n_layer * block_parameter_count(C, cfg.bias) + final_norm + head
+    return embed + cfg.n_layer * (attention + mlp + 2 * norm) + norm + head
 
 # %% [markdown]
 # Checked against the module for the GPT-2 family. Building GPT-2 XL for real would take 6 GB; on
@@ -1012,8 +1012,8 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
                   device=None, shard: tuple[int, int] = (0, 1)) -> float:
     """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn by a generator
     seeded with `seed` (the global random state is untouched), sent to `device` (None: the model's).
-    `shard=(rank, processes)`: score batches rank, rank + processes, ... only, returning their share of
-    the mean (the shares add up to it)."""
+    `shard=(rank, processes)`, for appendix 90's several processes: score batches rank,
+    rank + processes, ... only, returning their share of the mean (the shares add up to it)."""
     device = next(model.parameters()).device if device is None else device
     was_training = model.training
     model.eval()
@@ -1124,7 +1124,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
-    with their `state_sha256`. `rank_rng`: every data-parallel rank's CPU random state, in rank order."""
+    with their `state_sha256`. `rank_rng` (appendix 90): each process's CPU random state."""
     rng = {"torch": torch.get_rng_state()}
     if rank_rng is not None:
         rng["ranks"] = rank_rng
@@ -1208,11 +1208,13 @@ def _tokenizer_from(entry):
     return tokenizer_from_dict(entry["state"])
 
 
-def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
+def load_checkpoint(path, model=None, map_location="cpu", *,
                     max_parameters: int | None = MAX_PARAMETERS) -> Checkpoint:
     """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified) into `model`,
-    whose config must match, or into a GPT built from the stored config once it is known to be no larger
-    than the stored tensors and `max_parameters` (None: no limit). Raises `CheckpointError` saying why."""
+    whose config must match, or into a model built from the stored config once it is known to be no
+    larger than the stored tensors and `max_parameters` (None: no limit): by `model(config)` when
+    `model` is a builder such as chapter 10's `modern.build_gpt`, by `GPT(config)` when it is None.
+    Raises `CheckpointError` saying why."""
     path = Path(path)
     state = _read(path, map_location)
     try:
@@ -1227,8 +1229,11 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
         tokenizer = _tokenizer_from(state.get("tokenizer"))
     except (ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"checkpoint {path} cannot be used: {error}") from error
-    if model is None:
-        model = GPT(config)
+    if config.needs_modern_parts and model is None:
+        raise CheckpointError(f"checkpoint {path} holds a chapter 10 model: load it with "
+                              "load_checkpoint(path, transformer_course.modern.build_gpt)")
+    if model is None or not isinstance(model, nn.Module):
+        model = (model or GPT)(config)
     elif differences := config_differences(config, model.cfg):
         raise CheckpointError(f"checkpoint {path} does not match the model: {'; '.join(differences)}. "
                               "Use the checkpoint's own model (load_checkpoint(path).model) or retrain")
@@ -1280,21 +1285,20 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator, world, seed: int) -> None:
+def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
+    """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
+    PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
     if differences := config_differences(resume.config, model.cfg):
         raise ValueError(f"cannot resume: the checkpoint does not match the model: {'; '.join(differences)}")
     model.load_state_dict(resume.model.state_dict())
     if resume.optimizer_state is not None:
         optimizer.load_state_dict(resume.optimizer_state)
+    # map_location may have moved the saved states to a GPU; the generators take CPU tensors only
     if "batch" in resume.rng:
-        batches.set_state(resume.rng["batch"].cpu())  # map_location may have moved it
-    if len(resume.rng.get("ranks", ())) == world.size > 1:  # the same number of processes: each its own state
-        torch.set_rng_state(resume.rng["ranks"][world.rank].cpu())
-    elif world.size > 1:  # another number of processes: fresh, distinct dropout draws per rank
-        torch.manual_seed(seed + world.rank + 1000 * resume.step)
-    elif "torch" in resume.rng:
+        batches.set_state(resume.rng["batch"].cpu())
+    if "torch" in resume.rng:
         torch.set_rng_state(resume.rng["torch"].cpu())
-    if "cuda" in resume.rng and torch.cuda.is_available() and world.size == 1:  # rank 0's alone: not for all ranks
+    if "cuda" in resume.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in resume.rng["cuda"]])
 
 # %%
@@ -1302,64 +1306,55 @@ def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids, on `cfg.device` (None: `pick_device()`, a GPU
-    if there is one), where the model stays afterwards; return the History.
-
-    Every `eval_interval` steps and at the end: evaluate and write `checkpoint_path` (if given).
-    `resume` (from `load_checkpoint`) continues exactly: the same losses as never stopping.
-    Under torchrun it trains data-parallel: each process takes its rows of every global batch,
-    gradients, losses and evaluations are averaged over processes, and rank 0 alone writes.
-    """
+    if there is one), where the model stays afterwards; return the History. Every `eval_interval` steps
+    and at the end: evaluate and write `checkpoint_path` (if given). `resume` (from `load_checkpoint`)
+    continues exactly: the same losses as never stopping. (On several processes: appendix 90.)"""
     from tqdm.auto import tqdm
 
-    cfg, world = cfg or TrainConfig(), current_world()
+    cfg = cfg or TrainConfig()
     device = pick_device(cfg.device)
     model.to(device).train()
     optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
-    global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per optimizer step, all processes
+    rows = cfg.batch_size * cfg.grad_accum  # windows per optimizer step
     history, step = History(), 0
-    if world.size > 1:  # distinct dropout draws per process
-        torch.manual_seed(cfg.seed + world.rank)
     if resume is not None:
-        _restore(resume, model, optimizer, batches, world, cfg.seed)
+        _restore(resume, model, optimizer, batches)
         history, step = resume.history or history, resume.step
-    history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed on resuming
+    history.tokens_per_step = rows * model.cfg.block_size
     forward = torch.compile(model) if cfg.compile else model
-    stepper = world.wrap(forward)  # DDP under torchrun
-    began, base = _now(device), history.wall_seconds
+    began, base = _now(device), history.wall_seconds  # base: the seconds of the run before a resume
 
     def evaluate() -> None:
         with autocast_for(device, cfg):
             for losses, data in ((history.train_loss, train_data), (history.val_loss, val_data)):
-                share = estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
-                                      seed=cfg.seed + EVAL_SEED_OFFSET, device=device, shard=(world.rank, world.size))
-                losses.append(world.sum(share))
+                losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size,
+                                            cfg.eval_iters, seed=cfg.seed + EVAL_SEED_OFFSET,
+                                            device=device))
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
         bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
-        rank_rng = world.gather(torch.get_rng_state()) if world.size > 1 else None  # every rank takes part
-        if checkpoint_path is not None and world.is_main:
+        if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
-                            history=history, batch_generator=batches, rank_rng=rank_rng)
-        world.barrier()  # no rank goes on (or returns) before the checkpoint is written
+                            history=history, batch_generator=batches)
 
     # at most one redraw a second: each is a message to Jupyter's front end
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
-               disable=not (cfg.progress and world.is_main))
+               disable=not cfg.progress)
     while step < cfg.max_iters:
         if step % cfg.eval_interval == 0 and step not in history.eval_step:
             evaluate()
-        if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
+        if cfg.max_seconds is not None and _now(device) - began > cfg.max_seconds:
             break
         tick, lr = _now(device), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # one global batch from the shared sampler; each process takes its rows
-        x, y = world.shard(*get_batch(train_data, model.cfg.block_size, global_rows, generator=batches, device=device))
+        x, y = get_batch(train_data, model.cfg.block_size, rows, generator=batches, device=device)
         if cfg.grad_accum == 1:
-            loss = train_step(stepper, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg))
+            loss = train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg))
         else:
-            loss = accumulated_step(stepper, optimizer, x, y, cfg.grad_accum, cfg.grad_clip, autocast_for(device, cfg))
-        history.loss.append(world.mean(loss))
+            loss = accumulated_step(forward, optimizer, x, y, cfg.grad_accum, cfg.grad_clip,
+                                    autocast_for(device, cfg))
+        history.loss.append(loss)
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick
@@ -1726,10 +1721,8 @@ except ValueError as e:
 #
 # It writes `DIR/checkpoint.pt` at every evaluation and `DIR/history.json` at the end; run it again
 # with the same `--out` and it resumes from the checkpoint. A preset names both the model
-# (`PRESETS`) and its training recipe (`TRAIN_PRESETS`). On more than one process (the cores or GPUs
-# of one machine, or several machines) PyTorch's `torchrun` starts the same command once per process:
-# `torchrun --nproc-per-node 2 -m transformer_course train --preset tiny --out runs/tiny2`. The appendix
-# shows what then happens to the batch, the gradients and the learning rate.
+# (`PRESETS`) and its training recipe (`TRAIN_PRESETS`). Training on several processes at once
+# (`torchrun`, data parallelism) is appendix 90's subject.
 
 # %%
 #| export config
@@ -1906,7 +1899,7 @@ quiz([
 #
 # **Exported.** `transformer_course.config`: `GPTConfig`, `PRESETS`, `TrainConfig`, `TRAIN_PRESETS`,
 # `History`. `transformer_course.model`: `init_gpt_weights`, `GPT` (`forward`, `new_cache`,
-# `num_parameters`, `from_preset`, `from_pretrained`, `generate`), `count_parameters`.
+# `num_parameters`, `from_preset`), `count_parameters`.
 # `transformer_course.training`: `train_step`, `param_groups`, `fused_adamw_works`, `make_optimizer`,
 # `lr_at`, `estimate_loss`, `autocast_for`, `train`, `plot_history`, `encode_corpus`.
 # `transformer_course.checkpoint`: `save_checkpoint`, `load_checkpoint`, `Checkpoint`,

@@ -12,8 +12,8 @@
 #   GPT-2 checkpoint layout (a `config.json` plus `model.safetensors`) to our parameter names, and says
 #   which tensors must be transposed on the way (Exercise 8.2); the chapter's loader runs on your table;
 # - `read_hf_gpt2(path_or_name)`, which reads a folder or downloads a checkpoint from the Hugging Face
-#   Hub and refuses bad files with errors that name the problem, and on it chapter 06's
-#   `GPT.from_pretrained(path_or_name)`, which builds our GPT from what it read;
+#   Hub and refuses bad files with errors that name the problem, and on it
+#   `from_pretrained(path_or_name)`, which builds our GPT from what it read;
 # - an offline proof: a small randomly initialised GPT-2 made with `transformers`, saved to disk,
 #   loaded into our GPT, and compared logit by logit, block by block, and token by token in greedy
 #   generation.
@@ -99,6 +99,7 @@ from pathlib import Path
 import torch
 
 from transformer_course.config import GPTConfig
+from transformer_course.model import GPT
 
 # %% [markdown]
 # Chapter 06 already wrote the four sizes down as presets (`PRESETS["gpt2"]` and friends). One of the
@@ -354,7 +355,7 @@ def config_from_hf(hf: Mapping) -> GPTConfig:
     A variant our GPT does not build raises `ValueError` naming the field.
     """
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes a {hf['model_type']!r} model; GPT.from_pretrained reads GPT-2 only")
+        raise ValueError(f"config.json describes a {hf['model_type']!r} model; from_pretrained reads GPT-2 only")
     missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in hf]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}: is it a GPT-2 config?")
@@ -533,9 +534,8 @@ def _resolve(path_or_name: str | os.PathLike) -> Path:
 
 # %% [markdown]
 # And the reader that puts it together: the folder (or the Hub's cached download), its configuration
-# and its tensors. It builds no model, and this module never imports chapter 06's `model.py`, which
-# imports this one: chapter 06's `GPT.from_pretrained(path_or_name)` calls `read_hf_gpt2`, builds a
-# `GPT` from the configuration, and loads the tensors through `convert_hf_state_dict`.
+# and its tensors. `from_pretrained(path_or_name)` then builds chapter 06's `GPT` from the
+# configuration and loads the tensors through `convert_hf_state_dict`.
 
 # %%
 #| export
@@ -551,13 +551,22 @@ def read_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> tuple[GPTConfig, d
         raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
     return config_from_hf(json.loads(config_file.read_text())), read_hf_state_dict(folder)
 
+
+def from_pretrained(path_or_name: str | os.PathLike = "gpt2") -> GPT:
+    """OpenAI's GPT-2 weights in our `GPT` (eval mode), from a local Hugging Face folder (config.json,
+    model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2"."""
+    config, tensors = read_hf_gpt2(path_or_name)
+    model = GPT(config)
+    model.load_state_dict(convert_hf_state_dict(tensors, model))
+    return model.eval()
+
 # %% [markdown]
-# `GPT.from_pretrained` runs the package's copies of these functions. In this notebook we load with
+# The package's `from_pretrained` runs the package's copies of these functions. In this notebook we load with
 # the ones defined above, so that the name map in use is yours:
 
 # %%
 def load_gpt2(path_or_name) -> GPT:
-    """What `GPT.from_pretrained(path_or_name)` does, with this notebook's functions (and your hf_key_map)."""
+    """What `from_pretrained(path_or_name)` does, with this notebook's functions (and your hf_key_map)."""
     config, tensors = read_hf_gpt2(path_or_name)
     model = GPT(config)
     model.load_state_dict(convert_hf_state_dict(tensors, model))
@@ -755,14 +764,16 @@ with torch.no_grad():
 # ## 7. The proof
 #
 # Same weights, same inputs, and the same outputs within 1e-5, first for the logits of a batch of two
-# sequences of 16 tokens, from a model loaded afresh with the package's `GPT.from_pretrained` (which
+# sequences of 16 tokens, from a model loaded afresh with the package's `from_pretrained` (which
 # gives exactly what this notebook's `load_gpt2` gives):
 
 # %%
-ours = GPT.from_pretrained(folder)
+from transformer_course import pretrained  # the package's module, not this notebook's cells
+
+ours = pretrained.from_pretrained(folder)
 with torch.no_grad():
     logits, _ = ours(idx)
-    print("GPT.from_pretrained equals load_gpt2:", torch.equal(logits, load_gpt2(folder)(idx)[0]))
+    print("from_pretrained equals load_gpt2:", torch.equal(logits, load_gpt2(folder)(idx)[0]))
 print("logits", tuple(logits.shape), "within 1e-5 of HF:", torch.allclose(logits, reference, atol=1e-5, rtol=0))
 print("our first logits :", logits[0, 0, :5])
 print("HF's first logits:", reference[0, 0, :5])
@@ -977,7 +988,7 @@ if not race["rows"]:
 from transformer_course import get_encoding
 
 try:
-    gpt2, enc = GPT.from_pretrained("gpt2"), get_encoding("gpt2")
+    gpt2, enc = pretrained.from_pretrained("gpt2"), get_encoding("gpt2")
 except (ConnectionError, RuntimeError) as e:  # HubUnavailableError is a ConnectionError; RuntimeError: tiktoken's
     gpt2 = None
     print("Offline, so the real GPT-2 is skipped:", e)
@@ -1046,9 +1057,9 @@ quiz([
 #   block's output and every intermediate value within 1e-5, and greedy generation token for token.
 # - The map read backwards exports our own GPT in GPT-2's layout, and `transformers` computes the
 #   same logits from it.
-# - `GPT.from_pretrained("gpt2")` runs the real 124M model when a network connection is there, and says so
+# - `from_pretrained("gpt2")` runs the real 124M model when a network connection is there, and says so
 #   clearly when it is not.
 #
-# **Exported to `transformer_course/pretrained.py`:** `read_hf_gpt2` (which chapter 06's
-# `GPT.from_pretrained` builds on), `config_from_hf`, `convert_hf_state_dict`, `read_hf_state_dict`, `hf_key_map`, `download_hf_gpt2`,
+# **Exported to `transformer_course/pretrained.py`:** `from_pretrained`, `read_hf_gpt2` (which
+# `from_pretrained` builds on), `config_from_hf`, `convert_hf_state_dict`, `read_hf_state_dict`, `hf_key_map`, `download_hf_gpt2`,
 # `hub_reachable`, `HubUnavailableError`, `block_outputs`, `make_hf_stand_in`, `HF_ACTIVATIONS`.

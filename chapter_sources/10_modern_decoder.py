@@ -68,8 +68,9 @@ transformers.logging.set_verbosity_error()  # its log messages would vary betwee
 """From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and
 grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
 
-Each part is a choice of `GPTConfig` (`normalization`, `mlp`, `positional="rope"`, `n_kv_head`): one
-`GPT` class builds GPT-2 and a Llama-style decoder, and `ModernBlock` is the block those choices make.
+Each part is a choice of `GPTConfig` (`normalization`, `mlp`, `positional="rope"`, `n_kv_head`) and a
+module that plugs into chapter 04's attention and chapter 05's block: `build_gpt(cfg)` assembles one
+`GPT` of them, so GPT-2 and a Llama-style decoder are the same classes with other parts.
 Shapes: B batch, T new positions, L cached positions, C = d_model channels, nh query heads, nkv
 key/value heads, hs = C // nh head size, H the MLP's hidden width, P the positions a table holds.
 """
@@ -81,18 +82,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_course.arguments import choice, real_number, whole_number
-from transformer_course.attention import scaled_dot_product_attention
-from transformer_course.block import FeedForward, LayerNorm
-from transformer_course.multihead import KVCache, causal_mask_with_past, merge_heads, split_heads
+from transformer_course.block import LayerNorm, TransformerBlock
+from transformer_course.config import GPTConfig
+from transformer_course.model import GPT
 from transformer_course.positional import InputEmbedding
-
-
-def _check_features(x, width: int, who: str) -> None:
-    """A clear error unless ``x`` is a floating-point tensor [..., width]."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim == 0 or x.shape[-1] != width:
-        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{who} expects a floating-point tensor [..., {width}], got {got}: the last "
-                         f"dimension must hold the {width} channels")
 
 # %% [markdown]
 # **Your turn.** Write `RMSNorm.forward`: x [..., C] to y [..., C], each row divided by its root mean
@@ -118,7 +111,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))  # g [C]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(x, self.d_model, "RMSNorm")
         ### BEGIN SOLUTION
         x32 = x.float()
         rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
@@ -211,7 +203,6 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(x, self.d_model, "SwiGLU")
         return self.dropout(self.proj(F.silu(self.gate(x)) * self.up(x)))  # (..., C)
 
 # %% [markdown]
@@ -394,7 +385,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)  # (P, hs/2)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        _check_features(x, self.head_size, "RotaryEmbedding")
         T = x.shape[-2]
         start = whole_number(start, "start", low=0)
         if start + T > self.max_positions:
@@ -501,138 +491,52 @@ def share_kv_heads(kv: torch.Tensor, n_head: int) -> torch.Tensor:
 share_kv_heads = check_share_kv_heads(share_kv_heads).use
 
 # %% [markdown]
-# The attention layer. Queries, keys and values get their own projections, `query` (C → nh·hs),
-# `key` and `value` (C → nkv·hs), because with fewer key heads they no longer have the same width
-# (Hugging Face's `q_proj`, `k_proj`, `v_proj`; `proj` is their `o_proj`). With a `RotaryEmbedding`,
-# q and k are turned by their positions *before* the keys go into the cache: a key's angle depends only
-# on its own position, which never changes, so the cache can keep turned keys and no step turns them
-# again.
+# The attention layer is chapter 04's `MultiHeadAttention`, told `n_kv_head`: its packed `qkv` is then
+# C → (nh + 2·nkv)·hs, [q | k | v] with nkv key and value heads (Hugging Face's `q_proj`, `k_proj`,
+# `v_proj` one under the other; `proj` is their `o_proj`). Given a `RotaryEmbedding` as `rope`, it turns
+# q and k by their positions *before* the keys go into the cache: a key's angle depends only on its own
+# position, which never changes, so the cache keeps turned keys and no step turns them again.
 #
-# `fast=True` hands everything to `F.scaled_dot_product_attention` with `enable_gqa=True` (PyTorch 2.5
-# and later), which reads each key/value head for its whole group and copies nothing; on an older
-# PyTorch it falls back to `share_kv_heads`. `fast=False` is the teaching path: `share_kv_heads`, then
-# chapter 03's attention, keeping the weights in `.last_weights`.
+# `fast=True` hands everything to `F.scaled_dot_product_attention` with `enable_gqa=True`, which reads
+# each key/value head for its whole group and copies nothing. `fast=False` is the teaching path: each
+# key/value head repeated for its group, as `share_kv_heads` does, then chapter 03's attention, keeping
+# the weights in `.last_weights`.
 
 # %%
 #| export
-_FUSED_GQA = torch.__version__ >= (2, 5)  # F.scaled_dot_product_attention(enable_gqa=...) is new in 2.5
-
-
-def _check_heads(d_model: int, n_head: int, n_kv_head: int | None) -> tuple[int, int, int]:
-    C, nh = whole_number(d_model, "d_model"), whole_number(n_head, "n_head")
-    nkv = nh if n_kv_head is None else whole_number(n_kv_head, "n_kv_head")
-    if C % nh:
-        raise ValueError(f"d_model={C} is not divisible by n_head={nh}: every head gets d_model // n_head channels")
-    if nh % nkv:
-        fits = [g for g in range(1, nh + 1) if nh % g == 0]
-        raise ValueError(f"n_head={nh} is not divisible by n_kv_head={nkv}: each key/value head serves "
-                         f"n_head // n_kv_head query heads; choose n_kv_head among {fits}")
-    return C, nh, nkv
-
-
-class GroupedQueryAttention(nn.Module):
-    """Causal self-attention with nkv key/value heads shared by nh query heads: x [B, T, C] -> [B, T, C].
-
-    ``n_kv_head`` None (= n_head): multi-head attention; 1: multi-query attention. ``query`` C -> nh·hs,
-    ``key``, ``value`` C -> nkv·hs, ``proj`` C -> C. With ``rope``, q and k are turned by their
-    positions before the keys are cached. ``fast``: fused kernel (no key/value copy per head);
-    otherwise `share_kv_heads` and chapter 03's attention (weights in ``.last_weights``).
-    """
-
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, dropout: float = 0.0,
-                 bias: bool = False, fast: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
-        C, nh, nkv = _check_heads(d_model, n_head, n_kv_head)
-        self.d_model, self.n_head, self.n_kv_head, self.head_size = C, nh, nkv, C // nh
-        if rope is not None and rope.head_size != self.head_size:
-            raise ValueError(f"the RotaryEmbedding turns heads of size {rope.head_size}, this layer's are {self.head_size}")
-        self.dropout = real_number(dropout, "dropout", low=0, high=1, high_open=True)
-        self.fast, self.rope = fast, rope
-        self.query = nn.Linear(C, nh * self.head_size, bias=bias)  # W_q
-        self.key = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_k, nkv heads
-        self.value = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_v, nkv heads
-        self.proj = nn.Linear(C, C, bias=bias)  # W_o
-        self.resid_dropout = nn.Dropout(dropout)
-        self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]; with a `cache` holding L positions the new ones are L .. L+T-1."""
-        _check_features(x, self.d_model, "GroupedQueryAttention")
-        if x.ndim != 3 or x.shape[1] == 0:
-            raise ValueError(f"GroupedQueryAttention expects x [B, T >= 1, C], got {tuple(x.shape)}")
-        start = 0 if cache is None else cache.length
-        q = split_heads(self.query(x), self.n_head)  # (B, nh, T, hs)
-        k = split_heads(self.key(x), self.n_kv_head)  # (B, nkv, T, hs)
-        v = split_heads(self.value(x), self.n_kv_head)  # (B, nkv, T, hs)
-        if self.rope is not None:
-            q, k = self.rope(q, start), self.rope(k, start)  # turned by positions start .. start+T-1
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, nkv, L + T, hs): turned keys are cached
-        y = self._attend_fast(q, k, v) if self.fast else self._attend_teaching(q, k, v)  # (B, nh, T, hs)
-        return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
-
-    def _attend_fast(self, q, k, v):
-        self.last_weights = None
-        T, T_total = q.shape[2], k.shape[2]
-        p = self.dropout if self.training else 0.0
-        shared = {}
-        if self.n_kv_head != self.n_head:
-            if _FUSED_GQA:
-                shared = {"enable_gqa": True}  # the kernel reads key/value head h // g for query head h
-            else:
-                k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)
-        if T == 1 or T == T_total:  # no cache, or one new query that may see every key
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=T > 1, **shared)
-        allowed = causal_mask_with_past(T, T_total - T, device=q.device)  # (T, T_total)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, **shared)
-
-    def _attend_teaching(self, q, k, v):
-        k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)  # (B, nh, T_total, hs)
-        allowed = causal_mask_with_past(q.shape[2], k.shape[2] - q.shape[2], device=q.device)
-        p = self.dropout if self.training else 0.0
-        y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
-        self.last_weights = weights.detach()  # (B, nh, T, T_total)
-        return y
-
-    def extra_repr(self) -> str:
-        return f"n_head={self.n_head}, n_kv_head={self.n_kv_head}, head_size={self.head_size}, fast={self.fast}"
-
-
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_size: int, n_positions: int, batch: int = 1,
                    bytes_per_number: int = 4) -> int:
     """Bytes of a KV cache: keys and values (2) of every layer, batch row, key/value head, position, channel."""
     return 2 * n_layer * batch * n_kv_head * n_positions * head_size * bytes_per_number
 
 # %% [markdown]
-# Three checks. With as many key/value heads as query heads, grouped-query attention is chapter 04's
-# `MultiHeadAttention`: pack W_q, W_k, W_v into its `qkv` and the outputs agree. The fused path (no
-# copies) equals the teaching path (copies). And with rotary positions, feeding a sequence one token at
-# a time through the cache gives what the whole sequence gives at once, and the cache holds turned keys.
+# Three checks. The teaching path, written with your `share_kv_heads` and chapter 03's attention, gives
+# what the layer gives. The fused path (no copies) equals the teaching path (copies). And with rotary
+# positions, feeding a sequence one token at a time through the cache gives what the whole sequence gives
+# at once, and the cache holds turned keys.
 
 # %%
-from transformer_course.multihead import MultiHeadAttention
+from transformer_course.attention import causal_mask, scaled_dot_product_attention
+from transformer_course.multihead import KVCache, MultiHeadAttention, merge_heads, split_heads
 
 torch.manual_seed(4)
-gqa = GroupedQueryAttention(32, 4, n_kv_head=4, bias=True)
-mha = MultiHeadAttention(32, 4, bias=True)
-with torch.no_grad():
-    mha.qkv.weight.copy_(torch.cat([gqa.query.weight, gqa.key.weight, gqa.value.weight]))
-    mha.qkv.bias.copy_(torch.cat([gqa.query.bias, gqa.key.bias, gqa.value.bias]))
-    mha.proj.load_state_dict(gqa.proj.state_dict())
-x = torch.randn(2, 9, 32)
-print(f"n_kv_head == n_head equals MultiHeadAttention, within 1e-6: {(gqa(x) - mha(x)).abs().max().item() < 1e-6}")
-
 rope = RotaryEmbedding(8, 16)
-fast = GroupedQueryAttention(32, 4, n_kv_head=2, rope=rope)
-teaching = GroupedQueryAttention(32, 4, n_kv_head=2, rope=rope, fast=False)
+fast = MultiHeadAttention(32, 4, bias=False, n_kv_head=2, rope=rope)
+teaching = MultiHeadAttention(32, 4, bias=False, fast=False, n_kv_head=2, rope=rope)
 teaching.load_state_dict(fast.state_dict())
-print(f"fused (enable_gqa={_FUSED_GQA}) equals teaching, within 1e-6: {(fast(x) - teaching(x)).abs().max().item() < 1e-6}")
+x = torch.randn(2, 9, 32)
+q, k, v = fast.qkv(x).split([32, 16, 16], dim=2)  # nh·hs query, nkv·hs key and value channels
+q, k, v = rope(split_heads(q, 4)), rope(split_heads(k, 2)), split_heads(v, 2)
+by_hand, _ = scaled_dot_product_attention(q, share_kv_heads(k, 4), share_kv_heads(v, 4), causal_mask(9))
+by_hand = fast.proj(merge_heads(by_hand))
+print(f"share_kv_heads + chapter 03's attention equals the layer, within 1e-6: {(by_hand - fast(x)).abs().max().item() < 1e-6}")
+print(f"fused (enable_gqa) equals teaching, within 1e-6: {(fast(x) - teaching(x)).abs().max().item() < 1e-6}")
 
 # %%
 cache = KVCache()
 steps = torch.cat([fast(x[:, t:t + 1], cache=cache) for t in range(9)], dim=1)  # one position at a time
 print(f"cached, one token at a time, equals the whole sequence, within 1e-5: {(steps - fast(x)).abs().max().item() < 1e-5}")
-turned_keys = rope(split_heads(fast.key(x), 2))  # (B, nkv, T, hs)
+turned_keys = rope(split_heads(fast.qkv(x)[..., 32:48], 2))  # the key channels, (B, nkv, T, hs)
 print(f"the cache holds the turned keys {list(cache.k.shape)}, within 1e-6: {(cache.k - turned_keys).abs().max().item() < 1e-6}")
 print(f"teaching path's weights: {list(teaching(x).shape)} output, {list(teaching.last_weights.shape)} weights")
 
@@ -642,12 +546,10 @@ print(f"teaching path's weights: {list(teaching(x).shape)} output, {list(teachin
 # counts the bytes of the tensors it holds.
 
 # %%
-from transformer_course.model import GPT, GPTConfig
-
 for n_kv in (8, 2, 1):
     cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=8, d_model=128, bias=False,
                     positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=n_kv)
-    model = GPT(cfg).eval()
+    model = build_gpt(cfg).eval()
     cache = model.new_cache()
     with torch.no_grad():
         model(torch.zeros(1, 64, dtype=torch.long), cache=cache)
@@ -669,9 +571,12 @@ for n_kv in (8, 2, 1):
 # | `positional` | `"learned"` (or `"sinusoidal"`) | `"rope"` (`rope_base`) |
 # | `n_kv_head` | None (one per query head) | a divisor of `n_head` |
 #
-# When any of them differs from GPT-2's, `GPT` builds its blocks from this module: `ModernBlock` is
-# chapter 05's pre-norm block (`x + attn(ln1(x))`, then `x + mlp(ln2(x))`) with these parts, and all
-# blocks share one `RotaryEmbedding`, so the tables exist once per model. The KV cache, `generate`,
+# There is no second model. `modern_parts(cfg)` builds chapter 05's pre-norm `TransformerBlock`
+# (`x + attn(ln1(x))`, then `x + mlp(ln2(x))`) with this chapter's parts plugged in: `make_norm` for
+# `ln1`, `ln2` and `ln_f`, a `SwiGLU` as `mlp`, `n_kv_head` and one `RotaryEmbedding` shared by every
+# block's attention (the tables exist once per model); `build_gpt(cfg)` hands them to chapter 06's `GPT`.
+# Chapter 06's `GPT(cfg)` alone builds any config that needs none of RMSNorm, SwiGLU or RoPE (so
+# `n_kv_head` and `d_ff` work there too) and names `build_gpt` for the others. The KV cache, `generate`,
 # training and checkpoints work unchanged: they only call `model(idx, cache=...)`.
 
 # %%
@@ -682,72 +587,27 @@ def make_norm(normalization: str, d_model: int, eps: float, bias: bool = False, 
     return RMSNorm(d_model, eps) if normalization == "rmsnorm" else LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
 
 
-class ModernBlock(nn.Module):
-    """A pre-norm decoder block of chapter 10's parts: x [B, T, C] -> [B, T, C].
-
-    ``x = x + attn(ln1(x))``, ``x = x + mlp(ln2(x))``, as chapter 05's pre-norm block; ``ln1``, ``ln2``
-    from `make_norm`, ``attn`` a `GroupedQueryAttention` (rotary when given ``rope``), ``mlp`` a `SwiGLU`
-    or, for ``mlp="plain"``, chapter 05's `FeedForward` with ``activation``. ``cache``: this layer's KVCache.
-    """
-
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, *, normalization: str = "rmsnorm",
-                 mlp: str = "swiglu", activation: str = "gelu", d_ff: int | None = None, dropout: float = 0.0,
-                 bias: bool = False, eps: float = 1e-6, fast: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
-        choice(mlp, "mlp", ("plain", "swiglu"))
-        self.ln1 = make_norm(normalization, d_model, eps, bias, fast)
-        self.attn = GroupedQueryAttention(d_model, n_head, n_kv_head, dropout=dropout, bias=bias, fast=fast, rope=rope)
-        self.ln2 = make_norm(normalization, d_model, eps, bias, fast)
-        self.mlp = (SwiGLU(d_model, d_ff, bias=bias, dropout=dropout) if mlp == "swiglu"
-                    else FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias))
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), cache=cache)  # (B, T, C)
-        return x + self.mlp(self.ln2(x))  # (B, T, C)
-
-
-def check_modern_config(cfg) -> None:
-    """Refuse a `GPTConfig` whose chapter 10 choices do not fit together, naming the fix."""
-    if cfg.norm != "pre":
-        raise ValueError("chapter 10's blocks are pre-norm, as every modern decoder: use norm='pre' with "
-                         "normalization, mlp, positional='rope' or n_kv_head")
-    _check_heads(cfg.d_model, cfg.n_head, cfg.n_kv_head)
-    whole_number(cfg.d_ff, "d_ff", none_ok=True)
-    real_number(cfg.rope_base, "rope_base", low=1, low_open=True)
-    if cfg.positional == "rope":
-        _check_head_size(cfg.head_size)
-    elif cfg.rope_base != 10000.0:
-        raise ValueError(f"rope_base={cfg.rope_base} only matters with positional='rope'")
-
-
-def modern_parts(cfg) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
-    """`GPT(cfg)`'s embedding, blocks and final norm for a config with chapter 10's choices; the
-    blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
-    check_modern_config(cfg)
+def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
+    """`GPT`'s embedding, blocks and final norm for ``cfg``: chapter 05's blocks with this chapter's
+    parts; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
     rope = RotaryEmbedding(cfg.head_size, cfg.block_size, cfg.rope_base) if cfg.positional == "rope" else None
     embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, None if rope else cfg.positional, cfg.dropout)
+
+    def norm(C: int) -> nn.Module:
+        return make_norm(cfg.normalization, C, cfg.eps, cfg.bias, cfg.fast)
+
     blocks = nn.ModuleList(
-        ModernBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, normalization=cfg.normalization, mlp=cfg.mlp,
-                    activation=cfg.activation, d_ff=cfg.d_ff, dropout=cfg.dropout, bias=cfg.bias, eps=cfg.eps,
-                    fast=cfg.fast, rope=rope)
+        TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation, cfg.fast,
+                         cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head, rope=rope, make_norm=norm,
+                         mlp=SwiGLU(cfg.d_model, cfg.d_ff, cfg.bias, cfg.dropout) if cfg.mlp == "swiglu" else None)
         for _ in range(cfg.n_layer)
     )
-    return embed, blocks, make_norm(cfg.normalization, cfg.d_model, cfg.eps, cfg.bias, cfg.fast)
+    return embed, blocks, norm(cfg.d_model)
 
 
-def modern_block_parameter_count(cfg) -> int:
-    """Parameters of one `ModernBlock` built from ``cfg`` (a `GPTConfig`)."""
-    C, hs, b = cfg.d_model, cfg.head_size, int(cfg.bias)
-    kv = (cfg.n_kv_head or cfg.n_head) * hs
-    attention = 2 * C * C + 2 * C * kv + b * (2 * C + 2 * kv)  # query and proj, key and value
-    if cfg.mlp == "swiglu":
-        H = cfg.d_ff or swiglu_hidden(C)
-        mlp = 3 * C * H + b * (2 * H + C)  # gate, up, proj
-    else:
-        H = cfg.d_ff or 4 * C
-        mlp = 2 * C * H + b * (H + C)  # fc, proj
-    norms = 2 * (C + (b * C if cfg.normalization == "layernorm" else 0))
-    return attention + mlp + norms
+def build_gpt(cfg: GPTConfig) -> GPT:
+    """Chapter 06's `GPT` with this chapter's parts: any `GPTConfig`, GPT-2's or a Llama-style one."""
+    return GPT(cfg, parts=modern_parts(cfg))
 
 # %% [markdown]
 # GPT-2 and a Llama-style decoder of the same width and depth, built by one class. The parameter count
@@ -762,10 +622,10 @@ gpt2_style = GPTConfig(**base)
 llama_style = GPTConfig(**base, bias=False, positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=2,
                         tie_weights=False, eps=1e-6)
 for name, cfg in (("GPT-2 style", gpt2_style), ("Llama style", llama_style)):
-    model = GPT(cfg)
+    model = build_gpt(cfg)
     assert model.num_parameters() == count_parameters(cfg)
     print(f"{name}: {model.num_parameters():,} parameters, block: {type(model.blocks[0]).__name__}")
-print(GPT(llama_style).blocks[0])
+print(build_gpt(llama_style).blocks[0])
 
 # %% [markdown]
 # `generate` (chapter 07) works on both; with the cache it gives the tokens it gives without, and the
@@ -776,7 +636,7 @@ from transformer_course.generation import generate
 
 torch.manual_seed(5)
 for name, cfg in (("GPT-2 style", gpt2_style), ("Llama style", llama_style)):
-    model = GPT(cfg).eval()
+    model = build_gpt(cfg).eval()
     prompt = torch.randint(0, 65, (2, 5))
     cached = generate(model, prompt, 20, temperature=0)
     same = torch.equal(cached, generate(model, prompt, 20, temperature=0, use_cache=False))
@@ -792,7 +652,7 @@ for name, cfg in (("GPT-2 style", gpt2_style), ("Llama style", llama_style)):
 # ## 6. Parity with the real thing: Hugging Face's Llama
 #
 # As chapter 08 did for GPT-2, a loader reads the weights of a Hugging Face `LlamaForCausalLM` into our
-# `GPT`. The names map one to one (`q_proj` → `attn.query`, `gate_proj` → `mlp.gate`, `down_proj` →
+# `GPT`. The names map one to one (`q_proj`, `k_proj`, `v_proj` → `attn.qkv` one under the other, `gate_proj` → `mlp.gate`, `down_proj` →
 # `mlp.proj`, `input_layernorm` → `ln1`, ...), nothing is transposed (Llama uses `nn.Linear`), and
 # the head is either tied to the embedding or stored (`tie_word_embeddings`). Options our model does
 # not have are refused by name rather than silently ignored. The proof runs offline, on a small random
@@ -816,12 +676,13 @@ import torch
 
 from transformer_course.config import GPTConfig
 from transformer_course.model import GPT
+from transformer_course.modern import build_gpt
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",
-    "self_attn.q_proj.weight": "attn.query.weight",
-    "self_attn.k_proj.weight": "attn.key.weight",
-    "self_attn.v_proj.weight": "attn.value.weight",
+    "self_attn.q_proj.weight": "attn.q",  # q, k, v: one under the other in attn.qkv.weight
+    "self_attn.k_proj.weight": "attn.k",
+    "self_attn.v_proj.weight": "attn.v",
     "self_attn.o_proj.weight": "attn.proj.weight",
     "post_attention_layernorm.weight": "ln2.weight",
     "mlp.gate_proj.weight": "mlp.gate.weight",
@@ -914,6 +775,8 @@ def convert_llama_state_dict(state: Mapping[str, torch.Tensor], cfg: GPTConfig) 
     if missing:
         raise ValueError(f"missing tensors in the checkpoint: {missing[:4]}{' ...' if len(missing) > 4 else ''}"
                          + (" (tie_word_embeddings=False needs lm_head.weight)" if "lm_head.weight" in missing else ""))
+    for i in range(cfg.n_layer):  # chapter 04's packed projection: [q | k | v]
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([out.pop(f"blocks.{i}.attn.{p}") for p in "qkv"])
     return out
 
 
@@ -932,7 +795,7 @@ def load_hf_llama(source) -> GPT:
     else:
         raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
     cfg = config_from_llama(hf_cfg)
-    model = GPT(cfg)
+    model = build_gpt(cfg)
     model.load_state_dict(convert_llama_state_dict(state, cfg))
     return model.eval()
 
@@ -1152,7 +1015,7 @@ quiz([
 #   minute on a CPU with two seeds can show a trend but not settle it.
 #
 # Exported to `transformer_course/modern.py`: `RMSNorm`, `swiglu_hidden`, `SwiGLU`, `rope_frequencies`,
-# `rotate_halves`, `rotate_pairs`, `RotaryEmbedding`, `share_kv_heads`, `GroupedQueryAttention`,
-# `kv_cache_bytes`, `make_norm`, `ModernBlock`, `check_modern_config`, `modern_parts`,
-# `modern_block_parameter_count`; and to `transformer_course/llama.py`: `make_llama_stand_in`,
+# `rotate_halves`, `rotate_pairs`, `RotaryEmbedding`, `share_kv_heads`, `kv_cache_bytes`, `make_norm`,
+# `modern_parts`, `build_gpt` (grouped-query attention is chapter 04's `MultiHeadAttention(n_kv_head=...)`,
+# the block chapter 05's `TransformerBlock`); and to `transformer_course/llama.py`: `make_llama_stand_in`,
 # `config_from_llama`, `convert_llama_state_dict`, `load_hf_llama`.

@@ -15,8 +15,9 @@
 # - **training on several processes** with `torchrun`: what is averaged, what grows, and a two-process
 #   run whose losses equal the one-process run's.
 #
-# **It needs** chapter 06's model (the course ships it trained) and chapter 07's `generate`. It exports
-# one opt-in function, `bf16_weights`, to `transformer_course/performance.py`.
+# **It needs** chapter 06's model (the course ships it trained) and training steps, and chapter 07's
+# `generate`. It exports one opt-in function, `bf16_weights`, to `transformer_course/performance.py`,
+# and the data-parallel trainer that `transformer-course train` runs to `transformer_course/parallel.py`.
 #
 # Timings vary from machine to machine and from run to run, so the cells that time things print
 # nothing; one cell in section 4 prints everything your machine measured.
@@ -349,6 +350,315 @@ for r in race["rows"]:
 #     -m transformer_course train --preset tiny --out runs/dp
 # ```
 #
+# **The code.** Those commands run `transformer_course/parallel.py`, which the next four cells
+# export: chapter 06's training loop with what several processes change, around chapter 06's own
+# `train_step`, `accumulated_step`, `lr_at` and `estimate_loss`. First its imports, and why it has
+# a loop of its own.
+
+# %%
+#| export parallel
+# Data-parallel training (parallel.py): chapter 06's training on the N processes `torchrun` starts.
+# Design: a short loop of its own, built from chapter 06's step functions, schedule, evaluation and
+# `_restore`, rather than a hook object passed to chapter 06's `train`. A hook would leave its calls
+# (wrap, shard, mean, sum, any, gather, barrier) and the per-rank random states in chapter 06's
+# one-process loop, where they mean nothing; the copy costs the loop's skeleton (about 30 lines),
+# and here every line that differs shows what data parallelism changes. With one process it draws
+# the same random numbers as chapter 06's `train`, and gives the same losses.
+import os
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from transformer_course import faults
+from transformer_course.checkpoint import Checkpoint, save_checkpoint
+from transformer_course.config import History, TrainConfig
+from transformer_course.data import get_batch
+from transformer_course.model import GPT
+from transformer_course.runtime import pick_device
+from transformer_course.training import (
+    EVAL_SEED_OFFSET,
+    _now,
+    _restore,
+    accumulated_step,
+    autocast_for,
+    estimate_loss,
+    lr_at,
+    make_optimizer,
+    train_step,
+)
+
+# a rank that waits longer than this for the others (a peer that hangs, not dies) ends the job
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+# %% [markdown]
+# A `World` is all the loop needs to know about the job: this process's rank, the number of ranks,
+# and the few collective operations it uses. Outside `torchrun` it is a world of one, where every
+# method is the identity.
+
+# %%
+#| export parallel
+@dataclass(frozen=True)
+class World:
+    """This process's place in the job: `rank` of `size` processes; `device` holds the tensors of
+    collective operations."""
+
+    rank: int = 0
+    size: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes checkpoints, logs and the progress bar; the others only compute."""
+        return self.rank == 0
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` as DistributedDataParallel (gradients averaged over ranks in backward), or itself
+        alone. DDP copies rank 0's weights to every rank here, so all ranks start equal."""
+        if self.size == 1:
+            return model
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    def shard(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """This rank's rows of each global batch [size * n, ...] -> [n, ...] (rank r takes rows r*n
+        to r*n+n-1)."""
+        if self.size == 1:
+            return tensors
+        out = []
+        for t in tensors:
+            if len(t) % self.size:
+                raise ValueError(f"a global batch of {len(t)} rows does not split over {self.size} "
+                                 "processes")
+            n = len(t) // self.size
+            out.append(t[self.rank * n : (self.rank + 1) * n])
+        return tuple(out)
+
+    def _reduce(self, value: float, op) -> float:
+        if self.size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=op)
+        return t.item()
+
+    def mean(self, value: float) -> float:
+        """The mean of `value` over the ranks (every rank gets it)."""
+        return self._reduce(value, dist.ReduceOp.SUM) / self.size
+
+    def sum(self, value: float) -> float:
+        """The sum of `value` over the ranks (every rank gets it)."""
+        return self._reduce(value, dist.ReduceOp.SUM)
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank when it is True on one: ranks must agree to stop at the same step."""
+        return self._reduce(float(flag), dist.ReduceOp.MAX) > 0
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here (e.g. until rank 0's checkpoint is on disk)."""
+        if self.size > 1:
+            dist.barrier()
+
+    def gather(self, obj) -> list:
+        """`obj` of every rank, in rank order (every rank gets the list)."""
+        if self.size == 1:
+            return [obj]
+        out = [None] * self.size
+        dist.all_gather_object(out, obj)
+        return out
+
+
+def current_world() -> World:
+    """The job this process belongs to: a `World` of one unless a process group is running. (Tests
+    that set TRANSFORMER_COURSE_FAULT get one that also counts steps: `faults.watch`.)"""
+    if not (dist.is_available() and dist.is_initialized()):
+        return faults.watch(World())
+    nccl = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    return faults.watch(World(dist.get_rank(), dist.get_world_size(), device))
+
+# %% [markdown]
+# Joining the job: `torchrun` sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` and where
+# to meet; each process checks that the machine has a core (or a GPU) for every local rank, picks
+# its backend and starts the process group.
+
+# %%
+#| export parallel
+def launched_by_torchrun() -> bool:
+    """Whether `torchrun` (or a launcher that sets the same variables) started this process."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    return all(name in os.environ for name in names)
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def start_from_environment(device: str | None) -> tuple[World, str]:
+    """Join the job `torchrun` started: check the per-node process count against this machine,
+    choose the backend by device (NCCL for CUDA, one GPU per local rank; gloo for the CPU), start
+    the process group. Returns the World and the device string for this rank ("cuda:1", "cpu")."""
+    local_rank, per_node = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = device.split(":")[0]
+    if kind == "cuda":
+        if per_node > (gpus := torch.cuda.device_count()):
+            raise ValueError(f"--nproc-per-node {per_node} asks for one GPU per process but this "
+                             f"machine has {gpus}; use --nproc-per-node {gpus} or fewer")
+        device, backend = f"cuda:{local_rank}", "nccl"
+        torch.cuda.set_device(local_rank)
+    elif kind == "cpu":
+        if per_node > (cores := usable_cpus()):
+            raise ValueError(f"--nproc-per-node {per_node} asks for one CPU core per process but "
+                             f"this machine has {cores}; use --nproc-per-node {cores} or fewer "
+                             "(more processes than cores only wait for each other)")
+        backend = "gloo"
+    else:
+        raise ValueError(f"data-parallel training runs on CUDA GPUs (NCCL) or CPUs (gloo), not on "
+                         f"{kind!r}; pass --device cpu or --device cuda")
+    dist.init_process_group(backend, store=_store_for_this_round(), rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]), timeout=COLLECTIVE_TIMEOUT)
+    return current_world(), device
+
+
+def _store_for_this_round() -> dist.Store:
+    """The job's key-value store (where ranks publish their addresses), with keys of this restart
+    round only. torchrun keeps one store across `--max-restarts` rounds; without a prefix per round,
+    a restarted rank could read an address a dead rank of the last round published, and its
+    connection is refused."""
+    agent_hosts_it = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          int(os.environ["WORLD_SIZE"]), timeout=COLLECTIVE_TIMEOUT,
+                          is_master=not agent_hosts_it and os.environ["RANK"] == "0")
+    round_ = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"transformer_course/round_{round_}", store)
+
+
+def stop() -> None:
+    """Leave the process group (a no-op outside one)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+# %% [markdown]
+# The loop is chapter 06's, with what several ranks change marked: one global batch per step from
+# the sampler every rank shares, each rank taking its rows; the model wrapped in DDP; the step's
+# loss and the evaluations averaged over the ranks; a time limit the ranks agree on; rank 0 alone
+# writing the checkpoint, which holds every rank's random state, so that dropout resumes exactly
+# with as many ranks (and with fresh, distinct seeds with another number).
+
+# %%
+#| export parallel
+def _restore_rank(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator, world: World,
+                  seed: int) -> None:
+    """Chapter 06's `_restore`; with several ranks, each then takes its own dropout state: the one
+    it saved when the job had as many ranks, else a fresh seed distinct per rank and resume."""
+    if world.size == 1:
+        return _restore(resume, model, optimizer, batches)  # exactly chapter 06's resume
+    # the saved CPU and CUDA states are rank 0's, not every rank's: keep only the batch sampler's
+    batch_only = {key: state for key, state in resume.rng.items() if key == "batch"}
+    _restore(replace(resume, rng=batch_only), model, optimizer, batches)
+    if len(resume.rng.get("ranks", ())) == world.size:
+        torch.set_rng_state(resume.rng["ranks"][world.rank].cpu())
+    else:  # another number of processes
+        torch.manual_seed(seed + world.rank + 1000 * resume.step)
+
+
+def _evaluate(world: World, model, splits, block_size: int, cfg: TrainConfig, device) -> list:
+    """`estimate_loss` of each split, every rank scoring its share of the batches; the shares of all
+    ranks add up to the mean."""
+    with autocast_for(device, cfg):
+        return [world.sum(estimate_loss(model, data, block_size, cfg.batch_size, cfg.eval_iters,
+                                        seed=cfg.seed + EVAL_SEED_OFFSET, device=device,
+                                        shard=(world.rank, world.size)))
+                for data in splits]
+
+
+def _step(world: World, stepper, optimizer, batch, cfg: TrainConfig, device) -> float:
+    """Chapter 06's `train_step` (or `accumulated_step`) on this rank's rows of the global `batch`
+    (x, y); returns the loss over all ranks' rows."""
+    x, y = world.shard(*batch)
+    autocast = autocast_for(device, cfg)
+    if cfg.grad_accum == 1:
+        loss = train_step(stepper, optimizer, x, y, cfg.grad_clip, autocast)
+    else:
+        loss = accumulated_step(stepper, optimizer, x, y, cfg.grad_accum, cfg.grad_clip, autocast)
+    return world.mean(loss)
+
+
+def _save(world: World, path, model: GPT, optimizer, batches: torch.Generator, **fields) -> None:
+    """Rank 0 writes the checkpoint (if `path`), with every rank's CPU random state; every rank
+    takes part in the gather, and none goes on (or returns) before the file is on disk."""
+    rank_rng = world.gather(torch.get_rng_state()) if world.size > 1 else None
+    if path is not None and world.is_main:
+        save_checkpoint(path, model, optimizer, batch_generator=batches, rank_rng=rank_rng,
+                        **fields)
+    world.barrier()
+
+
+def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
+          cfg: TrainConfig | None = None, *, resume: Checkpoint | None = None, checkpoint_path=None,
+          tokenizer=None) -> History:
+    """Chapter 06's `train` on every rank of the job (outside torchrun a job of one, with chapter
+    06's numbers): each rank steps on its rows of every global batch; gradients (DDP), losses and
+    evaluations are averaged over the ranks; rank 0 alone writes and shows the progress bar."""
+    from tqdm.auto import tqdm
+
+    cfg, world = cfg or TrainConfig(), current_world()
+    device = pick_device(cfg.device)
+    model.to(device).train()
+    optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
+    global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per step, all ranks
+    history, step = History(), 0
+    if world.size > 1:  # distinct dropout draws per rank
+        torch.manual_seed(cfg.seed + world.rank)
+    if resume is not None:
+        _restore_rank(resume, model, optimizer, batches, world, cfg.seed)
+        history, step = resume.history or history, resume.step
+    history.tokens_per_step = global_rows * model.cfg.block_size  # ranks may differ from last run's
+    forward = torch.compile(model) if cfg.compile else model
+    stepper = world.wrap(forward)  # DDP: backward averages the gradients over the ranks
+    began, base = _now(device), history.wall_seconds
+
+    def evaluate() -> None:
+        splits = (train_data, val_data)
+        train_loss, val_loss = _evaluate(world, forward, splits, model.cfg.block_size, cfg, device)
+        history.train_loss.append(train_loss)
+        history.val_loss.append(val_loss)
+        history.eval_step.append(step)
+        history.eval_seconds.append(base + _now(device) - began)
+        bar.set_postfix(train=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+        _save(world, checkpoint_path, model, optimizer, batches, step=step, train_config=cfg,
+              tokenizer=tokenizer, history=history)
+
+    bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
+               disable=not (cfg.progress and world.is_main))
+    while step < cfg.max_iters:
+        if step % cfg.eval_interval == 0 and step not in history.eval_step:
+            evaluate()
+        # the ranks' clocks differ: all stop at one step, or one would wait for the others forever
+        if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
+            break
+        tick, lr = _now(device), lr_at(step, cfg)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        # one global batch from the sampler every rank shares; each rank steps on its rows
+        batch = get_batch(train_data, model.cfg.block_size, global_rows, generator=batches,
+                          device=device)
+        history.loss.append(_step(world, stepper, optimizer, batch, cfg, device))
+        history.step.append(step)
+        history.lr.append(lr)
+        history.train_seconds += _now(device) - tick
+        step += 1
+        bar.update(1)
+    if step not in history.eval_step:
+        evaluate()
+    history.wall_seconds = base + _now(device) - began
+    bar.close()
+    model.eval()
+    return history
+
+# %% [markdown]
 # The cell below runs a two-process job through the command line (about half a minute), and the same
 # 60 steps in one process with gradient accumulation over the same global batch of 24 windows.
 
@@ -408,4 +718,6 @@ plt.show()
 #   takes the same step. The global batch is N times the per-rank batch unless gradient accumulation holds
 #   it fixed (`--global-batch`); then N processes compute the same run as one.
 #
-# **Exported to `transformer_course.performance`:** `bf16_weights`.
+# **Exported to `transformer_course.performance`:** `bf16_weights`. **To
+# `transformer_course.parallel`:** `World`, `current_world`, `launched_by_torchrun`,
+# `start_from_environment`, `stop` and `train`.

@@ -1,5 +1,5 @@
 """Run under `torchrun --nproc-per-node 2` by tests/test_distributed.py: several data-parallel runs of
-`training.train` in one process group (one launch costs seconds), each writing its history to OUT.
+`parallel.train` in one process group (one launch costs seconds), each writing its history to OUT.
 
     torchrun --nproc-per-node 2 tests/ddp_worker.py OUT
 
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import torch
 
-from transformer_course import distributed
+from transformer_course import parallel
 from transformer_course.checkpoint import load_checkpoint
 from transformer_course.config import GPTConfig, TrainConfig
 from transformer_course.data import load_shakespeare
 from transformer_course.model import GPT
+from transformer_course.parallel import train
 from transformer_course.tokenization import CharTokenizer
-from transformer_course.training import encode_corpus, train
+from transformer_course.training import encode_corpus
 
 TEXT = load_shakespeare()[:40_000]
 TOKENIZER = CharTokenizer.from_text(load_shakespeare())
@@ -44,7 +45,7 @@ def config(**changes) -> TrainConfig:
 
 
 def main(out: Path) -> None:
-    world, _ = distributed.start_from_environment("cpu")
+    world, _ = parallel.start_from_environment("cpu")
     try:
         def save(name: str, history) -> None:
             if world.is_main:
@@ -60,7 +61,7 @@ def main(out: Path) -> None:
         # a wall-time limit: the ranks' clocks differ, yet they must stop at the same step (or one would wait forever)
         save("timed.json", train(model(0.0), TRAIN, VAL, config(max_iters=100_000, eval_interval=50, max_seconds=1.5)))
     finally:
-        distributed.stop()
+        parallel.stop()
 
 
 if __name__ == "__main__":

@@ -9,19 +9,23 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from transformer_course.classroom import (
-    BEGIN,
-    END,
-    format_table,
-    grade_notebooks,
-    is_exercise_cell,
+from transformer_course.classroom.edition import (
     solution_lines,
-    solution_regions,
     stub_solutions,
-    write_csv,
+    student_notebook,
     write_student_edition,
 )
-from transformer_course.grading_sandbox import sandbox_problem
+from transformer_course.classroom.exercise_cells import (
+    BEGIN,
+    END,
+    KINDS,
+    exercise_kinds,
+    is_exercise_cell,
+    solution_regions,
+)
+from transformer_course.classroom.grading import format_table, grade_notebooks, write_csv
+from transformer_course.classroom.leak_check import find_leaks
+from transformer_course.classroom.sandbox import sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))
@@ -161,8 +165,6 @@ def attention(q, k, v):
 
 def test_find_leaks_sees_a_renamed_reformatted_copy():
     """A planted leak: the same computation with other names and layout in a later demo cell."""
-    from transformer_course.classroom import find_leaks, student_notebook
-
     leak = "import math\nimport torch\ns = (a @ b.transpose(-2, -1)\n     / math.sqrt(a.shape[-1]))\nw = torch.softmax(s, dim=-1)\nout = w @ c"
     instructor = _nb("import math\nimport torch", EXERCISE, leak)
     leaks = find_leaks(instructor, student_notebook(instructor))
@@ -174,8 +176,6 @@ def test_find_leaks_sees_a_renamed_reformatted_copy():
 
 
 def test_a_debug_exercise_may_show_the_bug_but_not_the_fix():
-    from transformer_course.classroom import find_leaks, student_notebook
-
     debug = EXERCISE.replace("build", "debug").replace("#| export\n", "")
     buggy = "def attention_with_a_bug(q, k, v):\n    scores = q @ k.transpose(-2, -1)\n    weights = torch.softmax(scores, dim=-1)\n    return weights @ v"
     nb = _nb("import math\nimport torch", debug, buggy)
@@ -185,10 +185,9 @@ def test_a_debug_exercise_may_show_the_bug_but_not_the_fix():
     assert find_leaks(nb, student_notebook(nb))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
 def test_no_chapter_gives_an_answer_away(student_dir, path):
-    from transformer_course.classroom import find_leaks
-
     leaks = find_leaks(nbformat.read(path, 4), nbformat.read(student_dir / path.name, 4))
     assert not leaks, f"{path.name}: {leaks}"
 
@@ -196,14 +195,13 @@ def test_no_chapter_gives_an_answer_away(student_dir, path):
 @pytest.mark.parametrize("path", [p for p in EXERCISE_CHAPTERS if p.stem != "00_welcome"], ids=lambda p: p.stem)
 def test_every_chapter_has_each_kind_of_exercise(path):
     """Build, predict, debug and extend in every chapter after the welcome (which only shows how checks work)."""
-    from transformer_course.classroom import KINDS, exercise_kinds
-
     nb = nbformat.read(path, 4)
     kinds = exercise_kinds(nb)
     assert len(kinds) == sum(is_exercise_cell(c) for c in nb.cells), "every exercise names its stars and kind"
     assert {k for _, k in kinds.values()} >= set(KINDS), f"{path.name}: {sorted(kinds.items())}"
 
 
+@pytest.mark.slow
 def test_student_edition_command_fails_on_a_leak(tmp_path):
     chapters = tmp_path / "chapters"
     chapters.mkdir()
@@ -226,6 +224,7 @@ def _edition(tmp_path):
     return chapters, tmp_path / "student"
 
 
+@pytest.mark.slow
 def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
     chapters, out = _edition(tmp_path)
     written = write_student_edition(out, chapters)
@@ -244,6 +243,7 @@ def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
     assert result.returncode == 0 and edited.read_text() != mine
 
 
+@pytest.mark.slow
 def test_removing_the_edition_keeps_submissions_and_edited_notebooks(tmp_path):
     chapters, out = _edition(tmp_path)
     write_student_edition(out, chapters)

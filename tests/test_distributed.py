@@ -1,4 +1,4 @@
-"""Data-parallel training (issue 25): `transformer_course.distributed` and `train` under torchrun.
+"""Data-parallel training (issue 25): `transformer_course.parallel` (appendix 90) under torchrun.
 
 Two CPU processes (gloo) on this machine must give the same losses as one process with gradient
 accumulation over the same batches; checkpoints come from rank 0 and resume exactly with the same
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_course import cli, distributed
+from transformer_course import cli, parallel
 from transformer_course.checkpoint import load_checkpoint, save_checkpoint
-from transformer_course.distributed import World
 from transformer_course.faults import FAULT_ENV
 from transformer_course.model import GPT
+from transformer_course.parallel import World
 from transformer_course.training import accumulated_step, estimate_loss, train, train_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_a_world_of_one_changes_nothing():
     assert world.shard(x)[0] is x
     assert world.mean(2.5) == 2.5 and world.sum(2.5) == 2.5 and world.any(True) and not world.any(False)
     assert world.gather("state") == ["state"]
-    assert distributed.current_world() == World()  # no process group in the test process
+    assert parallel.current_world() == World()  # no process group in the test process
 
 
 def test_shard_takes_this_ranks_rows_and_refuses_an_uneven_batch():
@@ -78,16 +78,33 @@ def test_evaluation_shards_add_up_to_the_mean():
     assert abs(sum(shares) - whole) < 1e-6
 
 
+def test_in_one_process_parallel_train_is_chapter_06s_train(tmp_path):
+    """Outside torchrun the `train` command runs `parallel.train`, a job of one: it must draw the same
+    random numbers as chapter 06's `training.train`, with dropout on and across a resume."""
+    settings = dict(eval_interval=2, eval_iters=2)
+    runs = []
+    for loop in (train, parallel.train):
+        path = tmp_path / f"{loop.__module__}.pt"
+        loop(ddp_worker.model(0.1), ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(max_iters=2, **settings),
+             checkpoint_path=path)
+        net = ddp_worker.model(0.1)
+        runs.append(loop(net, ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(max_iters=4, **settings),
+                         resume=load_checkpoint(path, net)).to_dict())
+    assert "ranks" not in torch.load(tmp_path / "transformer_course.parallel.pt", weights_only=True)["rng"]
+    for key in ("tokens_per_step", "step", "loss", "lr", "eval_step", "train_loss", "val_loss"):
+        assert runs[0][key] == runs[1][key], key
+
+
 def test_nproc_per_node_larger_than_the_machine_is_refused(monkeypatch):
-    cores = distributed.usable_cpus()
+    cores = parallel.usable_cpus()
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))
     with pytest.raises(ValueError, match=rf"--nproc-per-node {cores + 1} .* has {cores}; use --nproc-per-node {cores} or fewer"):
-        distributed.start_from_environment("cpu")
+        parallel.start_from_environment("cpu")
     if not torch.cuda.is_available():
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         with pytest.raises(ValueError, match="not on 'mps'"):
-            distributed.start_from_environment("mps")
+            parallel.start_from_environment("mps")
 
 
 # ------------------------------------------------------------------ two processes under torchrun
@@ -125,6 +142,7 @@ def _history(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_two_processes_equal_one_process_with_gradient_accumulation(two_process_runs):
     two = _history(two_process_runs / "fixed.json")
     one = train(ddp_worker.model(0.0), ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(grad_accum=2)).to_dict()
@@ -135,6 +153,7 @@ def test_two_processes_equal_one_process_with_gradient_accumulation(two_process_
     assert one["loss"][0] != one["loss"][-1]  # it trained
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_the_same_world_size_is_exact(two_process_runs):
     straight, resumed = (_history(two_process_runs / name) for name in ("straight.json", "resumed.json"))
     for key in ("step", "loss", "lr", "eval_step", "train_loss", "val_loss"):
@@ -143,6 +162,7 @@ def test_a_resumed_run_with_the_same_world_size_is_exact(two_process_runs):
     assert len(saved["rng"]["ranks"]) == 2 and not torch.equal(*saved["rng"]["ranks"])
 
 
+@pytest.mark.slow
 def test_a_run_resumes_with_another_world_size(two_process_runs):
     """Two processes to step 6, then one process with gradient accumulation (the same global batch) to
     step 8: step, optimizer state, schedule and batch stream continue, so the losses equal the
@@ -159,6 +179,7 @@ def test_a_run_resumes_with_another_world_size(two_process_runs):
     assert _close(resumed["val_loss"][-1:], fixed["val_loss"][-1:])
 
 
+@pytest.mark.slow
 def test_a_time_limit_stops_every_rank_at_the_same_step(two_process_runs):
     timed = _history(two_process_runs / "timed.json")  # the job ended: no rank waited for a step the other skipped
     assert 0 < len(timed["step"]) < 100_000 and timed["eval_step"][-1] == len(timed["step"])
@@ -168,6 +189,7 @@ def _cli_train(out: Path, *extra: str) -> list[str]:
     return ["-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out), "--device", "cpu", *extra]
 
 
+@pytest.mark.slow
 def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
     """Rank 1 raises in its third step while rank 0 waits there (TRANSFORMER_COURSE_FAULT, see
     transformer_course.faults): the job ends (`_job` fails the test if it hangs), torchrun names rank 1,
@@ -204,6 +226,7 @@ def killed_rank_run(out: Path, steps: int = 10, interval: int = 5) -> None:
     assert stdout.count("training 'tiny'") == 2  # rank 0 alone prints, once per round
 
 
+@pytest.mark.slow
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
     killed_rank_run(tmp_path / "run")
 

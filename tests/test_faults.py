@@ -10,8 +10,8 @@ import pytest
 
 from transformer_course import faults
 from transformer_course.checkpoint import load_checkpoint
-from transformer_course.distributed import World, current_world
 from transformer_course.faults import FAULT_ENV, Fault, InjectedFault, parse
+from transformer_course.parallel import World, current_world
 from transformer_course.runtime import atomic_save
 
 
@@ -172,7 +172,7 @@ def _tiny_run(tmp_path, **changes):
     sys.path.insert(0, os.path.dirname(__file__))
     import ddp_worker
 
-    from transformer_course.training import train
+    from transformer_course.parallel import train  # what the train command runs
 
     return train(ddp_worker.model(0.0), ddp_worker.TRAIN, ddp_worker.VAL,
                  ddp_worker.config(max_iters=4, eval_interval=1, eval_iters=2, **changes),
@@ -185,7 +185,8 @@ def _tiny_run(tmp_path, **changes):
     ("raise:after_checkpoint=3", 2),  # after the 3rd evaluation's checkpoint (step 2)
 ])
 def test_steps_and_evaluations_are_counted_as_train_makes_them(fault, tmp_path, text, saved):
-    """The World that `train` asks counts its steps and evaluations: the fault strikes at the one named."""
+    """The World that `parallel.train` asks counts its steps and evaluations: the fault strikes at the one
+    named."""
     fault(text)
     assert type(current_world()) is not World and current_world().rank == 0 and current_world().size == 1
     with pytest.raises(InjectedFault):

@@ -489,7 +489,7 @@ def test_greedy_generation_matches_hugging_face(tmp_path):
     pretrained = pytest.importorskip("transformer_course.pretrained")
     hf_model = pretrained.make_hf_stand_in(vocab_size=97, n_positions=48, n_embd=32, n_layer=2, n_head=4, seed=3)
     hf_model.save_pretrained(tmp_path)
-    ours = GPT.from_pretrained(str(tmp_path))
+    ours = pretrained.from_pretrained(str(tmp_path))
     idx = torch.randint(0, 97, (2, 5), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         want = hf_model.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=30, do_sample=False,

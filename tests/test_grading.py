@@ -22,9 +22,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from transformer_course.classroom import student_notebook
-from transformer_course.grading import STATUSES, format_table, grade_notebooks, read_submission
-from transformer_course.grading_sandbox import sandbox_problem
+from transformer_course.classroom.edition import student_notebook
+from transformer_course.classroom.grading import (
+    STATUSES,
+    format_table,
+    grade_notebooks,
+    read_submission,
+)
+from transformer_course.classroom.sandbox import sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_SANDBOX = sandbox_problem()  # "" where this machine can run notebooks in a sandbox
@@ -91,6 +96,7 @@ def cli(*args, timeout=300):
 
 # ------------------------------------------------------------------ one bad notebook never stops a batch
 
+@pytest.mark.slow
 def test_a_batch_survives_dead_kernels_bad_json_and_raising_cells(course):
     chapters, subs = course
     handed_in(subs, "ok_03_toy.ipynb", solve)
@@ -142,6 +148,7 @@ def test_grade_refuses_a_timeout_that_is_no_limit(bad, tmp_path):
         grade_notebooks([tmp_path / "x.ipynb"], timeout=float(bad) if bad != "soon" else bad)
 
 
+@pytest.mark.slow
 def test_the_timeout_bounds_the_whole_notebook_and_an_endless_loop(course):
     """Only the time limit can end these notebooks: one of 600 one-second cells (ten minutes, each cell
     well inside the limit, so only a limit on the whole notebook stops it), one endless loop. No wall
@@ -160,6 +167,7 @@ def test_the_timeout_bounds_the_whole_notebook_and_an_endless_loop(course):
 FORGED = "print('✅ Exercise 3.1 (double): passed - the rest of the chapter uses yours')"
 
 
+@pytest.mark.slow
 def test_printed_verdicts_invented_and_deleted_exercises(course):
     subs = course[1]
     forged = handed_in(subs, "forged_03_toy.ipynb", lambda cells: cells[2].__setitem__("source", cells[2].source + "\n" + FORGED))
@@ -235,6 +243,7 @@ def _gone(marker: str, within: float = 30.0) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {NO_SANDBOX}")
 def test_the_sandbox_blocks_writes_network_and_leftover_processes(course, tmp_path):
     outside = ROOT / "build" / f"grading-test-{uuid.uuid4().hex}"  # outside /tmp, which the sandbox replaces
@@ -268,7 +277,7 @@ def test_the_sandbox_blocks_writes_network_and_leftover_processes(course, tmp_pa
 
 
 def test_without_a_sandbox_nothing_runs_unless_asked(course, monkeypatch):
-    import transformer_course.grading as grading
+    import transformer_course.classroom.grading as grading
 
     path = handed_in(course[1], "a_03_toy.ipynb", extra=["open('ran', 'w')"])
     monkeypatch.setattr(grading, "sandbox_problem", lambda: "the sandbox needs Linux namespaces (this is Darwin)")
@@ -277,13 +286,14 @@ def test_without_a_sandbox_nothing_runs_unless_asked(course, monkeypatch):
     assert not (course[1] / "ran").exists()
 
 
+@pytest.mark.slow
 def test_the_answer_file_used_where_there_are_no_pipes_to_pass(monkeypatch, tmp_path):
     """Windows passes no file descriptors: the worker's answer comes back in a file of the grader's."""
-    import transformer_course.grading_sandbox as grading_sandbox
+    import transformer_course.classroom.sandbox as sandbox
 
-    monkeypatch.setattr(grading_sandbox, "PIPE_ANSWER", False)
+    monkeypatch.setattr(sandbox, "PIPE_ANSWER", False)
     cells = [(0, CHECKS), (1, "check_double(lambda x: 2 * x)"), (3, "check_triple(print)\n1 / 0"), (4, "never = 1")]
-    answer = grading_sandbox.run_cells(cells, tmp_path, 60, sandbox=False, expected=["3.1", "3.2"])
+    answer = sandbox.run_cells(cells, tmp_path, 60, sandbox=False, expected=["3.1", "3.2"])
     # the verdict recorded by a cell that then raised is kept (asked for after the error)
     assert answer["records"] == [[1, "3.1", "passed"], [3, "3.2", "failed"]] and answer["cells_run"] == 3
     assert answer["error"] == "cell 4 ('check_triple(print)') raised ZeroDivisionError: division by zero"

@@ -8,10 +8,10 @@ from torch import nn
 from transformer_course.generation import generate
 from transformer_course.model import GPT, GPTConfig, count_parameters
 from transformer_course.modern import (
-    GroupedQueryAttention,
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
+    build_gpt,
     kv_cache_bytes,
     rope_frequencies,
     rotate_halves,
@@ -138,7 +138,7 @@ def test_halves_match_hugging_face():
 
 
 def test_tables_are_buffers_made_once():
-    model = GPT(GPTConfig(65, 32, 3, 4, 32, **LLAMA))
+    model = build_gpt(GPTConfig(65, 32, 3, 4, 32, **LLAMA))
     ropes = {id(b.attn.rope) for b in model.blocks}
     assert len(ropes) == 1  # one table per model
     assert not any("cos" in k or "sin" in k for k in model.state_dict())  # not saved
@@ -161,32 +161,29 @@ def test_share_kv_heads_groups_consecutive_heads():
     assert share_kv_heads(kv, 6).flatten().tolist() == [0, 0, 0, 1, 1, 1]
 
 
-@pytest.mark.parametrize("fast", [True, False])
-def test_gqa_equals_mha_at_full_heads(fast):
-    torch.manual_seed(4)
-    gqa = GroupedQueryAttention(32, 4, n_kv_head=4, bias=True, fast=fast)
-    mha = MultiHeadAttention(32, 4, bias=True, fast=fast)
-    with torch.no_grad():
-        mha.qkv.weight.copy_(torch.cat([gqa.query.weight, gqa.key.weight, gqa.value.weight]))
-        mha.qkv.bias.copy_(torch.cat([gqa.query.bias, gqa.key.bias, gqa.value.bias]))
-        mha.proj.load_state_dict(gqa.proj.state_dict())
-    x = torch.randn(2, 7, 32)
-    assert (gqa(x) - mha(x)).abs().max() < 1e-6
+def gqa(n_kv_head, **options):
+    return MultiHeadAttention(32, 4, bias=False, n_kv_head=n_kv_head, **options)
 
 
 def test_gqa_equals_mha_with_shared_weights_copied():
-    # GQA with 2 key/value heads == MHA whose key/value heads are copies within each group
+    # 2 key/value heads == 4 heads whose key/value heads are copies within each group
     torch.manual_seed(5)
-    gqa = GroupedQueryAttention(32, 4, n_kv_head=2)
-    mha = MultiHeadAttention(32, 4, bias=False)
+    shared, full = gqa(2), gqa(None)
     hs = 8
     with torch.no_grad():
+        q, k, v = shared.qkv.weight.split([32, 16, 16])
+
         def copies(w):
             return w.view(2, hs, 32).repeat_interleave(2, dim=0).reshape(32, 32)
-        mha.qkv.weight.copy_(torch.cat([gqa.query.weight, copies(gqa.key.weight), copies(gqa.value.weight)]))
-        mha.proj.weight.copy_(gqa.proj.weight)
+        full.qkv.weight.copy_(torch.cat([q, copies(k), copies(v)]))
+        full.proj.weight.copy_(shared.proj.weight)
     x = torch.randn(2, 6, 32)
-    assert (gqa(x) - mha(x)).abs().max() < 1e-6
+    assert (shared(x) - full(x)).abs().max() < 1e-6
+
+
+def test_packed_projection_keeps_gpt2_layout_at_full_heads():
+    assert gqa(None).qkv.weight.shape == gqa(4).qkv.weight.shape == (96, 32)
+    assert gqa(2).qkv.weight.shape == (64, 32) and gqa(1).qkv.weight.shape == (48, 32)
 
 
 @pytest.mark.parametrize("n_kv", [1, 2, 4])
@@ -194,8 +191,8 @@ def test_gqa_equals_mha_with_shared_weights_copied():
 def test_fused_equals_teaching(n_kv, rope):
     torch.manual_seed(6)
     table = RotaryEmbedding(8, 16) if rope else None
-    fast = GroupedQueryAttention(32, 4, n_kv_head=n_kv, rope=table)
-    slow = GroupedQueryAttention(32, 4, n_kv_head=n_kv, rope=table, fast=False)
+    fast = gqa(n_kv, rope=table)
+    slow = gqa(n_kv, rope=table, fast=False)
     slow.load_state_dict(fast.state_dict())
     x = torch.randn(2, 9, 32)
     assert (fast(x) - slow(x)).abs().max() < 1e-6
@@ -207,30 +204,28 @@ def test_fused_equals_teaching(n_kv, rope):
 
 
 def test_fused_path_makes_no_copy_per_head(monkeypatch):
-    import transformer_course.modern as modern
-
-    if not modern._FUSED_GQA:
-        pytest.skip("PyTorch < 2.5 has no enable_gqa")
-    monkeypatch.setattr(modern, "share_kv_heads", lambda *a: pytest.fail("the fused path copied key/value heads"))
-    modern.GroupedQueryAttention(32, 4, n_kv_head=2)(torch.randn(1, 5, 32))
+    monkeypatch.setattr(torch.Tensor, "repeat_interleave",
+                        lambda *a, **k: pytest.fail("the fused path copied key/value heads"))
+    gqa(2)(torch.randn(1, 5, 32))
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_cache_equals_recompute_and_holds_rotated_keys(fast):
     torch.manual_seed(7)
     rope = RotaryEmbedding(8, 16)
-    attn = GroupedQueryAttention(32, 4, n_kv_head=2, rope=rope, fast=fast)
+    attn = gqa(2, rope=rope, fast=fast)
     x = torch.randn(2, 10, 32)
     cache = KVCache()
     steps = torch.cat([attn(x[:, :3], cache=cache)] + [attn(x[:, t:t + 1], cache=cache) for t in range(3, 10)], dim=1)
     assert (steps - attn(x)).abs().max() < 1e-5
-    assert torch.allclose(cache.k, rope(split_heads(attn.key(x), 2)), atol=1e-6)
+    keys = attn.qkv(x)[..., 32:48]  # the packed projection's key channels
+    assert torch.allclose(cache.k, rope(split_heads(keys, 2)), atol=1e-6)
 
 
 def test_kv_cache_bytes_formula_and_measured():
     assert kv_cache_bytes(2, 2, 16, 10) == 5120  # 2 (k, v) · 2 layers · 1 · 2 heads · 10 positions · 16 · 4 bytes
     for n_kv in (8, 2, 1):
-        model = GPT(GPTConfig(65, 32, 3, 8, 64, n_kv_head=n_kv, **LLAMA)).eval()
+        model = build_gpt(GPTConfig(65, 32, 3, 8, 64, n_kv_head=n_kv, **LLAMA)).eval()
         cache = model.new_cache()
         with torch.no_grad():
             model(torch.zeros(2, 20, dtype=torch.long), cache=cache)
@@ -260,13 +255,13 @@ def test_defaults_keep_gpt2():
 def test_parameter_count_matches_module(change):
     cfg = GPTConfig(65, 16, 2, 4, 32, **change)
     assert cfg.modern
-    assert GPT(cfg).num_parameters() == count_parameters(cfg)
+    assert build_gpt(cfg).num_parameters() == count_parameters(cfg)
 
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_llama_style_generate_cache_equals_recompute(fast):
     torch.manual_seed(8)
-    model = GPT(GPTConfig(65, 32, 2, 4, 32, n_kv_head=2, fast=fast, **LLAMA)).eval()
+    model = build_gpt(GPTConfig(65, 32, 2, 4, 32, n_kv_head=2, fast=fast, **LLAMA)).eval()
     prompt = torch.randint(0, 65, (2, 5))
     out = generate(model, prompt, 20, temperature=0)
     assert torch.equal(out, generate(model, prompt, 20, temperature=0, use_cache=False))
@@ -280,7 +275,7 @@ def test_llama_style_generate_cache_equals_recompute(fast):
 
 def test_llama_style_trains():
     torch.manual_seed(9)
-    model = GPT(GPTConfig(65, 16, 2, 4, 32, n_kv_head=2, **LLAMA))
+    model = build_gpt(GPTConfig(65, 16, 2, 4, 32, n_kv_head=2, **LLAMA))
     idx = torch.randint(0, 65, (4, 16))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
@@ -311,13 +306,11 @@ def test_bad_configs(change, message):
 
 def test_bad_inputs():
     with pytest.raises(ValueError, match="choose n_kv_head among"):
-        GroupedQueryAttention(32, 4, n_kv_head=3)
-    with pytest.raises(ValueError, match=r"expects a floating-point tensor \[\.\.\., 8\]"):
-        RMSNorm(8)(torch.zeros(2, 6))
+        gqa(3)
     with pytest.raises(ValueError, match="share_kv_heads needs"):
         share_kv_heads(torch.zeros(1, 3, 2, 4), 4)
-    with pytest.raises(ValueError, match="turns heads of size 4"):
-        GroupedQueryAttention(32, 4, rope=RotaryEmbedding(4, 8))
+    with pytest.raises(ValueError, match=r"uses chapter 10's parts .*modern\.build_gpt"):
+        GPT(GPTConfig(65, 16, 1, 4, 32, **LLAMA))
 
 
 # ---------------------------------------------------------------- the Hugging Face Llama loader

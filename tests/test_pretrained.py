@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file  # noqa: E402
 from transformer_course import GPT, GPTConfig, generate  # noqa: E402
 from transformer_course import pretrained as P  # noqa: E402
 from transformer_course.model import PRESETS  # noqa: E402
+from transformer_course.pretrained import from_pretrained  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -40,7 +41,7 @@ def stand_in(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(stand_in):
-    return GPT.from_pretrained(stand_in[1])
+    return from_pretrained(stand_in[1])
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +127,7 @@ def test_config_mapping(stand_in):
 def test_other_activations_and_eps(tmp_path, idx, hf_act, ours):
     hf = P.make_hf_stand_in(activation_function=hf_act, layer_norm_epsilon=1e-3, seed=1)
     assert P.config_from_hf(hf.config.to_dict()).activation == ours
-    model = GPT.from_pretrained(_save(hf, tmp_path))
+    model = from_pretrained(_save(hf, tmp_path))
     with torch.no_grad():
         torch.testing.assert_close(_logits(model, idx), hf(idx).logits, atol=TOL, rtol=0)
 
@@ -134,7 +135,7 @@ def test_other_activations_and_eps(tmp_path, idx, hf_act, ours):
 def test_untied_head_is_read_from_the_file(tmp_path, idx):
     hf = P.make_hf_stand_in(tie_word_embeddings=False, seed=2)
     assert hf.lm_head.weight is not hf.transformer.wte.weight
-    model = GPT.from_pretrained(_save(hf, tmp_path))
+    model = from_pretrained(_save(hf, tmp_path))
     assert model.lm_head.weight is not model.embed.token.weight
     with torch.no_grad():
         torch.testing.assert_close(_logits(model, idx), hf(idx).logits, atol=TOL, rtol=0)
@@ -144,7 +145,7 @@ def test_sharded_safetensors(stand_in, tmp_path, idx):
     folder = _save(stand_in[0], tmp_path, max_shard_size="100KB")
     assert (folder / "model.safetensors.index.json").is_file()
     assert not (folder / "model.safetensors").exists()
-    torch.testing.assert_close(_logits(GPT.from_pretrained(folder), idx), _logits(GPT.from_pretrained(stand_in[1]), idx))
+    torch.testing.assert_close(_logits(from_pretrained(folder), idx), _logits(from_pretrained(stand_in[1]), idx))
 
 
 def test_hub_layout_without_prefix_and_with_mask_buffers(stand_in, tmp_path, idx):
@@ -157,7 +158,7 @@ def test_hub_layout_without_prefix_and_with_mask_buffers(stand_in, tmp_path, idx
     save_file(tensors, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     with torch.no_grad():
-        torch.testing.assert_close(_logits(GPT.from_pretrained(tmp_path), idx), hf(idx).logits, atol=TOL, rtol=0)
+        torch.testing.assert_close(_logits(from_pretrained(tmp_path), idx), hf(idx).logits, atol=TOL, rtol=0)
 
 
 def test_pickled_bin_is_read_with_weights_only(stand_in, tmp_path, idx):
@@ -165,10 +166,10 @@ def test_pickled_bin_is_read_with_weights_only(stand_in, tmp_path, idx):
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     torch.save(dict(hf.state_dict()), tmp_path / "pytorch_model.bin")
     with torch.no_grad():
-        torch.testing.assert_close(_logits(GPT.from_pretrained(tmp_path), idx), hf(idx).logits, atol=TOL, rtol=0)
+        torch.testing.assert_close(_logits(from_pretrained(tmp_path), idx), hf(idx).logits, atol=TOL, rtol=0)
     torch.save({"payload": _NotATensor()}, tmp_path / "pytorch_model.bin")  # arbitrary objects are refused
     with pytest.raises(Exception, match="(?i)weights.only"):
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
 
 
 class _NotATensor:
@@ -180,7 +181,7 @@ def test_safetensors_preferred_over_bin(stand_in, tmp_path):
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((folder / name).read_bytes())
     (tmp_path / "pytorch_model.bin").write_bytes(b"not a pickle at all")  # never opened
-    assert isinstance(GPT.from_pretrained(tmp_path), GPT)
+    assert isinstance(from_pretrained(tmp_path), GPT)
 
 
 @pytest.mark.parametrize("size", ["gpt2", "gpt2-medium", "gpt2-xl"])
@@ -253,7 +254,7 @@ def test_untied_model_needs_lm_head(tensors):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"model_type": "llama"}, "'llama' model; GPT.from_pretrained reads GPT-2 only"),
+    ({"model_type": "llama"}, "'llama' model; from_pretrained reads GPT-2 only"),
     ({"n_inner": 100}, "n_inner=100 is not supported.*256"),
     ({"activation_function": "silu"}, "activation_function 'silu' is not supported"),
     ({"add_cross_attention": True}, "add_cross_attention=True is a GPT-2 variant"),
@@ -272,14 +273,14 @@ def test_config_without_sizes_is_refused():
 
 def test_folder_problems(stand_in, tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(stand_in[0].config.to_dict()))
     with pytest.raises(FileNotFoundError, match="no weights.*model.safetensors"):
-        GPT.from_pretrained(tmp_path)
+        from_pretrained(tmp_path)
     with pytest.raises(FileNotFoundError, match="neither a folder.*nor a Hub name"):
-        GPT.from_pretrained(tmp_path / "config.json")
+        from_pretrained(tmp_path / "config.json")
     with pytest.raises(FileNotFoundError, match="neither a folder"):
-        GPT.from_pretrained("./no/such/folder")
+        from_pretrained("./no/such/folder")
 
 
 def test_offline_hub_fails_clearly(monkeypatch, tmp_path):
@@ -292,7 +293,7 @@ def test_offline_hub_fails_clearly(monkeypatch, tmp_path):
 def test_hub_names_go_to_the_download(monkeypatch, stand_in):
     asked = []
     monkeypatch.setattr(P, "download_hf_gpt2", lambda name: asked.append(name) or stand_in[1])
-    assert isinstance(GPT.from_pretrained("openai-community/gpt2"), GPT)
+    assert isinstance(from_pretrained("openai-community/gpt2"), GPT)
     assert asked == ["openai-community/gpt2"]
 
 

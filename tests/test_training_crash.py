@@ -18,9 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from transformer_course.checkpoint import load_checkpoint
 from transformer_course.faults import FAULT_ENV
 
+pytestmark = pytest.mark.slow  # trainings started, killed and resumed: about half a minute
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -114,6 +114,21 @@ def _public_names(code: str) -> list[str]:
     return names
 
 
+def _wrapped(opening: str, items: list[str], closing: str, width: int = 100) -> str:
+    """``opening`` items ``closing`` on one line if it fits in ``width``, else items filled into
+    indented lines of at most ``width`` characters."""
+    one = opening + " ".join(items).rstrip(",") + closing
+    if len(one) <= width:
+        return one
+    lines, line = [], "   "
+    for item in items:
+        if len(line) + 1 + len(item) > width:
+            lines.append(line)
+            line = "   "
+        line += " " + item
+    return "\n".join([opening, *lines, line, closing])
+
+
 def _module_text(src_rel: str, cells: list[str], summary: str = "", secondary: bool = False) -> str:
     """One module: the header line, the docstring (the first cell's, else the chapter's summary), the
     cells in order two blank lines apart, ``__all__`` after the first. ``from __future__ import
@@ -130,9 +145,7 @@ def _module_text(src_rel: str, cells: list[str], summary: str = "", secondary: b
     future = secondary or any(FUTURE in c for c in body)
     body = [re.sub(rf"^{re.escape(FUTURE)}\n+", "", c, flags=re.M) for c in body]
     names = _public_names("\n\n".join(body))
-    all_line = f"__all__ = {names!r}" if len(repr(names)) < 90 else (
-        "__all__ = [\n" + "".join(f"    {n!r},\n" for n in names) + "]"
-    )
+    all_line = _wrapped("__all__ = [", [f"{n!r}," for n in names], "]")
     head = "\n".join([HEADER.format(src=src_rel)] + ([docstring] if docstring else []))
     opening = f"{FUTURE}\n\n{body[0]}" if future else body[0]
     last = ast.parse(opening).body[-1:]

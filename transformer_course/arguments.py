@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["choice", "flag", "whole_number", "real_number"]
+__all__ = ["choice", "flag", "whole_number", "real_number", "check_heads"]
 
 
 def _fail(name: str, must: str, value, hint: str) -> ValueError:
@@ -66,3 +66,22 @@ def choice(value, name: str, choices: Iterable, hint: str = ""):
     if isinstance(value, bool) or value not in options:
         raise _fail(name, "one of " + ", ".join(map(repr, options)), value, hint)
     return value
+
+
+def check_heads(d_model, n_head, n_kv_head=None, prefix: str = "") -> tuple[int, int, int]:
+    """(C, nh, nkv) once C = ``d_model`` splits into ``n_head`` heads and the nh query heads into groups
+    of nh // nkv sharing one of ``n_kv_head`` key/value heads (None: nkv = nh). The one check of head
+    sizes, for the attention layer (chapter 04) and the config (chapter 06); ``prefix`` names the owner
+    (e.g. "GPTConfig.")."""
+    C = whole_number(d_model, f"{prefix}d_model")
+    nh = whole_number(n_head, f"{prefix}n_head")
+    nkv = nh if n_kv_head is None else whole_number(n_kv_head, f"{prefix}n_kv_head")
+    if C % nh:
+        divisors = ", ".join(str(h) for h in range(1, C + 1) if C % h == 0)
+        raise ValueError(f"d_model={C} is not divisible by n_head={nh}: every head gets d_model // n_head "
+                         f"channels, so choose n_head among {divisors}, or change d_model")
+    if nh % nkv:
+        fits = [g for g in range(1, nh + 1) if nh % g == 0]
+        raise ValueError(f"n_head={nh} is not divisible by n_kv_head={nkv}: each key/value head serves "
+                         f"n_head // n_kv_head query heads; choose n_kv_head among {fits}")
+    return C, nh, nkv

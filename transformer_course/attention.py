@@ -17,11 +17,7 @@ _MASKED = float("-inf")  # a masked key's score: exp(-inf) = 0, exactly zero wei
 
 
 __all__ = [
-    'causal_mask',
-    'check_mask',
-    'scaled_dot_product_attention',
-    'check_input',
-    'AttentionHead',
+    'causal_mask', 'check_mask', 'scaled_dot_product_attention', 'check_input', 'AttentionHead',
 ]
 
 

@@ -21,12 +21,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # 2017 paper, exact GELU, GPT-2's t
 
 
 __all__ = [
-    'NORMS',
-    'ACTIVATIONS',
-    'LayerNorm',
-    'FeedForward',
-    'TransformerBlock',
-    'block_parameter_count',
+    'NORMS', 'ACTIVATIONS', 'LayerNorm', 'FeedForward', 'TransformerBlock', 'block_parameter_count',
     'input_gradient_norms',
 ]
 
@@ -51,7 +46,6 @@ class LayerNorm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.d_model, "LayerNorm", batched=False)
         if self.fast:
             return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)  # (..., C)
         mean = x.mean(dim=-1, keepdim=True)  # (..., 1)
@@ -91,7 +85,6 @@ class FeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        check_input(x, self.d_model, "FeedForward", batched=False)
         h = self.act(self.fc(x))  # (..., d_ff)
         return self.dropout(self.proj(h))  # (..., C)
 
@@ -104,17 +97,24 @@ class TransformerBlock(nn.Module):
     ``norm="post"`` (2017 paper):  ``x = ln1(x + attn(x))``,  ``x = ln2(x + mlp(x))``
 
     ``mask`` (bool, broadcastable to [B, nh, T, T_total]) and ``cache`` go to the attention.
+    Chapter 10's parts plug in by keyword: ``make_norm(d_model)`` builds ``ln1`` and ``ln2`` (default:
+    this chapter's LayerNorm), ``mlp`` replaces the FeedForward (of width ``d_ff``, default 4C),
+    ``n_kv_head`` and ``rope`` go to the attention.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 norm: str = "pre", activation: str = "gelu", fast: bool = True, eps: float = 1e-5):
+                 norm: str = "pre", activation: str = "gelu", fast: bool = True, eps: float = 1e-5,
+                 *, d_ff: int | None = None, n_kv_head: int | None = None, rope: nn.Module | None = None,
+                 make_norm=None, mlp: nn.Module | None = None):
         super().__init__()
         self.d_model = whole_number(d_model, "d_model")
         self.norm = choice(norm, "norm", NORMS)
-        self.ln1 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
-        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast)
-        self.ln2 = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
-        self.mlp = FeedForward(d_model, activation=activation, dropout=dropout, bias=bias)
+        make_norm = make_norm or (lambda C: LayerNorm(C, eps=eps, bias=bias, fast=fast))
+        self.ln1 = make_norm(d_model)
+        self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=True, fast=fast,
+                                       n_kv_head=n_kv_head, rope=rope)
+        self.ln2 = make_norm(d_model)
+        self.mlp = mlp if mlp is not None else FeedForward(d_model, d_ff, activation, dropout, bias)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:

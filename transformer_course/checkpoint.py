@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from .arguments import whole_number
 from .config import GPTConfig, History, TrainConfig
@@ -22,14 +23,8 @@ CHECKPOINT_FORMAT = 1  # the file layout `save_checkpoint` writes; loading check
 
 
 __all__ = [
-    'CHECKPOINT_FORMAT',
-    'CheckpointError',
-    'config_differences',
-    'state_sha256',
-    'save_checkpoint',
-    'MAX_PARAMETERS',
-    'Checkpoint',
-    'load_checkpoint',
+    'CHECKPOINT_FORMAT', 'CheckpointError', 'config_differences', 'state_sha256', 'save_checkpoint',
+    'MAX_PARAMETERS', 'Checkpoint', 'load_checkpoint',
 ]
 
 
@@ -76,7 +71,7 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
     """Write model, optimizer, configs, step, RNG states, tokenizer and history to `path` atomically,
-    with their `state_sha256`. `rank_rng`: every data-parallel rank's CPU random state, in rank order."""
+    with their `state_sha256`. `rank_rng` (appendix 90): each process's CPU random state."""
     rng = {"torch": torch.get_rng_state()}
     if rank_rng is not None:
         rng["ranks"] = rank_rng
@@ -159,11 +154,13 @@ def _tokenizer_from(entry):
     return tokenizer_from_dict(entry["state"])
 
 
-def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
+def load_checkpoint(path, model=None, map_location="cpu", *,
                     max_parameters: int | None = MAX_PARAMETERS) -> Checkpoint:
     """Read a checkpoint written by `save_checkpoint` (weights_only=True, SHA-256 verified) into `model`,
-    whose config must match, or into a GPT built from the stored config once it is known to be no larger
-    than the stored tensors and `max_parameters` (None: no limit). Raises `CheckpointError` saying why."""
+    whose config must match, or into a model built from the stored config once it is known to be no
+    larger than the stored tensors and `max_parameters` (None: no limit): by `model(config)` when
+    `model` is a builder such as chapter 10's `modern.build_gpt`, by `GPT(config)` when it is None.
+    Raises `CheckpointError` saying why."""
     path = Path(path)
     state = _read(path, map_location)
     try:
@@ -178,8 +175,11 @@ def load_checkpoint(path, model: GPT | None = None, map_location="cpu", *,
         tokenizer = _tokenizer_from(state.get("tokenizer"))
     except (ValueError, TypeError, KeyError) as error:
         raise CheckpointError(f"checkpoint {path} cannot be used: {error}") from error
-    if model is None:
-        model = GPT(config)
+    if config.needs_modern_parts and model is None:
+        raise CheckpointError(f"checkpoint {path} holds a chapter 10 model: load it with "
+                              "load_checkpoint(path, transformer_course.modern.build_gpt)")
+    if model is None or not isinstance(model, nn.Module):
+        model = (model or GPT)(config)
     elif differences := config_differences(config, model.cfg):
         raise CheckpointError(f"checkpoint {path} does not match the model: {'; '.join(differences)}. "
                               "Use the checkpoint's own model (load_checkpoint(path).model) or retrain")

@@ -70,20 +70,21 @@ def _check_out_folder(out, needed_bytes: int) -> None:
 def _cmd_train(args) -> int:
     """`transformer-course train`: train a preset on Shakespeare, checkpointing into args.out; resume if
     a checkpoint is there. Under `torchrun` every process runs this: they join one process group and
-    train data-parallel (transformer_course.distributed), rank 0 alone writing and printing."""
-    from . import distributed
+    train data-parallel (transformer_course.parallel, appendix 90), rank 0 alone writing and printing.
+    Without torchrun it is a job of one: `parallel.train` then computes chapter 06's `train`."""
+    from . import parallel
 
-    if not distributed.launched_by_torchrun():
-        return _train(args, distributed.World())
+    if not parallel.launched_by_torchrun():
+        return _train(args, parallel.World())
     from torch.distributed.elastic.multiprocessing.errors import (
         record,  # the failing rank's traceback in torchrun's report
     )
 
-    world, args.device = distributed.start_from_environment(args.device)
+    world, args.device = parallel.start_from_environment(args.device)
     try:
         return record(_train)(args, world)
     finally:
-        distributed.stop()
+        parallel.stop()
 
 
 def _train(args, world) -> int:
@@ -98,9 +99,10 @@ def _train(args, world) -> int:
     from .config import PRESETS, TRAIN_PRESETS
     from .data import load_shakespeare, train_val_split
     from .model import GPT, count_parameters
+    from .parallel import train  # chapter 06's loop on every process of `world` (appendix 90)
     from .runtime import pick_device, seed_everything
     from .tokenization import CharTokenizer
-    from .training import encode_corpus, train
+    from .training import encode_corpus
 
     if args.preset not in TRAIN_PRESETS:
         raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
@@ -243,13 +245,13 @@ def _add_classroom(sub) -> None:
 
 
 def _cmd_student_edition(args) -> int:
-    from .classroom import run_student_edition_command
+    from .classroom.edition import run_student_edition_command
 
     return run_student_edition_command(args)
 
 
 def _cmd_grade(args) -> int:
-    from .classroom import run_grade_command
+    from .classroom.grading import run_grade_command
 
     return run_grade_command(args)
 

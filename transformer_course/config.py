@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Self
 
-from .arguments import choice, flag, real_number, whole_number
+from .arguments import check_heads, choice, flag, real_number, whole_number
 
 __all__ = ['GPTConfig', 'PRESETS', 'TrainConfig', 'History', 'TRAIN_PRESETS']
 
@@ -63,11 +63,9 @@ class GPTConfig(_Stored):
     rope_base: float = 10000.0
 
     def __post_init__(self):
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "d_model"):
+        for name in ("vocab_size", "block_size", "n_layer"):
             whole_number(getattr(self, name), f"GPTConfig.{name}")
-        if self.d_model % self.n_head:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "
-                             f"each head gets d_model // n_head channels")
+        check_heads(self.d_model, self.n_head, self.n_kv_head, prefix="GPTConfig.")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         real_number(self.dropout, "GPTConfig.dropout", low=0.0, high=1.0, high_open=True)
@@ -76,10 +74,16 @@ class GPTConfig(_Stored):
             flag(getattr(self, name), f"GPTConfig.{name}")
         for name, allowed in _CHOICES.items():
             choice(getattr(self, name), f"GPTConfig.{name}", allowed)
-        if self.modern:
-            from .modern import check_modern_config  # chapter 10
-
-            check_modern_config(self)
+        whole_number(self.d_ff, "GPTConfig.d_ff", none_ok=True)
+        real_number(self.rope_base, "GPTConfig.rope_base", low=1, low_open=True)
+        if self.modern and self.norm != "pre":
+            raise ValueError("chapter 10's choices (normalization, mlp, positional='rope', n_kv_head, d_ff) "
+                             "come with pre-norm blocks, as in every modern decoder: use norm='pre'")
+        if self.positional == "rope" and self.head_size % 2:
+            raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got "
+                             f"{self.head_size}: choose d_model and n_head so that d_model // n_head is even")
+        if self.positional != "rope" and self.rope_base != 10000.0:
+            raise ValueError(f"rope_base={self.rope_base} only matters with positional='rope'")
 
     @property
     def head_size(self) -> int:
@@ -87,9 +91,23 @@ class GPTConfig(_Stored):
 
     @property
     def modern(self) -> bool:
-        """True when a chapter 10 choice differs from GPT-2's: the blocks then come from `modern.py`."""
+        """True when a chapter 10 choice differs from GPT-2's."""
         return (self.positional == "rope" or self.normalization != "layernorm" or self.mlp != "plain"
                 or self.n_kv_head is not None or self.d_ff is not None or self.rope_base != 10000.0)
+
+    @property
+    def needs_modern_parts(self) -> bool:
+        """True when the model needs chapter 10's RMSNorm, SwiGLU or RoPE (build it with
+        `transformer_course.modern.build_gpt`); chapter 05's block covers everything else."""
+        return self.positional == "rope" or self.normalization == "rmsnorm" or self.mlp == "swiglu"
+
+    @property
+    def hidden_width(self) -> int:
+        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU Llama's 8C/3 rounded up to a
+        multiple of 8 (chapter 10's `swiglu_hidden`)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "plain" else 8 * -(-(8 * self.d_model // 3) // 8)
 
 
 PRESETS: dict[str, GPTConfig] = {

@@ -97,24 +97,9 @@ def decode_ids(ids, chars: str) -> str:
 
 
 __all__ = [
-    'MONTHS',
-    'PAD',
-    'BOS',
-    'EOS',
-    'FIRST',
-    'LAST',
-    'ordinal_word',
-    'ordinal_suffix',
-    'TARGET_CHARS',
-    'SOURCE_CHARS',
-    'FORMATS',
-    'random_example',
-    'make_examples',
-    'encode_batch',
-    'decode_ids',
-    'make_batch',
-    'new_dates_model',
-    'train_dates',
+    'MONTHS', 'PAD', 'BOS', 'EOS', 'FIRST', 'LAST', 'ordinal_word', 'ordinal_suffix',
+    'TARGET_CHARS', 'SOURCE_CHARS', 'FORMATS', 'random_example', 'make_examples', 'encode_batch',
+    'decode_ids', 'make_batch', 'new_dates_model', 'train_dates',
 ]
 
 

@@ -35,14 +35,8 @@ def key_mask(keep: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
-    'padding_mask',
-    'key_mask',
-    'CrossAttention',
-    'EncoderLayer',
-    'DecoderLayer',
-    'copy_from_torch',
-    'Seq2SeqConfig',
-    'EncoderDecoder',
+    'padding_mask', 'key_mask', 'CrossAttention', 'EncoderLayer', 'DecoderLayer', 'copy_from_torch',
+    'Seq2SeqConfig', 'EncoderDecoder',
 ]
 
 

@@ -21,9 +21,10 @@ process, on first use, and holds one fault::
   * ``after_grade``: the grader, the grade of a notebook reported, the next notebook not started;
   * ``mid_csv``: the grader's CSV, its temporary file cut to half its length, not renamed.
 
-  ``step``, ``eval`` and ``after_checkpoint`` are counted on the ``World`` that ``training.train`` gets
-  from ``distributed.current_world()``: train calls ``mean`` once per step, ``sum`` twice per evaluation
-  and ``barrier`` once per evaluation.
+  ``step``, ``eval`` and ``after_checkpoint`` are counted on the ``World`` that ``parallel.train`` (what
+  the ``train`` command runs) gets from ``parallel.current_world()``: train calls ``mean`` once per step,
+  ``sum`` twice per evaluation and ``barrier`` once per evaluation. Chapter 06's one-process
+  ``training.train`` has no ``World`` and counts nothing.
 - ``rank=R``: only the process with torchrun's ``RANK`` R (0 outside torchrun); default every rank.
 - ``round=K``: only in torchrun's restart round K (``TORCHELASTIC_RESTART_COUNT``, 0 for the first
   start): ``round=0`` fails the first round and lets the restarted one run through.
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 FAULT_ENV = "TRANSFORMER_COURSE_FAULT"
 ACTIONS = ("kill", "raise")
 POINTS = ("start", "step", "eval", "after_checkpoint", "mid_save", "after_grade", "mid_csv")
-WORLD_POINTS = ("step", "eval", "after_checkpoint")  # counted on the World that train() asks
+WORLD_POINTS = ("step", "eval", "after_checkpoint")  # counted on the World parallel.train asks
 SYNTAX = (f"ACTION:POINT=N[:rank=R][:round=K][:others=wait] with ACTION one of {', '.join(ACTIONS)}, POINT one "
           f"of {', '.join(POINTS)}, N >= 1, R >= 0 and K >= 0 whole numbers, others=wait only with rank=R "
           "(e.g. kill:after_checkpoint=2:rank=1:round=0)")
@@ -164,8 +165,8 @@ def watch(world):
 
 @functools.cache
 def _watching(world_class: type) -> type:
-    """A subclass of `world_class` (``distributed.World``, which imports this module) that marks what
-    `training.train` does with it: a step, an evaluation, the end of an evaluation."""
+    """A subclass of `world_class` (``parallel.World``, whose module imports this one) that marks what
+    `parallel.train` does with it: a step, an evaluation, the end of an evaluation."""
 
     class WatchedWorld(world_class):
         def mean(self, value: float) -> float:  # train: once per step, with the step's loss

@@ -17,16 +17,8 @@ import torch
 from .arguments import flag, real_number, whole_number
 
 __all__ = [
-    'check_sampling',
-    'top_k_filter',
-    'top_p_filter',
-    'next_token_probs',
-    'sample_next',
-    'encode_prompt',
-    'decode_with_cache',
-    'stream',
-    'generate',
-    'decode_stream',
+    'check_sampling', 'top_k_filter', 'top_p_filter', 'next_token_probs', 'sample_next',
+    'encode_prompt', 'decode_with_cache', 'stream', 'generate', 'decode_stream',
 ]
 
 

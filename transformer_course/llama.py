@@ -18,12 +18,13 @@ import torch
 
 from .config import GPTConfig
 from .model import GPT
+from .modern import build_gpt
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",
-    "self_attn.q_proj.weight": "attn.query.weight",
-    "self_attn.k_proj.weight": "attn.key.weight",
-    "self_attn.v_proj.weight": "attn.value.weight",
+    "self_attn.q_proj.weight": "attn.q",  # q, k, v: one under the other in attn.qkv.weight
+    "self_attn.k_proj.weight": "attn.k",
+    "self_attn.v_proj.weight": "attn.v",
     "self_attn.o_proj.weight": "attn.proj.weight",
     "post_attention_layernorm.weight": "ln2.weight",
     "mlp.gate_proj.weight": "mlp.gate.weight",
@@ -116,6 +117,8 @@ def convert_llama_state_dict(state: Mapping[str, torch.Tensor], cfg: GPTConfig) 
     if missing:
         raise ValueError(f"missing tensors in the checkpoint: {missing[:4]}{' ...' if len(missing) > 4 else ''}"
                          + (" (tie_word_embeddings=False needs lm_head.weight)" if "lm_head.weight" in missing else ""))
+    for i in range(cfg.n_layer):  # chapter 04's packed projection: [q | k | v]
+        out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([out.pop(f"blocks.{i}.attn.{p}") for p in "qkv"])
     return out
 
 
@@ -134,7 +137,7 @@ def load_hf_llama(source) -> GPT:
     else:
         raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
     cfg = config_from_llama(hf_cfg)
-    model = GPT(cfg)
+    model = build_gpt(cfg)
     model.load_state_dict(convert_llama_state_dict(state, cfg))
     return model.eval()
 

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .block import LayerNorm, TransformerBlock, block_parameter_count
+from .block import LayerNorm, TransformerBlock
 from .config import PRESETS, GPTConfig
 from .multihead import KVCache
 from .positional import InputEmbedding
@@ -43,23 +43,25 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
 class GPT(nn.Module):
     """Decoder-only transformer: token ids idx [B, T] -> logits [B, T, V] (and the loss, given targets)."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, parts: tuple[nn.Module, nn.ModuleList, nn.Module] | None = None):
+        """``parts``: (embedding, blocks, final norm) built elsewhere (chapter 10's `modern.build_gpt`);
+        None builds chapter 02-05's from ``cfg``."""
         super().__init__()
         if not isinstance(cfg, GPTConfig):
             raise TypeError(f"GPT needs a GPTConfig, got {type(cfg).__name__}")
+        if parts is None and cfg.needs_modern_parts:
+            raise ValueError("this config uses chapter 10's parts (RMSNorm, SwiGLU or RoPE): build the model "
+                             "with transformer_course.modern.build_gpt(cfg)")
         self.cfg = cfg
-        if cfg.modern:  # chapter 10's blocks
-            from .modern import modern_parts
-
-            self.embed, self.blocks, self.ln_f = modern_parts(cfg)
-        else:
-            self.embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout)
-            self.blocks = nn.ModuleList(
-                TransformerBlock(cfg.d_model, cfg.n_head, dropout=cfg.dropout, bias=cfg.bias, norm=cfg.norm,
-                                 activation=cfg.activation, fast=cfg.fast, eps=cfg.eps)
+        self.embed, self.blocks, self.ln_f = parts or (
+            InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout),
+            nn.ModuleList(
+                TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
+                                 cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
                 for _ in range(cfg.n_layer)
-            )
-            self.ln_f = LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast)
+            ),
+            LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast),
+        )
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
@@ -79,12 +81,9 @@ class GPT(nn.Module):
         if targets is not None and not bool((targets != -1).any()):  # the mean over no positions is NaN
             raise ValueError("every target is -1 (ignored), so there is no loss to average: give at least one "
                              "real target")
-        start = 0
-        if cache is not None:
-            if len(cache) != len(self.blocks):
-                raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}: use model.new_cache()")
-            start = cache[0].length
-        T = idx.shape[-1]
+        if cache is not None and len(cache) != len(self.blocks):
+            raise ValueError(f"cache has {len(cache)} layers, the model {len(self.blocks)}: use model.new_cache()")
+        start, T = (0 if cache is None else cache[0].length), idx.shape[-1]
         if start + T > self.cfg.block_size:
             held = f" ({start} cached + {T} new)" if start else ""
             raise ValueError(f"sequence of length {start + T}{held} is longer than block_size "
@@ -115,32 +114,15 @@ class GPT(nn.Module):
             raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return cls(replace(PRESETS[name], **overrides))
 
-    @classmethod
-    def from_pretrained(cls, path_or_name: str = "gpt2") -> GPT:
-        """OpenAI's GPT-2 weights in our GPT (eval mode), from a local Hugging Face folder (config.json,
-        model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2" (chapter 08)."""
-        from .pretrained import convert_hf_state_dict, read_hf_gpt2
-
-        config, tensors = read_hf_gpt2(path_or_name)
-        model = cls(config)
-        model.load_state_dict(convert_hf_state_dict(tensors, model))
-        return model.eval()
-
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, **options) -> torch.Tensor:
-        """idx [B, T] -> [B, T + max_new_tokens] by chapter 07's `generation.generate` and its options."""
-        from .generation import generate
-
-        return generate(self, idx, max_new_tokens, **options)
-
 
 def count_parameters(cfg: GPTConfig) -> int:
     """Trainable parameters of `GPT(cfg)`, worked out from the config (a tied head counts once)."""
-    C, V = cfg.d_model, cfg.vocab_size
+    C, V, H, b = cfg.d_model, cfg.vocab_size, cfg.hidden_width, int(cfg.bias)
+    kv = (cfg.n_kv_head or cfg.n_head) * cfg.head_size  # the width of the keys, and of the values
+    attention = C * (C + 2 * kv) + b * (C + 2 * kv) + C * C + b * C  # qkv and proj
+    up = 2 if cfg.mlp == "swiglu" else 1  # SwiGLU widens twice (gate and up), the plain MLP once
+    mlp = (up + 1) * C * H + b * (up * H + C)
+    norm = C + (b * C if cfg.normalization == "layernorm" else 0)  # gain (+ shift)
     embed = V * C + (cfg.block_size * C if cfg.positional == "learned" else 0)  # token + learned positions
-    final_norm = C + (C if cfg.bias and cfg.normalization == "layernorm" else 0)  # gain (+ shift)
     head = 0 if cfg.tie_weights else C * V
-    if cfg.modern:  # chapter 10's blocks
-        from .modern import modern_block_parameter_count
-
-        return embed + cfg.n_layer * modern_block_parameter_count(cfg) + final_norm + head
-    return embed + cfg.n_layer * block_parameter_count(C, cfg.bias) + final_norm + head
+    return embed + cfg.n_layer * (attention + mlp + 2 * norm) + norm + head

@@ -2,8 +2,9 @@
 """From GPT-2 to a modern decoder (chapter 10): RMSNorm, the SwiGLU MLP, rotary positions (RoPE) and
 grouped-query attention, the four parts in which Llama, Mistral and Qwen differ from chapter 06's GPT.
 
-Each part is a choice of `GPTConfig` (`normalization`, `mlp`, `positional="rope"`, `n_kv_head`): one
-`GPT` class builds GPT-2 and a Llama-style decoder, and `ModernBlock` is the block those choices make.
+Each part is a choice of `GPTConfig` (`normalization`, `mlp`, `positional="rope"`, `n_kv_head`) and a
+module that plugs into chapter 04's attention and chapter 05's block: `build_gpt(cfg)` assembles one
+`GPT` of them, so GPT-2 and a Llama-style decoder are the same classes with other parts.
 Shapes: B batch, T new positions, L cached positions, C = d_model channels, nh query heads, nkv
 key/value heads, hs = C // nh head size, H the MLP's hidden width, P the positions a table holds.
 """
@@ -16,37 +17,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from .arguments import choice, real_number, whole_number
-from .attention import scaled_dot_product_attention
-from .block import FeedForward, LayerNorm
-from .multihead import KVCache, causal_mask_with_past, merge_heads, split_heads
+from .block import LayerNorm, TransformerBlock
+from .config import GPTConfig
+from .model import GPT
 from .positional import InputEmbedding
 
-
-def _check_features(x, width: int, who: str) -> None:
-    """A clear error unless ``x`` is a floating-point tensor [..., width]."""
-    if not isinstance(x, torch.Tensor) or not x.is_floating_point() or x.ndim == 0 or x.shape[-1] != width:
-        got = f"{tuple(x.shape)} {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
-        raise ValueError(f"{who} expects a floating-point tensor [..., {width}], got {got}: the last "
-                         f"dimension must hold the {width} channels")
-
-
 __all__ = [
-    'RMSNorm',
-    'swiglu_hidden',
-    'SwiGLU',
-    'rope_frequencies',
-    'rotate_halves',
-    'rotate_pairs',
-    'ROPE_CONVENTIONS',
-    'RotaryEmbedding',
-    'share_kv_heads',
-    'GroupedQueryAttention',
-    'kv_cache_bytes',
-    'make_norm',
-    'ModernBlock',
-    'check_modern_config',
-    'modern_parts',
-    'modern_block_parameter_count',
+    'RMSNorm', 'swiglu_hidden', 'SwiGLU', 'rope_frequencies', 'rotate_halves', 'rotate_pairs',
+    'ROPE_CONVENTIONS', 'RotaryEmbedding', 'share_kv_heads', 'kv_cache_bytes', 'make_norm',
+    'modern_parts', 'build_gpt',
 ]
 
 
@@ -65,7 +44,6 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d_model))  # g [C]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(x, self.d_model, "RMSNorm")
         x32 = x.float()
         rms = torch.sqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
         return (x32 / rms).to(x.dtype) * self.weight  # (..., C)
@@ -100,7 +78,6 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_features(x, self.d_model, "SwiGLU")
         return self.dropout(self.proj(F.silu(self.gate(x)) * self.up(x)))  # (..., C)
 
 
@@ -162,7 +139,6 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", angles.sin(), persistent=False)  # (P, hs/2)
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        _check_features(x, self.head_size, "RotaryEmbedding")
         T = x.shape[-2]
         start = whole_number(start, "start", low=0)
         if start + T > self.max_positions:
@@ -184,89 +160,6 @@ def share_kv_heads(kv: torch.Tensor, n_head: int) -> torch.Tensor:
     return kv.repeat_interleave(n_head // kv.shape[1], dim=1)  # (B, nh, T, hs)
 
 
-_FUSED_GQA = torch.__version__ >= (2, 5)  # F.scaled_dot_product_attention(enable_gqa=...) is new in 2.5
-
-
-def _check_heads(d_model: int, n_head: int, n_kv_head: int | None) -> tuple[int, int, int]:
-    C, nh = whole_number(d_model, "d_model"), whole_number(n_head, "n_head")
-    nkv = nh if n_kv_head is None else whole_number(n_kv_head, "n_kv_head")
-    if C % nh:
-        raise ValueError(f"d_model={C} is not divisible by n_head={nh}: every head gets d_model // n_head channels")
-    if nh % nkv:
-        fits = [g for g in range(1, nh + 1) if nh % g == 0]
-        raise ValueError(f"n_head={nh} is not divisible by n_kv_head={nkv}: each key/value head serves "
-                         f"n_head // n_kv_head query heads; choose n_kv_head among {fits}")
-    return C, nh, nkv
-
-
-class GroupedQueryAttention(nn.Module):
-    """Causal self-attention with nkv key/value heads shared by nh query heads: x [B, T, C] -> [B, T, C].
-
-    ``n_kv_head`` None (= n_head): multi-head attention; 1: multi-query attention. ``query`` C -> nh·hs,
-    ``key``, ``value`` C -> nkv·hs, ``proj`` C -> C. With ``rope``, q and k are turned by their
-    positions before the keys are cached. ``fast``: fused kernel (no key/value copy per head);
-    otherwise `share_kv_heads` and chapter 03's attention (weights in ``.last_weights``).
-    """
-
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, dropout: float = 0.0,
-                 bias: bool = False, fast: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
-        C, nh, nkv = _check_heads(d_model, n_head, n_kv_head)
-        self.d_model, self.n_head, self.n_kv_head, self.head_size = C, nh, nkv, C // nh
-        if rope is not None and rope.head_size != self.head_size:
-            raise ValueError(f"the RotaryEmbedding turns heads of size {rope.head_size}, this layer's are {self.head_size}")
-        self.dropout = real_number(dropout, "dropout", low=0, high=1, high_open=True)
-        self.fast, self.rope = fast, rope
-        self.query = nn.Linear(C, nh * self.head_size, bias=bias)  # W_q
-        self.key = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_k, nkv heads
-        self.value = nn.Linear(C, nkv * self.head_size, bias=bias)  # W_v, nkv heads
-        self.proj = nn.Linear(C, C, bias=bias)  # W_o
-        self.resid_dropout = nn.Dropout(dropout)
-        self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """x [B, T, C] -> [B, T, C]; with a `cache` holding L positions the new ones are L .. L+T-1."""
-        _check_features(x, self.d_model, "GroupedQueryAttention")
-        if x.ndim != 3 or x.shape[1] == 0:
-            raise ValueError(f"GroupedQueryAttention expects x [B, T >= 1, C], got {tuple(x.shape)}")
-        start = 0 if cache is None else cache.length
-        q = split_heads(self.query(x), self.n_head)  # (B, nh, T, hs)
-        k = split_heads(self.key(x), self.n_kv_head)  # (B, nkv, T, hs)
-        v = split_heads(self.value(x), self.n_kv_head)  # (B, nkv, T, hs)
-        if self.rope is not None:
-            q, k = self.rope(q, start), self.rope(k, start)  # turned by positions start .. start+T-1
-        if cache is not None:
-            k, v = cache.update(k, v)  # (B, nkv, L + T, hs): turned keys are cached
-        y = self._attend_fast(q, k, v) if self.fast else self._attend_teaching(q, k, v)  # (B, nh, T, hs)
-        return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
-
-    def _attend_fast(self, q, k, v):
-        self.last_weights = None
-        T, T_total = q.shape[2], k.shape[2]
-        p = self.dropout if self.training else 0.0
-        shared = {}
-        if self.n_kv_head != self.n_head:
-            if _FUSED_GQA:
-                shared = {"enable_gqa": True}  # the kernel reads key/value head h // g for query head h
-            else:
-                k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)
-        if T == 1 or T == T_total:  # no cache, or one new query that may see every key
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=T > 1, **shared)
-        allowed = causal_mask_with_past(T, T_total - T, device=q.device)  # (T, T_total)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, **shared)
-
-    def _attend_teaching(self, q, k, v):
-        k, v = share_kv_heads(k, self.n_head), share_kv_heads(v, self.n_head)  # (B, nh, T_total, hs)
-        allowed = causal_mask_with_past(q.shape[2], k.shape[2] - q.shape[2], device=q.device)
-        p = self.dropout if self.training else 0.0
-        y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
-        self.last_weights = weights.detach()  # (B, nh, T, T_total)
-        return y
-
-    def extra_repr(self) -> str:
-        return f"n_head={self.n_head}, n_kv_head={self.n_kv_head}, head_size={self.head_size}, fast={self.fast}"
-
-
 def kv_cache_bytes(n_layer: int, n_kv_head: int, head_size: int, n_positions: int, batch: int = 1,
                    bytes_per_number: int = 4) -> int:
     """Bytes of a KV cache: keys and values (2) of every layer, batch row, key/value head, position, channel."""
@@ -279,69 +172,24 @@ def make_norm(normalization: str, d_model: int, eps: float, bias: bool = False, 
     return RMSNorm(d_model, eps) if normalization == "rmsnorm" else LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
 
 
-class ModernBlock(nn.Module):
-    """A pre-norm decoder block of chapter 10's parts: x [B, T, C] -> [B, T, C].
-
-    ``x = x + attn(ln1(x))``, ``x = x + mlp(ln2(x))``, as chapter 05's pre-norm block; ``ln1``, ``ln2``
-    from `make_norm`, ``attn`` a `GroupedQueryAttention` (rotary when given ``rope``), ``mlp`` a `SwiGLU`
-    or, for ``mlp="plain"``, chapter 05's `FeedForward` with ``activation``. ``cache``: this layer's KVCache.
-    """
-
-    def __init__(self, d_model: int, n_head: int, n_kv_head: int | None = None, *, normalization: str = "rmsnorm",
-                 mlp: str = "swiglu", activation: str = "gelu", d_ff: int | None = None, dropout: float = 0.0,
-                 bias: bool = False, eps: float = 1e-6, fast: bool = True, rope: RotaryEmbedding | None = None):
-        super().__init__()
-        choice(mlp, "mlp", ("plain", "swiglu"))
-        self.ln1 = make_norm(normalization, d_model, eps, bias, fast)
-        self.attn = GroupedQueryAttention(d_model, n_head, n_kv_head, dropout=dropout, bias=bias, fast=fast, rope=rope)
-        self.ln2 = make_norm(normalization, d_model, eps, bias, fast)
-        self.mlp = (SwiGLU(d_model, d_ff, bias=bias, dropout=dropout) if mlp == "swiglu"
-                    else FeedForward(d_model, d_ff, activation=activation, dropout=dropout, bias=bias))
-
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), cache=cache)  # (B, T, C)
-        return x + self.mlp(self.ln2(x))  # (B, T, C)
-
-
-def check_modern_config(cfg) -> None:
-    """Refuse a `GPTConfig` whose chapter 10 choices do not fit together, naming the fix."""
-    if cfg.norm != "pre":
-        raise ValueError("chapter 10's blocks are pre-norm, as every modern decoder: use norm='pre' with "
-                         "normalization, mlp, positional='rope' or n_kv_head")
-    _check_heads(cfg.d_model, cfg.n_head, cfg.n_kv_head)
-    whole_number(cfg.d_ff, "d_ff", none_ok=True)
-    real_number(cfg.rope_base, "rope_base", low=1, low_open=True)
-    if cfg.positional == "rope":
-        _check_head_size(cfg.head_size)
-    elif cfg.rope_base != 10000.0:
-        raise ValueError(f"rope_base={cfg.rope_base} only matters with positional='rope'")
-
-
-def modern_parts(cfg) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
-    """`GPT(cfg)`'s embedding, blocks and final norm for a config with chapter 10's choices; the
-    blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
-    check_modern_config(cfg)
+def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
+    """`GPT`'s embedding, blocks and final norm for ``cfg``: chapter 05's blocks with this chapter's
+    parts; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
     rope = RotaryEmbedding(cfg.head_size, cfg.block_size, cfg.rope_base) if cfg.positional == "rope" else None
     embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, None if rope else cfg.positional, cfg.dropout)
+
+    def norm(C: int) -> nn.Module:
+        return make_norm(cfg.normalization, C, cfg.eps, cfg.bias, cfg.fast)
+
     blocks = nn.ModuleList(
-        ModernBlock(cfg.d_model, cfg.n_head, cfg.n_kv_head, normalization=cfg.normalization, mlp=cfg.mlp,
-                    activation=cfg.activation, d_ff=cfg.d_ff, dropout=cfg.dropout, bias=cfg.bias, eps=cfg.eps,
-                    fast=cfg.fast, rope=rope)
+        TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation, cfg.fast,
+                         cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head, rope=rope, make_norm=norm,
+                         mlp=SwiGLU(cfg.d_model, cfg.d_ff, cfg.bias, cfg.dropout) if cfg.mlp == "swiglu" else None)
         for _ in range(cfg.n_layer)
     )
-    return embed, blocks, make_norm(cfg.normalization, cfg.d_model, cfg.eps, cfg.bias, cfg.fast)
+    return embed, blocks, norm(cfg.d_model)
 
 
-def modern_block_parameter_count(cfg) -> int:
-    """Parameters of one `ModernBlock` built from ``cfg`` (a `GPTConfig`)."""
-    C, hs, b = cfg.d_model, cfg.head_size, int(cfg.bias)
-    kv = (cfg.n_kv_head or cfg.n_head) * hs
-    attention = 2 * C * C + 2 * C * kv + b * (2 * C + 2 * kv)  # query and proj, key and value
-    if cfg.mlp == "swiglu":
-        H = cfg.d_ff or swiglu_hidden(C)
-        mlp = 3 * C * H + b * (2 * H + C)  # gate, up, proj
-    else:
-        H = cfg.d_ff or 4 * C
-        mlp = 2 * C * H + b * (H + C)  # fc, proj
-    norms = 2 * (C + (b * C if cfg.normalization == "layernorm" else 0))
-    return attention + mlp + norms
+def build_gpt(cfg: GPTConfig) -> GPT:
+    """Chapter 06's `GPT` with this chapter's parts: any `GPTConfig`, GPT-2's or a Llama-style one."""
+    return GPT(cfg, parts=modern_parts(cfg))

@@ -13,18 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .arguments import real_number, whole_number
+from .arguments import check_heads, real_number, whole_number
 from .attention import causal_mask, check_input, check_mask, scaled_dot_product_attention
-
-
-def _check_sizes(d_model, n_head) -> None:
-    whole_number(d_model, "d_model")
-    whole_number(n_head, "n_head")
-    if d_model % n_head:
-        divisors = ", ".join(str(h) for h in range(1, d_model + 1) if d_model % h == 0)
-        raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}: every head gets d_model // n_head "
-                         f"channels, so choose n_head among {divisors}, or change d_model")
-
 
 __all__ = ['split_heads', 'merge_heads', 'causal_mask_with_past', 'KVCache', 'MultiHeadAttention']
 
@@ -33,7 +23,7 @@ def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, C] -> [B, nh, T, hs]: head h gets channels h*hs .. (h+1)*hs - 1 of every token (a view)."""
     if x.ndim != 3:
         raise ValueError(f"split_heads needs x of shape [B, T, C], got {tuple(x.shape)}")
-    _check_sizes(x.shape[-1], n_head)
+    check_heads(x.shape[-1], n_head)
     B, T, C = x.shape
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
 
@@ -126,46 +116,54 @@ class KVCache:
 class MultiHeadAttention(nn.Module):
     """Causal multi-head self-attention: x [B, T, C] -> [B, T, C].
 
-    ``qkv`` (C -> 3C, output [q | k | v], heads contiguous inside each), ``proj`` (W_o, C -> C).
-    ``fast=True`` uses ``F.scaled_dot_product_attention``; ``fast=False`` uses chapter 03's
-    function and keeps the weights [B, nh, T, T_total] in ``.last_weights``. Same parameters either way.
+    ``qkv`` (C -> (nh + 2·nkv)·hs, output [q | k | v], heads contiguous inside each), ``proj`` (W_o,
+    C -> C). ``n_kv_head`` nkv (None: nh) key/value heads, each shared by nh // nkv query heads
+    (chapter 10); ``rope`` (chapter 10's rotary embedding) turns q and k by their positions before
+    the keys are cached. ``fast=True`` uses ``F.scaled_dot_product_attention``; ``fast=False`` uses
+    chapter 03's function and keeps the weights [B, nh, T, T_total] in ``.last_weights``.
     """
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 causal: bool = True, fast: bool = True) -> None:
+                 causal: bool = True, fast: bool = True, *, n_kv_head: int | None = None,
+                 rope: nn.Module | None = None) -> None:
         super().__init__()
-        _check_sizes(d_model, n_head)
-        self.d_model, self.n_head, self.head_size = d_model, n_head, d_model // n_head
+        C, nh, nkv = check_heads(d_model, n_head, n_kv_head)
+        self.d_model, self.n_head, self.n_kv_head, self.head_size = C, nh, nkv, C // nh
         self.dropout = real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True)
-        self.causal, self.fast = causal, fast
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)  # W_q, W_k, W_v of every head, packed
-        self.proj = nn.Linear(d_model, d_model, bias=bias)  # W_o
+        self.causal, self.fast, self.rope = causal, fast, rope
+        self.qkv = nn.Linear(C, (nh + 2 * nkv) * self.head_size, bias=bias)  # W_q, W_k, W_v, packed
+        self.proj = nn.Linear(C, C, bias=bias)  # W_o
         self.resid_dropout = nn.Dropout(dropout)
         self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]. ``mask``: extra bool mask broadcastable to [B, nh, T, T_total].
 
         ``cache`` (updated in place) holds L earlier positions: the new queries sit at L .. L+T-1.
         """
         check_input(x, self.d_model, "MultiHeadAttention")
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        q, k, v = (split_heads(t, self.n_head) for t in (q, k, v))  # 3 x (B, nh, T, hs)
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.qkv(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)  # (B, T, nh·hs), 2 x (B, T, nkv·hs)
+        q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)  # (B, heads, T, hs)
+        if self.rope is not None:
+            start = 0 if cache is None else cache.length
+            q, k = self.rope(q, start), self.rope(k, start)  # turned by positions start .. start+T-1
         if cache is not None:
-            k, v = cache.update(k, v)  # (B, nh, T_total, hs), T_total = L + T
+            k, v = cache.update(k, v)  # (B, nkv, T_total, hs), T_total = L + T
         y = self.attend(q, k, v, mask)  # (B, nh, T, hs)
         return self.resid_dropout(self.proj(merge_heads(y)))  # (B, T, C)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Attention of every head at once: q [B, nh, T, hs], k and v [B, nh, T_total, hs] -> [B, nh, T, hs].
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Every head at once: q [B, nh, T, hs], k and v [B, nkv, T_total, hs] -> [B, nh, T, hs].
 
         The queries are the last T of the T_total positions. ``mask`` (bool, broadcastable to
         [B, nh, T, T_total]) is combined with the shifted causal mask; a query whose every key is
         masked gets a zero output on both paths.
         """
         B, nh, T, _ = q.shape
-        T_total = k.shape[2]
+        T_total, shared = k.shape[2], k.shape[1] != nh  # shared: nkv < nh key/value heads
         if mask is not None:
             check_mask(mask, (B, nh, T, T_total))
         p = self.dropout if self.training else 0.0
@@ -173,18 +171,22 @@ class MultiHeadAttention(nn.Module):
             # is_causal's triangle is aligned top-left: right with no cache (T == T_total);
             # a single new query may see every key, so it needs no mask at all
             self.last_weights = None
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=self.causal and T == T_total)
-        allowed = causal_mask_with_past(T, T_total - T, device=q.device) if self.causal else None  # (T, T_total)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=shared,
+                                                  is_causal=self.causal and T == T_total)
+        allowed = causal_mask_with_past(T, T_total - T, device=q.device) if self.causal else None
         if mask is not None:
             allowed = mask if allowed is None else allowed & mask  # (B or 1, nh or 1, T, T_total)
-        if not self.fast:  # the teaching path
+        if not self.fast:  # the teaching path: each key/value head copied for its group of queries
+            k, v = (t.repeat_interleave(nh // t.shape[1], dim=1) for t in (k, v))  # (B, nh, T_total, hs)
             y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
             self.last_weights = weights.detach()  # (B, nh, T, T_total)
             return y  # (B, nh, T, hs)
         self.last_weights = None
         has_key = allowed.any(dim=-1, keepdim=True)  # a row hidden entirely (padding) is given all keys...
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=p)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=p,
+                                           enable_gqa=shared)
         return y.masked_fill(~has_key, 0.0)  # ...so the kernel stays finite, then its output is zeroed
 
     def extra_repr(self) -> str:
-        return f"n_head={self.n_head}, head_size={self.head_size}, causal={self.causal}, fast={self.fast}"
+        kv = f", n_kv_head={self.n_kv_head}" if self.n_kv_head != self.n_head else ""
+        return f"n_head={self.n_head}{kv}, head_size={self.head_size}, causal={self.causal}, fast={self.fast}"

@@ -17,11 +17,8 @@ POSITIONAL_KINDS = ("learned", "sinusoidal")
 
 
 __all__ = [
-    'POSITIONAL_KINDS',
-    'sinusoidal_frequencies',
-    'sinusoidal_positional_encoding',
-    'position_shift_matrix',
-    'InputEmbedding',
+    'POSITIONAL_KINDS', 'sinusoidal_frequencies', 'sinusoidal_positional_encoding',
+    'position_shift_matrix', 'InputEmbedding',
 ]
 
 
@@ -134,8 +131,8 @@ class InputEmbedding(nn.Module):
         if idx.ndim != 2:
             fix = ": add a batch dimension with idx[None]" if idx.ndim == 1 else ""
             raise ValueError(f"idx must have shape [B, T] (batch, time), got {tuple(idx.shape)}{fix}")
-        if idx.numel() == 0:
-            return
+        if idx.numel() == 0 or idx.device.type != "cpu":
+            return  # on a GPU, reading min/max would stall every step: generate() checks its prompt there
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.vocab_size:
             bad = lo if lo < 0 else hi

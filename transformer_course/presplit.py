@@ -22,15 +22,8 @@ STREAM_MARGIN = 16
 
 
 __all__ = [
-    'GPT2_SPLIT_PATTERN',
-    'GPT4_SPLIT_PATTERN',
-    'KNOWN_PATTERNS',
-    'ENDOFTEXT',
-    'STREAM_MARGIN',
-    'valid_text',
-    'special_matches',
-    'split_special',
-    'text_blocks',
+    'GPT2_SPLIT_PATTERN', 'GPT4_SPLIT_PATTERN', 'KNOWN_PATTERNS', 'ENDOFTEXT', 'STREAM_MARGIN',
+    'valid_text', 'special_matches', 'split_special', 'text_blocks',
 ]
 
 

@@ -19,19 +19,12 @@ from pathlib import Path
 import torch
 
 from .config import GPTConfig
+from .model import GPT
 
 __all__ = [
-    'make_hf_stand_in',
-    'hf_key_map',
-    'HF_ACTIVATIONS',
-    'config_from_hf',
-    'convert_hf_state_dict',
-    'read_hf_state_dict',
-    'HubUnavailableError',
-    'hub_reachable',
-    'download_hf_gpt2',
-    'read_hf_gpt2',
-    'block_outputs',
+    'make_hf_stand_in', 'hf_key_map', 'HF_ACTIVATIONS', 'config_from_hf', 'convert_hf_state_dict',
+    'read_hf_state_dict', 'HubUnavailableError', 'hub_reachable', 'download_hf_gpt2',
+    'read_hf_gpt2', 'from_pretrained', 'block_outputs',
 ]
 
 
@@ -96,7 +89,7 @@ def config_from_hf(hf: Mapping) -> GPTConfig:
     A variant our GPT does not build raises `ValueError` naming the field.
     """
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"config.json describes a {hf['model_type']!r} model; GPT.from_pretrained reads GPT-2 only")
+        raise ValueError(f"config.json describes a {hf['model_type']!r} model; from_pretrained reads GPT-2 only")
     missing = [k for k in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head") if k not in hf]
     if missing:
         raise ValueError(f"config.json lacks {', '.join(missing)}: is it a GPT-2 config?")
@@ -255,6 +248,15 @@ def read_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> tuple[GPTConfig, d
     if not config_file.is_file():
         raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
     return config_from_hf(json.loads(config_file.read_text())), read_hf_state_dict(folder)
+
+
+def from_pretrained(path_or_name: str | os.PathLike = "gpt2") -> GPT:
+    """OpenAI's GPT-2 weights in our `GPT` (eval mode), from a local Hugging Face folder (config.json,
+    model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2"."""
+    config, tensors = read_hf_gpt2(path_or_name)
+    model = GPT(config)
+    model.load_state_dict(convert_hf_state_dict(tensors, model))
+    return model.eval()
 
 
 def block_outputs(model: torch.nn.Module, idx: torch.Tensor) -> list[torch.Tensor]:

@@ -29,12 +29,7 @@ FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BP
 
 
 __all__ = [
-    'FORMAT',
-    'FORMAT_VERSION',
-    'CharTokenizer',
-    'SPECIAL_ID_ROOM',
-    'BPETokenizer',
-    'get_encoding',
+    'FORMAT', 'FORMAT_VERSION', 'CharTokenizer', 'SPECIAL_ID_ROOM', 'BPETokenizer', 'get_encoding',
     'tokenizer_from_dict',
 ]
 
@@ -124,13 +119,98 @@ SPECIAL_ID_ROOM = 1024  # special ids may leave this many ids unused after the m
 _STREAM_BLOCK = 1 << 14  # characters encode_stream reads per step
 
 
-class BPETokenizer:
+class _TokenizerFiles:
+    """A BPETokenizer as plain data and as a file: what is read is untrusted and checked."""
+
+    def to_dict(self) -> dict:
+        """Plain JSON-able data; each merge as [left, right, new id, the new token as text]."""
+        merges = [[a, b, i, self.vocab[i].decode("utf-8", "replace")] for (a, b), i in self.merges.items()]
+        return {"type": "bpe", "format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "pattern": self.pattern,
+                "special_tokens": self.special_tokens, "byte_ids": self.byte_ids, "merges": merges}
+
+    @classmethod
+    def from_dict(cls, d: dict, trust_pattern: bool = False) -> "BPETokenizer":
+        """The tokenizer of a ``to_dict()`` (a saved file, a checkpoint's entry), checked as untrusted data:
+        every problem is a ValueError that names it. A pre-split regex can be made to run for years on a
+        short text (``((a|aa)+)+$``), so ``pattern`` must be GPT-2's, GPT-4's or None unless
+        ``trust_pattern=True`` (for files you made yourself with another pattern)."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise ValueError(f"not a saved BPETokenizer (expected 'format': {FORMAT!r})")
+        if d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; this code reads {FORMAT_VERSION}")
+        if {"name", "pattern", "special_tokens", "byte_ids", "merges"} - d.keys() or not isinstance(d["merges"], list):
+            raise ValueError("a saved BPETokenizer needs name, pattern, special_tokens, byte_ids and merges (a list)")
+        if not flag(trust_pattern, "trust_pattern") and d["pattern"] not in presplit.KNOWN_PATTERNS:
+            raise ValueError("the file's pre-split pattern is not GPT-2's, GPT-4's or None; an unknown regex can take "
+                             "forever on a short text. If you made this file, load it with trust_pattern=True")
+        if any(not isinstance(m, list) or len(m) != 4 or not all(isinstance(i, int) for i in m[:3]) for m in d["merges"]):
+            raise ValueError("each merge must be a list [left id, right id, new id, text]")
+        merges = {(m[0], m[1]): m[2] for m in d["merges"]}  # the text in m[3] is for people only
+        if len(merges) != len(d["merges"]):
+            raise ValueError("a pair is merged twice in the file's merges")
+        return cls(merges, d["pattern"], d["special_tokens"], d["byte_ids"], d["name"])
+
+    def save(self, path) -> None:
+        """Write readable JSON, one merge per line; atomically (a temporary file, then a rename)."""
+        d = self.to_dict()
+        merges = d.pop("merges")
+        lines = ["{", *(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in d.items()), '  "merges": [',
+                 ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in merges), "  ]", "}"]
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(os.path.abspath(path)),
+                                         suffix=".tmp", delete=False) as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(f.name, path)
+
+    @classmethod
+    def load(cls, path, trust_pattern: bool = False) -> "BPETokenizer":
+        """A tokenizer saved with ``save`` (see ``from_dict`` for ``trust_pattern``)."""
+        with open(path, encoding="utf-8") as f:
+            try:
+                d = json.load(f)
+            except ValueError as e:  # invalid JSON or invalid UTF-8
+                raise ValueError(f"{path} is not a saved BPETokenizer (invalid JSON: {e})") from None
+        return cls.from_dict(d, trust_pattern)
+
+
+class _TiktokenBridge:
+    """A BPETokenizer to and from tiktoken: the same ranks, so identical ids."""
+
+    def to_tiktoken(self, name: str | None = None):
+        """The same tokenizer as a fast (Rust) ``tiktoken.Encoding``: identical ids."""
+        import tiktoken
+
+        return tiktoken.Encoding(name=name or self.name, pat_str=self.pattern or r"[\s\S]+",
+                                 mergeable_ranks=dict(self._id_of_bytes), special_tokens=dict(self.special_tokens))
+
+    @classmethod
+    def from_tiktoken(cls, encoding="cl100k_base") -> "BPETokenizer":
+        """A pure-Python tokenizer with the ranks of a tiktoken encoding (its name or the Encoding).
+
+        tiktoken stores only each token's rank, not the pair it came from. Taking the tokens in rank
+        order, BPE on a token's bytes with the merges recovered so far (all of lower rank) stops at
+        the two tokens it was made of.
+        """
+        enc = get_encoding(encoding) if isinstance(encoding, str) else encoding
+        ranks = enc._mergeable_ranks  # bytes -> rank (= id); tiktoken keeps no public accessor
+        byte_ids, merges = [ranks[bytes([b])] for b in range(256)], {}
+        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+            if len(token) > 1:
+                parts = apply_merges([byte_ids[b] for b in token], merges)
+                if len(parts) != 2:
+                    raise ValueError(f"token {token!r} is not two lower-ranked tokens: not a BPE vocabulary")
+                merges[tuple(parts)] = rank
+        return cls(merges, enc._pat_str, dict(enc._special_tokens), byte_ids, enc.name)
+
+
+class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
     """Byte-level BPE: str -> UTF-8 bytes -> ids, merged by learned pairs; T tokens -> T ids.
 
     ``merges``: (left id, right id) -> new id, which is also the merge's rank (applied lowest first).
     ``byte_ids[b]``: the id of byte value b. ``pattern``: pre-split regex (None: no split).
     ``special_tokens``: str -> id. The ids of bytes and merges are 0..N-1; special ids follow them,
-    leaving at most ``SPECIAL_ID_ROOM`` unused. ``vocab_size`` = largest id + 1.
+    leaving at most ``SPECIAL_ID_ROOM`` unused. ``vocab_size`` = largest id + 1. Files and tiktoken
+    come from the two helper classes above (``save``/``load``/``to_dict``/``from_dict``,
+    ``to_tiktoken``/``from_tiktoken``).
     """
 
     def __init__(self, merges: dict, pattern: str | None = presplit.GPT4_SPLIT_PATTERN, special_tokens: dict | None = None,
@@ -294,81 +374,6 @@ class BPETokenizer:
         except UnicodeDecodeError as e:
             raise ValueError(f"these ids are not valid UTF-8 ({e.reason} at byte {e.start}): they split a character; "
                              "decode more ids together, or use errors='replace'") from None
-
-    def to_tiktoken(self, name: str | None = None):
-        """The same tokenizer as a fast (Rust) ``tiktoken.Encoding``: identical ids."""
-        import tiktoken
-
-        return tiktoken.Encoding(name=name or self.name, pat_str=self.pattern or r"[\s\S]+",
-                                 mergeable_ranks=dict(self._id_of_bytes), special_tokens=dict(self.special_tokens))
-
-    @classmethod
-    def from_tiktoken(cls, encoding="cl100k_base") -> "BPETokenizer":
-        """A pure-Python tokenizer with the ranks of a tiktoken encoding (its name or the Encoding).
-
-        tiktoken stores only each token's rank, not the pair it came from. Taking the tokens in rank
-        order, BPE on a token's bytes with the merges recovered so far (all of lower rank) stops at
-        the two tokens it was made of.
-        """
-        enc = get_encoding(encoding) if isinstance(encoding, str) else encoding
-        ranks = enc._mergeable_ranks  # bytes -> rank (= id); tiktoken keeps no public accessor
-        byte_ids, merges = [ranks[bytes([b])] for b in range(256)], {}
-        for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
-            if len(token) > 1:
-                parts = apply_merges([byte_ids[b] for b in token], merges)
-                if len(parts) != 2:
-                    raise ValueError(f"token {token!r} is not two lower-ranked tokens: not a BPE vocabulary")
-                merges[tuple(parts)] = rank
-        return cls(merges, enc._pat_str, dict(enc._special_tokens), byte_ids, enc.name)
-
-    def to_dict(self) -> dict:
-        """Plain JSON-able data; each merge as [left, right, new id, the new token as text]."""
-        merges = [[a, b, i, self.vocab[i].decode("utf-8", "replace")] for (a, b), i in self.merges.items()]
-        return {"type": "bpe", "format": FORMAT, "version": FORMAT_VERSION, "name": self.name, "pattern": self.pattern,
-                "special_tokens": self.special_tokens, "byte_ids": self.byte_ids, "merges": merges}
-
-    @classmethod
-    def from_dict(cls, d: dict, trust_pattern: bool = False) -> "BPETokenizer":
-        """The tokenizer of a ``to_dict()`` (a saved file, a checkpoint's entry), checked as untrusted data:
-        every problem is a ValueError that names it. A pre-split regex can be made to run for years on a
-        short text (``((a|aa)+)+$``), so ``pattern`` must be GPT-2's, GPT-4's or None unless
-        ``trust_pattern=True`` (for files you made yourself with another pattern)."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise ValueError(f"not a saved BPETokenizer (expected 'format': {FORMAT!r})")
-        if d.get("version") != FORMAT_VERSION:
-            raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; this code reads {FORMAT_VERSION}")
-        if {"name", "pattern", "special_tokens", "byte_ids", "merges"} - d.keys() or not isinstance(d["merges"], list):
-            raise ValueError("a saved BPETokenizer needs name, pattern, special_tokens, byte_ids and merges (a list)")
-        if not flag(trust_pattern, "trust_pattern") and d["pattern"] not in presplit.KNOWN_PATTERNS:
-            raise ValueError("the file's pre-split pattern is not GPT-2's, GPT-4's or None; an unknown regex can take "
-                             "forever on a short text. If you made this file, load it with trust_pattern=True")
-        if any(not isinstance(m, list) or len(m) != 4 or not all(isinstance(i, int) for i in m[:3]) for m in d["merges"]):
-            raise ValueError("each merge must be a list [left id, right id, new id, text]")
-        merges = {(m[0], m[1]): m[2] for m in d["merges"]}  # the text in m[3] is for people only
-        if len(merges) != len(d["merges"]):
-            raise ValueError("a pair is merged twice in the file's merges")
-        return cls(merges, d["pattern"], d["special_tokens"], d["byte_ids"], d["name"])
-
-    def save(self, path) -> None:
-        """Write readable JSON, one merge per line; atomically (a temporary file, then a rename)."""
-        d = self.to_dict()
-        merges = d.pop("merges")
-        lines = ["{", *(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in d.items()), '  "merges": [',
-                 ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in merges), "  ]", "}"]
-        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(os.path.abspath(path)),
-                                         suffix=".tmp", delete=False) as f:
-            f.write("\n".join(lines) + "\n")
-        os.replace(f.name, path)
-
-    @classmethod
-    def load(cls, path, trust_pattern: bool = False) -> "BPETokenizer":
-        """A tokenizer saved with ``save`` (see ``from_dict`` for ``trust_pattern``)."""
-        with open(path, encoding="utf-8") as f:
-            try:
-                d = json.load(f)
-            except ValueError as e:  # invalid JSON or invalid UTF-8
-                raise ValueError(f"{path} is not a saved BPETokenizer (invalid JSON: {e})") from None
-        return cls.from_dict(d, trust_pattern)
 
     def __repr__(self) -> str:
         return f"BPETokenizer(name={self.name!r}, vocab_size={self.vocab_size}, merges={len(self.merges)})"

@@ -15,7 +15,6 @@ import torch
 from .checkpoint import Checkpoint, config_differences, save_checkpoint
 from .config import History, TrainConfig
 from .data import get_batch
-from .distributed import current_world
 from .model import GPT
 from .runtime import pick_device
 from .tokenization import CharTokenizer
@@ -24,17 +23,8 @@ EVAL_SEED_OFFSET = 1  # evaluation batches come from seed cfg.seed + 1, not the 
 
 
 __all__ = [
-    'EVAL_SEED_OFFSET',
-    'train_step',
-    'accumulated_step',
-    'param_groups',
-    'fused_adamw_works',
-    'make_optimizer',
-    'lr_at',
-    'estimate_loss',
-    'autocast_for',
-    'train',
-    'plot_history',
+    'EVAL_SEED_OFFSET', 'train_step', 'accumulated_step', 'param_groups', 'fused_adamw_works',
+    'make_optimizer', 'lr_at', 'estimate_loss', 'autocast_for', 'train', 'plot_history',
     'encode_corpus',
 ]
 
@@ -121,8 +111,8 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
                   device=None, shard: tuple[int, int] = (0, 1)) -> float:
     """Mean loss of `model` over `iters` batches [batch_size, block_size] of `data` drawn by a generator
     seeded with `seed` (the global random state is untouched), sent to `device` (None: the model's).
-    `shard=(rank, processes)`: score batches rank, rank + processes, ... only, returning their share of
-    the mean (the shares add up to it)."""
+    `shard=(rank, processes)`, for appendix 90's several processes: score batches rank,
+    rank + processes, ... only, returning their share of the mean (the shares add up to it)."""
     device = next(model.parameters()).device if device is None else device
     was_training = model.training
     model.eval()
@@ -154,85 +144,75 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator, world, seed: int) -> None:
+def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
+    """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
+    PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
     if differences := config_differences(resume.config, model.cfg):
         raise ValueError(f"cannot resume: the checkpoint does not match the model: {'; '.join(differences)}")
     model.load_state_dict(resume.model.state_dict())
     if resume.optimizer_state is not None:
         optimizer.load_state_dict(resume.optimizer_state)
+    # map_location may have moved the saved states to a GPU; the generators take CPU tensors only
     if "batch" in resume.rng:
-        batches.set_state(resume.rng["batch"].cpu())  # map_location may have moved it
-    if len(resume.rng.get("ranks", ())) == world.size > 1:  # the same number of processes: each its own state
-        torch.set_rng_state(resume.rng["ranks"][world.rank].cpu())
-    elif world.size > 1:  # another number of processes: fresh, distinct dropout draws per rank
-        torch.manual_seed(seed + world.rank + 1000 * resume.step)
-    elif "torch" in resume.rng:
+        batches.set_state(resume.rng["batch"].cpu())
+    if "torch" in resume.rng:
         torch.set_rng_state(resume.rng["torch"].cpu())
-    if "cuda" in resume.rng and torch.cuda.is_available() and world.size == 1:  # rank 0's alone: not for all ranks
+    if "cuda" in resume.rng and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in resume.rng["cuda"]])
 
 
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: TrainConfig | None = None, *,
           resume: Checkpoint | None = None, checkpoint_path=None, tokenizer=None) -> History:
     """Train `model` in place on 1-D tensors of token ids, on `cfg.device` (None: `pick_device()`, a GPU
-    if there is one), where the model stays afterwards; return the History.
-
-    Every `eval_interval` steps and at the end: evaluate and write `checkpoint_path` (if given).
-    `resume` (from `load_checkpoint`) continues exactly: the same losses as never stopping.
-    Under torchrun it trains data-parallel: each process takes its rows of every global batch,
-    gradients, losses and evaluations are averaged over processes, and rank 0 alone writes.
-    """
+    if there is one), where the model stays afterwards; return the History. Every `eval_interval` steps
+    and at the end: evaluate and write `checkpoint_path` (if given). `resume` (from `load_checkpoint`)
+    continues exactly: the same losses as never stopping. (On several processes: appendix 90.)"""
     from tqdm.auto import tqdm
 
-    cfg, world = cfg or TrainConfig(), current_world()
+    cfg = cfg or TrainConfig()
     device = pick_device(cfg.device)
     model.to(device).train()
     optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
-    global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per optimizer step, all processes
+    rows = cfg.batch_size * cfg.grad_accum  # windows per optimizer step
     history, step = History(), 0
-    if world.size > 1:  # distinct dropout draws per process
-        torch.manual_seed(cfg.seed + world.rank)
     if resume is not None:
-        _restore(resume, model, optimizer, batches, world, cfg.seed)
+        _restore(resume, model, optimizer, batches)
         history, step = resume.history or history, resume.step
-    history.tokens_per_step = global_rows * model.cfg.block_size  # the world size may have changed on resuming
+    history.tokens_per_step = rows * model.cfg.block_size
     forward = torch.compile(model) if cfg.compile else model
-    stepper = world.wrap(forward)  # DDP under torchrun
-    began, base = _now(device), history.wall_seconds
+    began, base = _now(device), history.wall_seconds  # base: the seconds of the run before a resume
 
     def evaluate() -> None:
         with autocast_for(device, cfg):
             for losses, data in ((history.train_loss, train_data), (history.val_loss, val_data)):
-                share = estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size, cfg.eval_iters,
-                                      seed=cfg.seed + EVAL_SEED_OFFSET, device=device, shard=(world.rank, world.size))
-                losses.append(world.sum(share))
+                losses.append(estimate_loss(forward, data, model.cfg.block_size, cfg.batch_size,
+                                            cfg.eval_iters, seed=cfg.seed + EVAL_SEED_OFFSET,
+                                            device=device))
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
         bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
-        rank_rng = world.gather(torch.get_rng_state()) if world.size > 1 else None  # every rank takes part
-        if checkpoint_path is not None and world.is_main:
+        if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
-                            history=history, batch_generator=batches, rank_rng=rank_rng)
-        world.barrier()  # no rank goes on (or returns) before the checkpoint is written
+                            history=history, batch_generator=batches)
 
     # at most one redraw a second: each is a message to Jupyter's front end
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
-               disable=not (cfg.progress and world.is_main))
+               disable=not cfg.progress)
     while step < cfg.max_iters:
         if step % cfg.eval_interval == 0 and step not in history.eval_step:
             evaluate()
-        if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
+        if cfg.max_seconds is not None and _now(device) - began > cfg.max_seconds:
             break
         tick, lr = _now(device), lr_at(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        # one global batch from the shared sampler; each process takes its rows
-        x, y = world.shard(*get_batch(train_data, model.cfg.block_size, global_rows, generator=batches, device=device))
+        x, y = get_batch(train_data, model.cfg.block_size, rows, generator=batches, device=device)
         if cfg.grad_accum == 1:
-            loss = train_step(stepper, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg))
+            loss = train_step(forward, optimizer, x, y, cfg.grad_clip, autocast_for(device, cfg))
         else:
-            loss = accumulated_step(stepper, optimizer, x, y, cfg.grad_accum, cfg.grad_clip, autocast_for(device, cfg))
-        history.loss.append(world.mean(loss))
+            loss = accumulated_step(forward, optimizer, x, y, cfg.grad_accum, cfg.grad_clip,
+                                    autocast_for(device, cfg))
+        history.loss.append(loss)
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick

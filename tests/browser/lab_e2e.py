@@ -11,8 +11,8 @@ Run with ``make test-browser`` (CI runs it after ``make test``). For each chapte
    and asserts that the widget's displayed output changes;
 4. saves a screenshot to ``build/browser/<chapter>.png``.
 
-The student edition (``transformer_course.classroom.write_student_edition``) is written into the same
-scratch folder (``student/chapters/``, served by the same JupyterLab) and its chapters in
+The student edition (``transformer_course.classroom.edition.write_student_edition``) is written into
+the same scratch folder (``student/chapters/``, served by the same JupyterLab) and its chapters in
 ``STUDENT_CHAPTERS`` (02 and 03) are items of their own, named ``student/<chapter>.ipynb``. For each:
 
 5. runs all cells with every exercise unsolved and asserts that the kernel finishes, that no cell
@@ -71,7 +71,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from chapter_costs import cost  # noqa: E402  (relative run time of each chapter, to balance --jobs)
 
 from transformer_course.checks import RESULT_LINE  # noqa: E402  (the one line every check prints)
-from transformer_course.classroom import EXERCISE_TAG, write_student_edition  # noqa: E402
+from transformer_course.classroom.edition import write_student_edition  # noqa: E402
+from transformer_course.classroom.exercise_cells import EXERCISE_TAG  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

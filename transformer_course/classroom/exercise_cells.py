@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .checks import RESULT_LINE
+from ..checks import RESULT_LINE
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 EXERCISE_TAG = "exercise"
@@ -28,7 +28,7 @@ KINDS = ("build", "predict", "debug", "extend")
 EXERCISE_HEADING = re.compile(r"Exercise\s+(\d+\.\d+)\s*\(([★☆]{3}),\s*(build|predict|debug|extend)\)")
 _EXERCISE_ID = re.compile(r"Exercise\s+(\d+\.\d+)")
 _STATUS = {"✅": "passed", "❌": "failed", "⏳": "not done"}
-COURSE_CHAPTERS = Path(__file__).resolve().parents[1] / "chapters"
+COURSE_CHAPTERS = Path(__file__).resolve().parents[2] / "chapters"  # beside the package
 
 
 def cell_source(cell) -> str:

@@ -1,9 +1,9 @@
-"""Run one handed-in notebook for the grader: a fresh kernel, one time limit for the whole notebook and,
-where Linux allows it, a sandbox (hand-written).
+"""Run one handed-in notebook for the grader, in a fresh kernel and a sandbox (hand-written).
 
-The grader (``grading.py``) starts ``python -m transformer_course.grading_sandbox run`` once per
-notebook, sends the notebook's code cells on stdin and reads one JSON answer on a pipe of its own
-(the kernel never holds that pipe, so nothing a notebook prints can stand in for it)::
+The whole notebook has one time limit; the sandbox is made where Linux allows it. The grader
+(``grading.py``) starts ``python -m transformer_course.classroom.sandbox run`` once per notebook,
+sends the notebook's code cells on stdin and reads one JSON answer on a pipe of its own (the kernel
+never holds that pipe, so nothing a notebook prints can stand in for it)::
 
     {"records": [[12, "3.2", "passed"], ...], "error": "", "cells_run": 14, "isolated": true}
 
@@ -49,6 +49,7 @@ _MS_REC, _MS_PRIVATE, _MS_RELATIME, _MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1
 _KEEP = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
          "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
 _CLONE_NEWUSER = 0x10000000
+WORKER_MODULE = "transformer_course.classroom.sandbox"  # this module, as `python -m` runs it
 
 
 # ------------------------------------------------------------------ the grader's side
@@ -62,7 +63,7 @@ def outer_command() -> list[str]:
 def worker_command(folder, sandbox: bool) -> list[str]:
     """The command line that runs one notebook in ``folder``, inside the sandbox or not."""
     mode = ["setup", str(folder)] if sandbox else ["run"]
-    return [*(outer_command() if sandbox else []), sys.executable, "-m", "transformer_course.grading_sandbox", *mode]
+    return [*(outer_command() if sandbox else []), sys.executable, "-m", WORKER_MODULE, *mode]
 
 
 _PRCTL = ctypes.CDLL(None).prctl if platform.system() == "Linux" else None  # looked up before any fork
@@ -184,7 +185,7 @@ def _enter_sandbox(folder: str) -> None:
     # what must stay visible even where it lies under a temporary folder (a clone in /tmp, say): the
     # graded folder's tree (../benchmarks/...), the Python that runs the kernel and this package
     needed = {folder, sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-              str(Path(__file__).resolve().parents[1])}
+              str(Path(__file__).resolve().parents[2])}
     for temp in ("/tmp", "/var/tmp", "/dev/shm"):
         if not os.path.isdir(temp) or folder == temp:
             continue
@@ -328,7 +329,7 @@ def main(argv: list[str]) -> int:
     """``setup FOLDER`` (as the namespaces' root: build the sandbox, then become the worker) or ``run``."""
     if argv[:1] == ["setup"]:
         _enter_sandbox(argv[1])
-        os.execv(sys.executable, [sys.executable, "-m", "transformer_course.grading_sandbox", "run"])
+        os.execv(sys.executable, [sys.executable, "-m", WORKER_MODULE, "run"])
     request = json.loads(sys.stdin.buffer.read())
     if "result_fd" in request:
         os.set_inheritable(request["result_fd"], False)  # the kernel never holds the answer's pipe

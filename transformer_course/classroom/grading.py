@@ -3,7 +3,7 @@
 Used by ``transformer-course grade``. Each notebook is read by a loader that never raises (a file that
 is not a notebook becomes a row that says so), matched to its chapter by file name
 (``alice_03_single_head_attention.ipynb``) or by the chapter the student edition wrote into its
-metadata, and run in a fresh kernel (``grading_sandbox``). A notebook's grade lists exactly the
+metadata, and run in a fresh kernel (``sandbox``). A notebook's grade lists exactly the
 exercises of the original chapter: an exercise cell that is gone is **missing**, an exercise that a
 notebook invents does not count, and a verdict counts only when the check recorded it while running
 (printed text proves nothing). One bad notebook never stops a batch: its row carries the error.
@@ -20,8 +20,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import faults
-from .arguments import real_number
+from .. import faults
+from ..arguments import real_number
 from .exercise_cells import (
     COURSE_CHAPTERS,
     cell_source,
@@ -29,7 +29,7 @@ from .exercise_cells import (
     exercise_positions,
     printed_verdicts,
 )
-from .grading_sandbox import run_cells, sandbox_problem
+from .sandbox import run_cells, sandbox_problem
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a handed-in notebook larger than this is refused, not read
 DEFAULT_TIMEOUT = 1800  # seconds for a whole notebook: chapter 06 trains for about two minutes on a laptop

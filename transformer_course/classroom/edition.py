@@ -1,14 +1,12 @@
-"""Classroom tools: the student edition of the chapters, and grading of student notebooks (hand-written).
+"""The student edition of the chapters: solutions removed, checks kept (hand-written).
 
-Used by ``transformer-course student-edition`` and ``transformer-course grade`` (and ``make student``,
-``make clean``). The student edition replaces each solution region of an exercise cell
-(``exercise_cells``) by ``raise NotImplementedError("Exercise 3.2: ...")`` at the marker's indentation
-(signature and docstring stay), clears that cell's stored outputs and tags it ``exercise`` so the
-grader can find it again. Nothing a learner wrote is ever overwritten or removed: the edition keeps a
-manifest of the files it wrote (``MANIFEST``, their SHA-256) and touches only files that still match it.
-
-Grading lives in ``grading`` (and ``grading_sandbox``), the leak check in ``leak_check``; their public
-names are importable from here too.
+Used by ``transformer-course student-edition`` (and ``make student``, ``make clean``). The student
+edition replaces each solution region of an exercise cell (``exercise_cells``) by
+``raise NotImplementedError("Exercise 3.2: ...")`` at the marker's indentation (signature and
+docstring stay), clears that cell's stored outputs and tags it ``exercise`` so the grader can find
+it again; ``leak_check`` then refuses an edition that gives an answer away. Nothing a learner wrote
+is ever overwritten or removed: the edition keeps a manifest of the files it wrote (``MANIFEST``,
+their SHA-256) and touches only files that still match it.
 """
 
 from __future__ import annotations
@@ -21,29 +19,17 @@ import re
 import sys
 from pathlib import Path
 
-from .exercise_cells import (  # noqa: F401  (re-exported: the classroom's public names)
+from .exercise_cells import (
     BEGIN,
     COURSE_CHAPTERS,
     END,
     EXERCISE_TAG,
-    KINDS,
     cell_source,
-    exercise_kinds,
     exercise_label,
-    is_exercise_cell,
     printed_verdicts,
     solution_regions,
 )
-from .grading import (  # noqa: F401
-    NotebookGrade,
-    format_table,
-    grade_cells,
-    grade_notebooks,
-    read_submission,
-    run_grade_command,
-    write_csv,
-)
-from .leak_check import find_leaks  # noqa: F401
+from .leak_check import find_leaks
 
 _DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)|^\s*class\s+(\w+)")
 
