@@ -1,13 +1,13 @@
-"""The chapter 03 checks accept the reference, reject realistic mistakes with the right hint, and
-report a stub that raises NotImplementedError as "not done"."""
+"""The chapter 03 checks accept the reference and reject realistic mistakes with the right hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import math
 
 import pytest
 import torch
+from check_helpers import assert_rejected, run
 
 from transformer_course.attention import _MASKED, causal_mask, scaled_dot_product_attention
-from transformer_course.checks import CheckOutcome
 from transformer_course.checks.attention import (
     _alibi_bias,
     check_alibi_bias,
@@ -18,43 +18,10 @@ from transformer_course.checks.attention import (
 )
 
 
-def run(check_fn, candidate) -> CheckOutcome:
-    return check_fn(candidate, quiet=True)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: write me")
-
-
-ALL_CHECKS = [check_attention_scores, check_causal_mask, check_predict_equal_scores, check_attention, check_alibi_bias]
-
-
-@pytest.mark.parametrize("check_fn", ALL_CHECKS, ids=lambda c: c.__name__)
-def test_stub_is_not_done(check_fn):
-    outcome = run(check_fn, stub)
-    assert outcome.status == "not done"
-    assert outcome.exercise == check_fn.exercise
-
-
-def test_exercises_are_numbered_in_order():
-    assert [c.exercise for c in ALL_CHECKS] == ["3.1", "3.2", "3.3", "3.4", "3.5"]
-
-
 def test_check_prints_one_line(capsys):
     check_causal_mask(causal_mask)
-    assert capsys.readouterr().out == "✅ Exercise 3.2 (causal_mask): passed - the rest of the chapter uses yours\n"
-
-
-@pytest.mark.parametrize(
-    ("check_fn", "reference"),
-    [(check_causal_mask, causal_mask), (check_attention, scaled_dot_product_attention), (check_alibi_bias, _alibi_bias)],
-    ids=lambda x: getattr(x, "__name__", ""),
-)
-def test_use_is_the_learners_code_when_it_passes_and_the_reference_otherwise(check_fn, reference):
-    passing = run(check_fn, reference)
-    assert passing.passed and passing.use is reference
-    failing = run(check_fn, stub)
-    assert failing.use is reference and "carries on with the package's" in failing.message
+    assert capsys.readouterr().out == (
+        "✅ Exercise 3.2 (causal_mask): passed - the rest of the chapter uses yours\n")
 
 
 # ---------------------------------------------------------------- 3.1 (debug)
@@ -85,13 +52,15 @@ def the_chapters_buggy_scores(q, k):
     ],
 )
 def test_scores_rejects(candidate, hint):
-    outcome = run(check_attention_scores, candidate)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+    assert_rejected(check_attention_scores, candidate, hint)
 
 
 def test_scores_accepts_reference():
     assert run(check_attention_scores, scores_ref).passed
-    assert run(check_attention_scores, lambda q, k: torch.einsum("...id,...jd->...ij", q, k) / q.shape[-1] ** 0.5).passed
+    assert run(
+        check_attention_scores,
+        lambda q, k: torch.einsum("...id,...jd->...ij", q, k) / q.shape[-1] ** 0.5,
+    ).passed
 
 
 # ---------------------------------------------------------------- 3.2 (build)
@@ -100,24 +69,35 @@ def test_scores_accepts_reference():
 @pytest.mark.parametrize(
     "candidate, hint",
     [
-        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).triu(), "position 0 can see position 1"),
-        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).tril(-1), "position 0 cannot see itself"),
+        (
+            lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).triu(),
+            "position 0 can see position 1",
+        ),
+        (
+            lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).tril(-1),
+            "position 0 cannot see itself",
+        ),
         (lambda T, device=None: torch.ones(T, T, device=device).tril(), "return a bool tensor"),
         (
-            lambda T, device=None: torch.ones(T, T, dtype=torch.bool, device=device).tril().triu(-1),
+            lambda T, device=None: (
+                torch.ones(T, T, dtype=torch.bool, device=device).tril().triu(-1)
+            ),
             "position 2 cannot see the earlier position 0",
         ),
-        (lambda T, device=None: torch.ones(T, T, dtype=torch.bool).tril(), "the mask ignores `device`"),
+        (
+            lambda T, device=None: torch.ones(T, T, dtype=torch.bool).tril(),
+            "the mask ignores `device`",
+        ),
     ],
 )
 def test_causal_mask_rejects(candidate, hint):
-    outcome = run(check_causal_mask, candidate)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+    assert_rejected(check_causal_mask, candidate, hint)
 
 
 def test_causal_mask_without_a_device_argument_is_reported():
-    outcome = run(check_causal_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril())
-    assert outcome.status == "failed" and "TypeError" in outcome.message, outcome.message
+    assert_rejected(
+        check_causal_mask, lambda T: torch.ones(T, T, dtype=torch.bool).tril(), "TypeError"
+    )
 
 
 def test_causal_mask_accepts_reference():
@@ -144,8 +124,7 @@ def test_equal_scores_right():
     ],
 )
 def test_equal_scores_wrong(answer, hint):
-    outcome = run(check_predict_equal_scores, lambda: answer)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+    assert_rejected(check_predict_equal_scores, lambda: answer, hint)
 
 
 # ---------------------------------------------------------------- 3.4 (build)
@@ -155,8 +134,17 @@ def attention_ref(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
     return scaled_dot_product_attention(q, k, v, mask, scale=scale, dropout_p=dropout_p)
 
 
-def make_attention(*, scale_default=None, fill=_MASKED, fix_nan=True, additive=False, invert=False, dim=-1,
-                   ignore_scale=False, batch_transpose=False):
+def make_attention(
+    *,
+    scale_default=None,
+    fill=_MASKED,
+    fix_nan=True,
+    additive=False,
+    invert=False,
+    dim=-1,
+    ignore_scale=False,
+    batch_transpose=False,
+):
     """A learner's attention with one planted slip (the defaults give the right answer)."""
 
     def attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
@@ -192,16 +180,19 @@ def make_attention(*, scale_default=None, fill=_MASKED, fix_nan=True, additive=F
         (make_attention(fill=-1e9, fix_nan=False), "a large negative number such as -1e9"),
         (make_attention(additive=True), "gradients through the fully masked row are NaN"),
         (make_attention(batch_transpose=True), "with two batch dims"),
-        (lambda q, k, v, mask=None, **kw: scaled_dot_product_attention(q, k, v, mask, **kw)[0], "return a pair"),
+        (
+            lambda q, k, v, mask=None, **kw: scaled_dot_product_attention(q, k, v, mask, **kw)[0],
+            "return a pair",
+        ),
     ],
 )
 def test_attention_rejects(candidate, hint):
-    outcome = run(check_attention, candidate)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+    assert_rejected(check_attention, candidate, hint)
 
 
 def test_attention_mask_only_zeroed_after_softmax():
-    """Masking the weights after an unmasked softmax: rows no longer sum to 1 over the visible keys."""
+    """Masking the weights after an unmasked softmax: rows no longer sum to 1 over the visible
+    keys."""
 
     def zero_after(q, k, v, mask=None, *, scale=None, dropout_p=0.0):
         s = (1 / math.sqrt(q.shape[-1])) if scale is None else scale
@@ -210,8 +201,7 @@ def test_attention_mask_only_zeroed_after_softmax():
             weights = weights * mask
         return weights @ v, weights
 
-    outcome = run(check_attention, zero_after)
-    assert outcome.status == "failed" and "with a mask the weights differ" in outcome.message, outcome.message
+    assert_rejected(check_attention, zero_after, "with a mask the weights differ")
 
 
 def test_attention_accepts_reference_and_other_correct_versions():
@@ -234,14 +224,18 @@ def test_attention_accepts_reference_and_other_correct_versions():
 
 def test_alibi_worked_numbers():
     inf = float("-inf")
-    assert torch.equal(_alibi_bias(3, 0.5), torch.tensor([[0.0, inf, inf], [-0.5, 0.0, inf], [-1.0, -0.5, 0.0]]))
+    assert torch.equal(
+        _alibi_bias(3, 0.5), torch.tensor([[0.0, inf, inf], [-0.5, 0.0, inf], [-1.0, -0.5, 0.0]])
+    )
 
 
 def test_alibi_plugs_into_torch_attention():
     q, k, v = (torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(s)) for s in range(3))
     bias = _alibi_bias(5, 0.5)
     weights = torch.softmax(q @ k.transpose(-2, -1) / 2 + bias, dim=-1)
-    torch.testing.assert_close(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias), weights @ v)
+    torch.testing.assert_close(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias), weights @ v
+    )
 
 
 def distance(T):
@@ -262,14 +256,19 @@ def causal(T, values):
         (lambda T, m: causal(T, -m * (distance(T) + 1)), "the diagonal gets bias 0"),
         (lambda T, m: causal(T, -distance(T)), "multiply the distance by `slope`"),
         (lambda T, m: causal_mask(T), "return float biases"),
-        (lambda T, m: (-m * distance(T)) + torch.zeros(T, T).masked_fill(~causal_mask(T), float("-inf")) * 0, "NaN"),
+        (
+            lambda T, m: (
+                (-m * distance(T))
+                + torch.zeros(T, T).masked_fill(~causal_mask(T), float("-inf")) * 0
+            ),
+            "NaN",
+        ),
         (lambda T, m: causal(T, -m * distance(T))[:, :-1], "should be ["),
         (lambda T, m: causal(T, -m * distance(T) / math.sqrt(T)), "should be -slope * (i - j)"),
     ],
 )
 def test_alibi_rejects(candidate, hint):
-    outcome = run(check_alibi_bias, candidate)
-    assert outcome.status == "failed" and hint in outcome.message, outcome.message
+    assert_rejected(check_alibi_bias, candidate, hint)
 
 
 def test_alibi_accepts_reference_and_a_loop():

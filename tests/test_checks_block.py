@@ -1,5 +1,6 @@
-"""Tests for chapter 05's exercise checks: the reference passes, a stub is "not done", and each
-realistic mistake is rejected with the hint that names it."""
+"""Tests for chapter 05's exercise checks: the reference and rewrites pass, and each realistic
+mistake is rejected with the hint that names it (tests/test_checks_all.py runs every check on a
+stub and on its reference)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from check_helpers import assert_rejected, run, stub
 
 from transformer_course.block import (
     LayerNorm,
@@ -15,8 +17,6 @@ from transformer_course.block import (
     block_parameter_count,
     input_gradient_norms,
 )
-from transformer_course.checks import CheckOutcome
-from transformer_course.checks._core import FAILED, NOT_DONE, PASSED
 from transformer_course.checks.block import (
     check_gelu_tanh,
     check_input_gradient_norms,
@@ -24,78 +24,16 @@ from transformer_course.checks.block import (
     check_predict_block_parameters,
     check_rms_norm,
     check_transformer_block,
-    gelu_tanh,
     rms_norm,
 )
 
-ALL_CHECKS = [check_layer_norm, check_gelu_tanh, check_transformer_block, check_predict_block_parameters,
-              check_input_gradient_norms, check_rms_norm]
-
-
-def _run(check, fn) -> CheckOutcome:
-    return check(fn, quiet=True)
-
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 5.x: your code here")
-
-
-def _assert_fails(outcome: CheckOutcome, hint: str) -> None:
-    assert outcome.status == FAILED, outcome.line()
-    assert hint in outcome.message, outcome.message
-
-
-class _StubLayerNorm(LayerNorm):
-    """The student edition's LayerNorm: the teaching path raises."""
-
-    def forward(self, x):
-        if self.fast:
-            return super().forward(x)
-        raise NotImplementedError("Exercise 5.1: write forward")
-
-
-class _StubBlock(TransformerBlock):
-    def forward(self, x, mask=None, cache=None):
-        raise NotImplementedError("Exercise 5.3: write forward")
-
-
-STUBS = {check_layer_norm: _StubLayerNorm, check_transformer_block: _StubBlock}
-
-
-@pytest.mark.parametrize("check", ALL_CHECKS, ids=lambda c: c.__name__)
-def test_stub_is_not_done(check):
-    assert _run(check, STUBS.get(check, _stub)).status == NOT_DONE
-
-
-def test_exercises_are_numbered_in_chapter_order():
-    assert [c.exercise for c in ALL_CHECKS] == [f"5.{n}" for n in range(1, 7)]
-
-
-@pytest.mark.parametrize(("check", "reference"), [
-    (check_layer_norm, LayerNorm), (check_gelu_tanh, gelu_tanh), (check_transformer_block, TransformerBlock),
-    (check_input_gradient_norms, input_gradient_norms), (check_rms_norm, rms_norm),
-], ids=lambda v: getattr(v, "__name__", ""))
-def test_checks_hand_back_what_the_chapter_uses(check, reference):
-    """Passing code is used; a stub falls back to the reference (the package's, or the checks module's)."""
-    assert _run(check, reference).use is reference
-    assert _run(check, STUBS.get(check, _stub)).use is reference
-
 
 def test_check_prints_one_line(capsys):
-    check_gelu_tanh(_stub)
+    check_gelu_tanh(stub)
     assert capsys.readouterr().out.startswith("⏳ Exercise 5.2 (my_gelu_tanh): not done")
     check_layer_norm(LayerNorm)
-    assert capsys.readouterr().out == "✅ Exercise 5.1 (LayerNorm): passed - the rest of the chapter uses yours\n"
-
-
-def test_checks_do_not_disturb_the_global_random_state():
-    torch.manual_seed(123)
-    expected = torch.rand(3)
-    torch.manual_seed(123)
-    for check, fn in ((check_layer_norm, LayerNorm), (check_transformer_block, TransformerBlock),
-                      (check_input_gradient_norms, input_gradient_norms)):
-        assert _run(check, fn).status == PASSED
-    assert torch.equal(torch.rand(3), expected)
+    assert capsys.readouterr().out == (
+        "✅ Exercise 5.1 (LayerNorm): passed - the rest of the chapter uses yours\n")
 
 
 # ---------------------------------------------------------------- 5.1 LayerNorm (build)
@@ -121,9 +59,11 @@ def _formula(self, x, var=None, eps=None, dim=-1):
 
 
 def test_layer_norm_reference_and_a_rewrite_pass():
-    assert _run(check_layer_norm, LayerNorm).status == PASSED
-    rewrite = _layer_norm_with(lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True, correction=0)))
-    assert _run(check_layer_norm, rewrite).status == PASSED
+    assert run(check_layer_norm, LayerNorm).passed
+    rewrite = _layer_norm_with(
+        lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True, correction=0))
+    )
+    assert run(check_layer_norm, rewrite).passed
 
 
 def _in_place(self, x):
@@ -134,20 +74,37 @@ def _in_place(self, x):
 @pytest.mark.parametrize(
     ("teaching", "hint"),
     [
-        (lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True)), "divided the variance by C - 1"),
-        (lambda self, x: (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True, correction=0) + self.eps)
-         * self.weight + self.bias, "(std + eps), as seed 002"),
+        (
+            lambda self, x: _formula(self, x, var=x.var(-1, keepdim=True)),
+            "divided the variance by C - 1",
+        ),
+        (
+            lambda self, x: (
+                (x - x.mean(-1, keepdim=True))
+                / (x.std(-1, keepdim=True, correction=0) + self.eps)
+                * self.weight
+                + self.bias
+            ),
+            "(std + eps), as seed 002",
+        ),
         (lambda self, x: _formula(self, x, dim=0), "not over the batch"),
         (lambda self, x: F.layer_norm(x, (self.d_model,), eps=self.eps), "then multiply by weight"),
         (lambda self, x: _formula(self, x, eps=1e-5), "use self.eps"),
-        (lambda self, x: (x - x.mean(-1, keepdim=True)) / torch.sqrt(x.var(-1, keepdim=True, correction=0) + self.eps)
-         * self.weight + self.bias, "self.bias is None"),
+        (
+            lambda self, x: (
+                (x - x.mean(-1, keepdim=True))
+                / torch.sqrt(x.var(-1, keepdim=True, correction=0) + self.eps)
+                * self.weight
+                + self.bias
+            ),
+            "self.bias is None",
+        ),
         (_in_place, "do not change x in place"),
         (lambda self, x: _formula(self, x).detach(), "cut off from weight and bias"),
     ],
 )
 def test_layer_norm_mistakes_are_named(teaching, hint):
-    _assert_fails(_run(check_layer_norm, _layer_norm_with(teaching)), hint)
+    assert_rejected(check_layer_norm, _layer_norm_with(teaching), hint)
 
 
 # ---------------------------------------------------------------- 5.2 GELU (tanh, debug)
@@ -156,14 +113,19 @@ C = math.sqrt(2 / math.pi)
 
 
 def test_gelu_tanh_reference_passes():
-    assert _run(check_gelu_tanh, lambda x: 0.5 * x * (1 + torch.tanh(C * (x + 0.044715 * x**3)))).status == PASSED
+    assert run(
+        check_gelu_tanh, lambda x: 0.5 * x * (1 + torch.tanh(C * (x + 0.044715 * x**3)))
+    ).passed
 
 
 @pytest.mark.parametrize(
     ("buggy", "hint"),
     [
         # the chapter's planted bug: sqrt(2 * pi) for sqrt(2 / pi)
-        (lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x**3))), "sqrt(2 / pi)"),
+        (
+            lambda x: 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x**3))),
+            "sqrt(2 / pi)",
+        ),
         (lambda x: 0.5 * x * (1 + torch.erf(x / math.sqrt(2))), "that is the exact GELU"),
         (lambda x: 0.5 * x * (1 + torch.tanh(C * x)), "0.044715 x³ term is missing"),
         (lambda x: x * (1 + torch.tanh(C * (x + 0.044715 * x**3))), "multiply by 0.5"),
@@ -173,14 +135,14 @@ def test_gelu_tanh_reference_passes():
     ],
 )
 def test_gelu_tanh_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_gelu_tanh, buggy), hint)
+    assert_rejected(check_gelu_tanh, buggy, hint)
 
 
 def test_gelu_tanh_in_place_change_is_named():
     def in_place(x):
         return x.mul_(0.5 * (1 + torch.tanh(C * (x + 0.044715 * x**3))))
 
-    _assert_fails(_run(check_gelu_tanh, in_place), "do not change x in place")
+    assert_rejected(check_gelu_tanh, in_place, "do not change x in place")
 
 
 # ---------------------------------------------------------------- 5.3 the block's forward (build)
@@ -252,8 +214,8 @@ def _in_place(b, x, mask, cache):
 
 
 def test_block_reference_and_rewrite_pass():
-    assert _run(check_transformer_block, TransformerBlock).status == PASSED
-    assert _run(check_transformer_block, _block_with(_right)).status == PASSED
+    assert run(check_transformer_block, TransformerBlock).passed
+    assert run(check_transformer_block, _block_with(_right)).passed
 
 
 @pytest.mark.parametrize(
@@ -271,21 +233,24 @@ def test_block_reference_and_rewrite_pass():
     ],
 )
 def test_block_mistakes_are_named(forward, hint):
-    _assert_fails(_run(check_transformer_block, _block_with(forward)), hint)
+    assert_rejected(check_transformer_block, _block_with(forward), hint)
 
 
 def test_block_crash_is_reported():
-    outcome = _run(check_transformer_block, _block_with(lambda b, x, mask, cache: b.attention(x)))
-    _assert_fails(outcome, "your code raised AttributeError")
+    assert_rejected(check_transformer_block, _block_with(lambda b, x, mask, cache: b.attention(x)),
+                    "your code raised AttributeError")
 
 
-# ---------------------------------------------------------------- 5.4 predict: one GPT-2 small block
+# ---------------------------------------------------------------- 5.4 predict: a GPT-2 block
 
 
 def test_block_parameters_prediction_passes():
-    assert _run(check_predict_block_parameters, lambda: 7_087_872).status == PASSED
-    assert _run(check_predict_block_parameters, lambda: block_parameter_count(768)).status == PASSED
-    assert _run(check_predict_block_parameters, lambda: sum(p.numel() for p in TransformerBlock(768, 12).parameters())).passed
+    assert run(check_predict_block_parameters, lambda: 7_087_872).passed
+    assert run(check_predict_block_parameters, lambda: block_parameter_count(768)).passed
+    assert run(
+        check_predict_block_parameters,
+        lambda: sum(p.numel() for p in TransformerBlock(768, 12).parameters()),
+    ).passed
 
 
 @pytest.mark.parametrize(
@@ -302,14 +267,14 @@ def test_block_parameters_prediction_passes():
     ],
 )
 def test_block_parameters_mistakes_are_named(answer, hint):
-    _assert_fails(_run(check_predict_block_parameters, lambda: answer), hint)
+    assert_rejected(check_predict_block_parameters, lambda: answer, hint)
 
 
 # ---------------------------------------------------------------- 5.5 gradient norms (build)
 
 
 def test_input_gradient_norms_reference_passes():
-    assert _run(check_input_gradient_norms, input_gradient_norms).status == PASSED
+    assert run(check_input_gradient_norms, input_gradient_norms).passed
 
 
 def _with_backward(layers, x, grad_output):
@@ -359,15 +324,21 @@ def _at_outputs(layers, x, grad_output):
         (_with_backward, "the layers' parameters got a .grad"),
         (_on_callers_x, "switched on requires_grad of the caller's x"),
         (_with_history, "without autograd history"),
-        (lambda layers, x, g: input_gradient_norms(layers, x, g).flip(0), "put the bottom layer first"),
+        (
+            lambda layers, x, g: input_gradient_norms(layers, x, g).flip(0),
+            "put the bottom layer first",
+        ),
         (_at_outputs, "at each layer's input, not its output"),
-        (lambda layers, x, g: input_gradient_norms(layers, x, torch.ones_like(g)), "start the backward pass from grad_output"),
+        (
+            lambda layers, x, g: input_gradient_norms(layers, x, torch.ones_like(g)),
+            "start the backward pass from grad_output",
+        ),
         (lambda layers, x, g: input_gradient_norms(layers, x, g) ** 2, "not its square"),
         (lambda layers, x, g: input_gradient_norms(layers, x, g)[:-1], "one number per layer"),
     ],
 )
 def test_input_gradient_norms_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_input_gradient_norms, buggy), hint)
+    assert_rejected(check_input_gradient_norms, buggy, hint)
 
 
 # ---------------------------------------------------------------- 5.6 RMSNorm (extend)
@@ -379,9 +350,11 @@ def test_rms_norm_reference_matches_pytorch():
 
 
 def test_rms_norm_reference_and_a_rewrite_pass():
-    assert _run(check_rms_norm, rms_norm).status == PASSED
-    rewrite = lambda x, w, eps=1e-6: x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps) * w  # noqa: E731
-    assert _run(check_rms_norm, rewrite).status == PASSED
+    assert run(check_rms_norm, rms_norm).passed
+    rewrite = lambda x, w, eps=1e-6: (
+        x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps) * w
+    )  # noqa: E731
+    assert run(check_rms_norm, rewrite).passed
 
 
 def _rms_in_place(x, w, eps=1e-6):
@@ -391,16 +364,40 @@ def _rms_in_place(x, w, eps=1e-6):
 @pytest.mark.parametrize(
     ("buggy", "hint"),
     [
-        (lambda x, w, eps=1e-6: F.layer_norm(x, (x.shape[-1],), w, eps=eps), "does not subtract the mean"),
-        (lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w, "inside the square root"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w, "not their sum"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * w, "not over the batch"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps), "multiply by weight"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, "use the eps argument"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w, "use the eps argument"),
-        (lambda x, w, eps=1e-6: x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * w, "square first"),
+        (
+            lambda x, w, eps=1e-6: F.layer_norm(x, (x.shape[-1],), w, eps=eps),
+            "does not subtract the mean",
+        ),
+        (
+            lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
+            "inside the square root",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w,
+            "not their sum",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * w,
+            "not over the batch",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps),
+            "multiply by weight",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
+            "use the eps argument",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w,
+            "use the eps argument",
+        ),
+        (
+            lambda x, w, eps=1e-6: x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * w,
+            "square first",
+        ),
         (_rms_in_place, "do not change x in place"),
     ],
 )
 def test_rms_norm_mistakes_are_named(buggy, hint):
-    _assert_fails(_run(check_rms_norm, buggy), hint)
+    assert_rejected(check_rms_norm, buggy, hint)

@@ -21,7 +21,12 @@ def test_statuses_and_lines(capsys):
 
     not_done = check_double(stub)
     crashed = check_double(crashes)
-    assert [o.status for o in (good, wrong, not_done, crashed)] == ["passed", "failed", "not done", "failed"]
+    assert [o.status for o in (good, wrong, not_done, crashed)] == [
+        "passed",
+        "failed",
+        "not done",
+        "failed",
+    ]
     assert "double(0.5) should be 1.0" in wrong.message
     assert "ZeroDivisionError" in crashed.message and "return x / 0" in crashed.message
     lines = capsys.readouterr().out.strip().splitlines()
@@ -40,7 +45,10 @@ def test_quiet_prints_nothing(capsys):
 def check_mask_with_reference(fn):
     import torch
 
-    expect(torch.equal(fn(3), torch.ones(3, 3, dtype=torch.bool).tril()), "position 0 can see position 1")
+    expect(
+        torch.equal(fn(3), torch.ones(3, 3, dtype=torch.bool).tril()),
+        "position 0 can see position 1",
+    )
 
 
 def test_use_is_the_learners_code_when_it_passed_else_the_reference(capsys):
@@ -61,7 +69,10 @@ def test_use_is_the_learners_code_when_it_passed_else_the_reference(capsys):
     assert passed.use is mine and failed.use is causal_mask and not_done.use is causal_mask
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].endswith("passed - the rest of the chapter uses yours")
-    assert "position 0 can see position 1 - the chapter carries on with the package's causal_mask" in lines[1]
+    assert (
+        "position 0 can see position 1 - the chapter carries on with the package's causal_mask"
+        in lines[1]
+    )
     assert lines[2].endswith("not done yet - the chapter carries on with the package's causal_mask")
     assert all(RESULT_LINE.match(line) for line in lines)
     assert check_double(lambda x: 2 * x, quiet=True).use is None  # no reference declared
@@ -75,10 +86,88 @@ def test_expect_tensor_and_seeded_randn():
     from transformer_course.checks._core import expect_tensor, seeded_randn
 
     x = seeded_randn(2, 3, seed=4)
-    assert torch.equal(x, seeded_randn(2, 3, seed=4)) and not torch.equal(x, seeded_randn(2, 3, seed=5))
+    assert torch.equal(x, seeded_randn(2, 3, seed=4)) and not torch.equal(
+        x, seeded_randn(2, 3, seed=5)
+    )
     assert seeded_randn(2, seed=0, dtype=torch.float64).dtype == torch.float64
     assert expect_tensor(x, (2, 3)) is x
     with pytest.raises(CheckFailed, match=r"return a tensor of logits, got list"):
         expect_tensor([1.0], what="a tensor of logits")
     with pytest.raises(CheckFailed, match=r"return a tensor of shape \(3, 2\), got \(2, 3\)"):
         expect_tensor(x, (3, 2))
+
+
+def test_close_and_name_mistake():
+    import torch
+
+    from transformer_course.checks import close, name_mistake
+
+    x = torch.tensor([1.0, 2.0])
+    assert close(x + 1e-6, x) and not close(x + 1e-3, x) and not close(x[:1], x)
+    assert not close([1.0, 2.0], x)  # the learner's answer must be a tensor
+    assert close(x + 1e-5, x, atol=1e-4) and not close(x + 1e-5, x, atol=1e-7, rtol=0)
+    mistakes = [("doubled", x * 2), ("negated", lambda: -x), ("a list", [1, 2])]
+    assert name_mistake(x * 2, mistakes) == "doubled"
+    assert name_mistake(-x, mistakes) == "negated"  # computed when it is needed
+    assert name_mistake([1, 2], mistakes) == "a list" and name_mistake(x + 3, mistakes) is None
+    # a mistake that gives the right answer on this input is no mistake here
+    assert name_mistake(x, [("same as right", x.clone())], want=x) is None
+
+
+def test_expect_close_names_the_mistake_and_expect_unchanged_and_runs():
+    import pytest
+    import torch
+
+    from transformer_course.checks import CheckFailed, expect_close, expect_runs, expect_unchanged
+
+    x = torch.tensor([1.0, 2.0])
+    expect_close(x, x, "never", mistakes=[("unused", x)])
+    with pytest.raises(CheckFailed, match=r"^halved$"):
+        expect_close(x / 2, x, "wrong", mistakes=[("doubled", x * 2), ("halved", x / 2)])
+    with pytest.raises(CheckFailed, match=r"^wrong \(largest difference 2\)$"):
+        expect_close(x + 2, x, "wrong", mistakes=[("doubled", x * 2)])
+    expect_unchanged([1, 2], [1, 2])
+    with pytest.raises(CheckFailed, match="do not change x in place"):
+        expect_unchanged(x.mul_(2), torch.tensor([1.0, 2.0]))
+    assert expect_runs(lambda a, b=0: a + b, 1, b=2, hint="never") == 3
+    with pytest.raises(CheckFailed, match=r"^read the size \(it raised ZeroDivisionError: "):
+        expect_runs(lambda: 1 / 0, hint="read the size")
+    with pytest.raises(NotImplementedError):  # a stub stays "not done"
+        expect_runs(lambda: (_ for _ in ()).throw(NotImplementedError()), hint="never")
+
+
+def test_fresh_rng_and_the_wrapper_leave_the_notebooks_random_numbers_alone():
+    import torch
+
+    from transformer_course.checks import fresh_rng
+
+    torch.manual_seed(7)
+    expected = torch.rand(2)
+    torch.manual_seed(7)
+    with fresh_rng(3):
+        inside = torch.rand(2)
+    with fresh_rng(3):
+        assert torch.equal(torch.rand(2), inside)
+
+    @check("0.3", "draws")
+    def check_draws(fn):
+        fn()
+        torch.rand(5)
+
+    assert check_draws(lambda: torch.randn(3), quiet=True).passed
+    assert torch.equal(torch.rand(2), expected)
+
+
+def test_a_reference_may_be_the_object_or_its_name():
+    from transformer_course.attention import causal_mask
+    from transformer_course.checks._core import resolve_reference
+
+    assert resolve_reference("transformer_course.attention:causal_mask") is causal_mask
+    assert resolve_reference(causal_mask) is causal_mask
+
+    @check("0.4", "causal_mask", reference=causal_mask)
+    def check_object_reference(fn):
+        expect(fn(2)[0, 1].item() is False, "position 0 can see position 1")
+
+    failed = check_object_reference(lambda T: causal_mask(T).logical_not(), quiet=True)
+    assert failed.use is causal_mask and failed.message.endswith("package's causal_mask")

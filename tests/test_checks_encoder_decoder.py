@@ -1,11 +1,12 @@
-"""Chapter 09's checks accept the reference, name the mistake in planted bugs, and report a stub that
-raises NotImplementedError as "not done"."""
+"""Chapter 09's checks accept the reference and name the mistake in planted bugs
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from check_helpers import assert_rejected
 
 from transformer_course.checks.encoder_decoder import (
     BEAM_CASES,
@@ -20,32 +21,6 @@ from transformer_course.checks.encoder_decoder import (
 )
 from transformer_course.encoder_decoder import CrossAttention, key_mask
 from transformer_course.multihead import merge_heads, split_heads
-
-ALL_CHECKS = [check_predict_cross_weights_shape, check_cross_attention, check_memory_mask, check_beam_search]
-
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise")
-
-
-class StubCrossAttention(CrossAttention):
-    def forward(self, x, memory, mask=None):
-        raise NotImplementedError("Exercise 9.2")
-
-
-@pytest.mark.parametrize("check_fn", ALL_CHECKS)
-def test_stub_is_not_done(check_fn):
-    candidate = StubCrossAttention if check_fn is check_cross_attention else _stub
-    outcome = check_fn(candidate, quiet=True)
-    assert outcome.status == "not done"
-    assert outcome.exercise == check_fn.exercise
-
-
-def assert_rejected(check_fn, candidate, hint):
-    outcome = check_fn(candidate, quiet=True)
-    assert outcome.status == "failed", outcome.message
-    assert hint in outcome.message, outcome.message
-
 
 # ---------------------------------------------------------------- 9.1 predict
 
@@ -70,11 +45,6 @@ def test_predict_wrong_answers_are_named(answer, hint):
 # ---------------------------------------------------------------- 9.2 build: CrossAttention
 
 
-def test_cross_attention_reference_passes():
-    outcome = check_cross_attention(CrossAttention, quiet=True)
-    assert outcome.passed and outcome.use is CrossAttention
-
-
 class Planted(CrossAttention):
     """CrossAttention.forward written out, with switches for realistic mistakes."""
 
@@ -82,14 +52,18 @@ class Planted(CrossAttention):
 
     def forward(self, x, memory, mask=None):
         C = self.d_model
-        q_rows, k_rows = (slice(C, 2 * C), slice(0, C)) if self.swap_qk else (slice(0, C), slice(C, 2 * C))
+        q_rows, k_rows = (
+            (slice(C, 2 * C), slice(0, C)) if self.swap_qk else (slice(0, C), slice(C, 2 * C))
+        )
         w, b = self.qkv.weight, self.qkv.bias
         kv_in = x if self.kv_from_x else memory
         q = split_heads(F.linear(x, w[q_rows], b[q_rows]), self.n_head)
         k = split_heads(F.linear(kv_in, w[k_rows], b[k_rows]), self.n_head)
         v = split_heads(F.linear(kv_in, w[2 * C :], b[2 * C :]), self.n_head)
         mask = None if self.no_mask else mask
-        if self.fast_only:  # PyTorch's kernel called directly: the teaching path's weights are never kept
+        if (
+            self.fast_only
+        ):  # PyTorch's kernel called directly: the teaching path's weights are never kept
             y = merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
         else:
             y = merge_heads(self.attend(q, k, v, mask))
@@ -101,7 +75,8 @@ def planted(**switches):
 
 
 class Causal(CrossAttention):
-    """Forgot causal=False: chapter 04's default causal mask (aligned on the last key) is applied."""
+    """Forgot causal=False: chapter 04's default causal mask (aligned on the last key) is
+    applied."""
 
     def __init__(self, d_model, n_head, dropout=0.0, bias=True, fast=True):
         super().__init__(d_model, n_head, dropout=dropout, bias=bias, fast=fast)
@@ -155,7 +130,7 @@ def test_cross_attention_falls_back_to_the_package():
     assert outcome.use is CrossAttention and "package's CrossAttention" in outcome.message
 
 
-# ---------------------------------------------------------------- 9.3 debug: the cross-attention mask
+# ---------------------------------------------------------------- 9.3 debug: the memory mask
 
 
 def memory_mask_copied(T, src_keep):  # the chapter's buggy builder, as shown in the notebook
@@ -166,16 +141,24 @@ def memory_mask_copied(T, src_keep):  # the chapter's buggy builder, as shown in
 
 def test_memory_mask_reference_passes():
     assert check_memory_mask(_memory_mask, quiet=True).passed
-    assert check_memory_mask(lambda T, keep: key_mask(keep), quiet=True).passed  # [B, 1, 1, S] broadcasts
+    assert check_memory_mask(
+        lambda T, keep: key_mask(keep), quiet=True
+    ).passed  # [B, 1, 1, S] broadcasts
 
 
-@pytest.mark.parametrize("candidate, hint", [
-    (memory_mask_copied, "cross-attention needs no causal mask"),
-    (lambda T, keep: ~_memory_mask(T, keep), "inverted"),
-    (lambda T, keep: torch.ones(keep.shape[0], 1, T, keep.shape[1], dtype=torch.bool), "padded source positions are visible"),
-    (lambda T, keep: _memory_mask(T, keep).float(), "bool mask"),
-    (lambda T, keep: keep[:, None, :].expand(-1, T, -1), "must broadcast to [B, 1, T, S]"),
-])
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (memory_mask_copied, "cross-attention needs no causal mask"),
+        (lambda T, keep: ~_memory_mask(T, keep), "inverted"),
+        (
+            lambda T, keep: torch.ones(keep.shape[0], 1, T, keep.shape[1], dtype=torch.bool),
+            "padded source positions are visible",
+        ),
+        (lambda T, keep: _memory_mask(T, keep).float(), "bool mask"),
+        (lambda T, keep: keep[:, None, :].expand(-1, T, -1), "must broadcast to [B, 1, T, S]"),
+    ],
+)
 def test_memory_mask_mistakes_are_named(candidate, hint):
     assert_rejected(check_memory_mask, candidate, hint)
 
@@ -196,20 +179,25 @@ def test_beam_cases_are_ones_where_greedy_is_not_the_best():
 
 @torch.no_grad()
 def _variant(model, src, bos, eos, beam_size, max_new_tokens, *, keep_width, all_eos):
-    """Other common ways to write beam search: `keep_width` keeps beam_size unfinished hypotheses (finished
-    ones take no place in the beam); `all_eos` finishes every extension by eos, not only the best ones."""
+    """Other common ways to write beam search: `keep_width` keeps beam_size unfinished hypotheses
+    (finished ones take no place in the beam); `all_eos` finishes every extension by eos, not only
+    the best ones."""
     memory, keep = model.encode(src)
     live, finished = [([bos], 0.0)], []
     for _ in range(max_new_tokens):
         if not live:
             break
         n = len(live)
-        logp = model.decode(torch.tensor([s for s, _ in live]), memory.expand(n, -1, -1), keep.expand(n, -1))
+        logp = model.decode(
+            torch.tensor([s for s, _ in live]), memory.expand(n, -1, -1), keep.expand(n, -1)
+        )
         logp = logp[:, -1].double().log_softmax(-1)
         ext = sorted(((s + logp[i, t].item(), seq + [t]) for i, (seq, s) in enumerate(live)
                       for t in range(logp.shape[1])), reverse=True)
         finished += [(seq, s) for s, seq in (ext if all_eos else ext[:beam_size]) if seq[-1] == eos]
-        unfinished = [(seq, s) for s, seq in (ext if keep_width else ext[:beam_size]) if seq[-1] != eos]
+        unfinished = [
+            (seq, s) for s, seq in (ext if keep_width else ext[:beam_size]) if seq[-1] != eos
+        ]
         live = unfinished[:beam_size]
     return max(finished or live, key=lambda h: h[1])
 
@@ -238,10 +226,15 @@ def _planted(model, src, bos, eos, beam_size=4, max_new_tokens=11, *, mistake):
         if not live:
             break
         n = len(live)
-        logp = model.decode(torch.tensor([s for s, _ in live]), memory.expand(n, -1, -1), keep.expand(n, -1))
+        logp = model.decode(
+            torch.tensor([s for s, _ in live]), memory.expand(n, -1, -1), keep.expand(n, -1)
+        )
         logp = logp[:, -1].double().log_softmax(-1)
-        ext = [(s + logp[i, t].item(), logp[i, t].item(), seq + [t]) for i, (seq, s) in enumerate(live)
-               for t in range(logp.shape[1])]
+        ext = [
+            (s + logp[i, t].item(), logp[i, t].item(), seq + [t])
+            for i, (seq, s) in enumerate(live)
+            for t in range(logp.shape[1])
+        ]
         rank = (lambda e: e[1]) if mistake == "rank by last token" else (lambda e: e[0])
         chosen = sorted(ext, key=rank, reverse=True)[:1 if mistake == "greedy" else beam_size]
         if mistake == "extend finished":  # hypotheses are never stopped at eos
@@ -275,14 +268,7 @@ def test_narrow_cases_separate_the_right_ranking_from_the_wrong_one():
     for seed, source in BEAM_NARROW:
         model, src = _small_model(seed), torch.tensor(source)
         want = _beam_search(model, src, 1, 2, beam_size=2, max_new_tokens=4)[0]
-        wrong = _planted(model, src, 1, 2, beam_size=2, max_new_tokens=4, mistake="rank by last token")[0]
+        wrong = _planted(
+            model, src, 1, 2, beam_size=2, max_new_tokens=4, mistake="rank by last token"
+        )[0]
         assert want != wrong
-
-
-def test_checks_leave_the_global_random_state_alone():
-    torch.manual_seed(0)
-    check_cross_attention(CrossAttention, quiet=True)
-    check_beam_search(_beam_search, quiet=True)
-    after = torch.rand(1)
-    torch.manual_seed(0)
-    assert torch.equal(torch.rand(1), after)

@@ -1,10 +1,11 @@
-"""The chapter 07 checks accept the reference, reject planted bugs with the matching hint, and report
-a NotImplementedError stub as "not done"."""
+"""The chapter 07 checks accept the reference and reject planted bugs with the matching hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from check_helpers import assert_rejected, run
 
 from transformer_course.checks import generation as checks
 from transformer_course.checks.generation import (
@@ -20,40 +21,10 @@ from transformer_course.generation import decode_with_cache, top_k_filter, top_p
 NEG_INF = float("-inf")
 
 
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: not written yet")
-
-
-def _run(check, fn):
-    return check(fn, quiet=True)
-
-
-def _assert_fails(check, fn, hint: str):
-    outcome = _run(check, fn)
-    assert outcome.status == "failed", outcome.line()
-    assert hint in outcome.message, outcome.message
-
-
-ALL = [check_probs_at_temperature, check_top_k_filter, check_top_p_filter, check_predict_cached_work,
-       check_decode_with_cache, check_min_p_filter]
-
-
-@pytest.mark.parametrize("check", ALL, ids=lambda c: c.__name__)
-def test_stub_is_not_done_and_the_chapter_falls_back(check):
-    outcome = _run(check, _stub)
-    assert outcome.status == "not done"
-    if check.reference is not None:
-        assert outcome.use is not None and outcome.use is not _stub
-
-
-def test_numbers_follow_the_chapter():
-    assert [c.exercise for c in ALL] == ["7.1", "7.2", "7.3", "7.4", "7.5", "7.6"]
-
-
 # ------------------------------------------------------------------ 7.1 debug: temperature
 def test_temperature_reference_passes():
-    assert _run(check_probs_at_temperature, checks.probs_at_temperature).passed
-    outcome = _run(check_probs_at_temperature, lambda z, t: torch.softmax(z / t, dim=-1))
+    assert run(check_probs_at_temperature, checks.probs_at_temperature).passed
+    outcome = run(check_probs_at_temperature, lambda z, t: torch.softmax(z / t, dim=-1))
     assert outcome.passed and outcome.use is not checks.probs_at_temperature
 
 
@@ -62,7 +33,7 @@ def test_temperature_power_of_probabilities_is_also_right():
         p = torch.softmax(z, dim=-1) ** (1 / t)
         return p / p.sum(-1, keepdim=True)
 
-    assert _run(check_probs_at_temperature, power).passed
+    assert run(check_probs_at_temperature, power).passed
 
 
 def test_temperature_after_softmax_is_the_chapters_bug():
@@ -70,28 +41,36 @@ def test_temperature_after_softmax_is_the_chapters_bug():
         scaled = torch.softmax(z, dim=-1) / t
         return scaled / scaled.sum(dim=-1, keepdim=True)
 
-    _assert_fails(check_probs_at_temperature, after_softmax, "same distribution as at temperature 1")
+    assert_rejected(
+        check_probs_at_temperature, after_softmax, "same distribution as at temperature 1"
+    )
 
 
 def test_temperature_after_softmax_without_renormalising():
-    _assert_fails(check_probs_at_temperature, lambda z, t: torch.softmax(z, dim=-1) / t, "do not sum to 1")
+    assert_rejected(
+        check_probs_at_temperature, lambda z, t: torch.softmax(z, dim=-1) / t, "do not sum to 1"
+    )
 
 
 def test_temperature_multiplied_is_caught():
-    _assert_fails(check_probs_at_temperature, lambda z, t: torch.softmax(z * t, dim=-1), "multiplied the logits")
+    assert_rejected(
+        check_probs_at_temperature,
+        lambda z, t: torch.softmax(z * t, dim=-1),
+        "multiplied the logits",
+    )
 
 
 def test_temperature_softmax_over_batch_is_caught():
-    _assert_fails(check_probs_at_temperature, lambda z, t: torch.softmax(z / t, dim=0), "dim=-1")
+    assert_rejected(check_probs_at_temperature, lambda z, t: torch.softmax(z / t, dim=0), "dim=-1")
 
 
 def test_temperature_without_softmax_is_caught():
-    _assert_fails(check_probs_at_temperature, lambda z, t: z / t, "cannot be negative")
+    assert_rejected(check_probs_at_temperature, lambda z, t: z / t, "cannot be negative")
 
 
 # ------------------------------------------------------------------ 7.2 build: top-k
 def test_top_k_reference_passes():
-    assert _run(check_top_k_filter, top_k_filter).passed
+    assert run(check_top_k_filter, top_k_filter).passed
 
 
 def test_top_k_threshold_keeps_ties():
@@ -99,7 +78,9 @@ def test_top_k_threshold_keeps_ties():
         kth = torch.topk(z, min(k, z.size(-1)), dim=-1).values[..., -1:]
         return z.masked_fill(z < kth, NEG_INF)
 
-    _assert_fails(check_top_k_filter, by_threshold, "comparing against the k-th value keeps every tie")
+    assert_rejected(
+        check_top_k_filter, by_threshold, "comparing against the k-th value keeps every tie"
+    )
 
 
 def test_top_k_zero_instead_of_minus_inf():
@@ -107,7 +88,7 @@ def test_top_k_zero_instead_of_minus_inf():
         values, indices = torch.topk(z, k, dim=-1)
         return torch.zeros_like(z).scatter(-1, indices, values)
 
-    _assert_fails(check_top_k_filter, zeros, "must become -inf")
+    assert_rejected(check_top_k_filter, zeros, "must become -inf")
 
 
 def test_top_k_smallest_instead_of_largest():
@@ -115,7 +96,7 @@ def test_top_k_smallest_instead_of_largest():
         values, indices = torch.topk(z, min(k, z.size(-1)), dim=-1, largest=False)
         return torch.full_like(z, NEG_INF).scatter(-1, indices, values)
 
-    _assert_fails(check_top_k_filter, smallest, "keep the k LARGEST")
+    assert_rejected(check_top_k_filter, smallest, "keep the k LARGEST")
 
 
 def test_top_k_larger_than_the_vocabulary_crashes():
@@ -123,7 +104,9 @@ def test_top_k_larger_than_the_vocabulary_crashes():
         values, indices = torch.topk(z, k, dim=-1)
         return torch.full_like(z, NEG_INF).scatter(-1, indices, values)
 
-    _assert_fails(check_top_k_filter, no_min, "k larger than the vocabulary must keep every token")
+    assert_rejected(
+        check_top_k_filter, no_min, "k larger than the vocabulary must keep every token"
+    )
 
 
 def test_top_k_along_the_batch_dimension():
@@ -131,7 +114,7 @@ def test_top_k_along_the_batch_dimension():
         values, indices = torch.topk(z, min(k, z.size(0)), dim=0)
         return torch.full_like(z, NEG_INF).scatter(0, indices, values)
 
-    assert _run(check_top_k_filter, along_batch).status == "failed"
+    assert run(check_top_k_filter, along_batch).status == "failed"
 
 
 # ------------------------------------------------------------------ 7.3 build: top-p
@@ -142,16 +125,20 @@ def _sorted_mass(z):
 
 
 def test_top_p_reference_passes():
-    assert _run(check_top_p_filter, top_p_filter).passed
+    assert run(check_top_p_filter, top_p_filter).passed
 
 
 def test_top_p_inclusive_total_drops_the_crossing_token():
     def inclusive(z, p):
         sorted_probs, order = _sorted_mass(z)
-        drop = torch.zeros_like(sorted_probs, dtype=torch.bool).scatter(-1, order, sorted_probs.cumsum(-1) > p)
+        drop = torch.zeros_like(sorted_probs, dtype=torch.bool).scatter(
+            -1, order, sorted_probs.cumsum(-1) > p
+        )
         return z.masked_fill(drop, NEG_INF)
 
-    _assert_fails(check_top_p_filter, inclusive, "keep the token that carries the running total across p")
+    assert_rejected(
+        check_top_p_filter, inclusive, "keep the token that carries the running total across p"
+    )
 
 
 def test_top_p_without_sorting():
@@ -159,7 +146,7 @@ def test_top_p_without_sorting():
         probs = torch.softmax(z, dim=-1)
         return z.masked_fill(probs.cumsum(-1) - probs >= p, NEG_INF)
 
-    _assert_fails(check_top_p_filter, unsorted, "sort the probabilities largest first")
+    assert_rejected(check_top_p_filter, unsorted, "sort the probabilities largest first")
 
 
 def test_top_p_keeping_too_many():
@@ -169,7 +156,9 @@ def test_top_p_keeping_too_many():
         drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before > p + 0.05)
         return z.masked_fill(drop, NEG_INF)
 
-    _assert_fails(check_top_p_filter, loose, "stop at the first token where the running total reaches p")
+    assert_rejected(
+        check_top_p_filter, loose, "stop at the first token where the running total reaches p"
+    )
 
 
 def test_top_p_decision_left_in_sorted_order():
@@ -177,7 +166,7 @@ def test_top_p_decision_left_in_sorted_order():
         sorted_probs, _ = _sorted_mass(z)
         return z.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= p, NEG_INF)
 
-    _assert_fails(check_top_p_filter, not_scattered_back, "put it back")
+    assert_rejected(check_top_p_filter, not_scattered_back, "put it back")
 
 
 def test_top_p_one_without_the_shortcut_drops_the_tail():
@@ -188,10 +177,10 @@ def test_top_p_one_without_the_shortcut_drops_the_tail():
         drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
         return z.masked_fill(drop, NEG_INF)
 
-    _assert_fails(check_top_p_filter, no_shortcut, "p = 1 must keep every token")
+    assert_rejected(check_top_p_filter, no_shortcut, "p = 1 must keep every token")
 
 
-# ------------------------------------------------------------------ 7.4 predict: the work of the cache
+# ------------------------------------------------------------------ 7.4 predict: the cache's work
 @pytest.mark.parametrize(
     ("guess", "hint"),
     [
@@ -206,7 +195,7 @@ def test_top_p_one_without_the_shortcut_drops_the_tail():
     ],
 )
 def test_predict_cached_work(guess, hint):
-    outcome = _run(check_predict_cached_work, lambda: guess)
+    outcome = run(check_predict_cached_work, lambda: guess)
     if hint is None:
         assert outcome.passed, outcome.line()
     else:
@@ -215,7 +204,7 @@ def test_predict_cached_work(guess, hint):
 
 # ------------------------------------------------------------------ 7.5 build: the cached loop
 def test_cached_reference_passes():
-    assert _run(check_decode_with_cache, decode_with_cache).passed
+    assert run(check_decode_with_cache, decode_with_cache).passed
 
 
 def test_cached_loop_without_last_only_passes():
@@ -227,7 +216,7 @@ def test_cached_loop_without_last_only_passes():
             yield nxt
             new = nxt[:, None]
 
-    assert _run(check_decode_with_cache, plain_call).passed
+    assert run(check_decode_with_cache, plain_call).passed
 
 
 def test_cached_loop_without_the_cache_is_caught():
@@ -238,7 +227,7 @@ def test_cached_loop_without_the_cache_is_caught():
             yield nxt
             seq = torch.cat([seq, nxt[:, None]], dim=1)
 
-    _assert_fails(check_decode_with_cache, no_cache, "the tokens are right, but")
+    assert_rejected(check_decode_with_cache, no_cache, "the tokens are right, but")
 
 
 def test_cached_loop_feeding_everything_again_is_caught():
@@ -249,7 +238,7 @@ def test_cached_loop_feeding_everything_again_is_caught():
             yield nxt
             seq = torch.cat([seq, nxt[:, None]], dim=1)
 
-    _assert_fails(check_decode_with_cache, feeds_all, "feed only the")
+    assert_rejected(check_decode_with_cache, feeds_all, "feed only the")
 
 
 def test_cached_loop_without_prefill_is_caught():
@@ -260,7 +249,7 @@ def test_cached_loop_without_prefill_is_caught():
             yield nxt
             new = nxt[:, None]
 
-    _assert_fails(check_decode_with_cache, no_prefill, "prefill")
+    assert_rejected(check_decode_with_cache, no_prefill, "prefill")
 
 
 def test_cached_loop_with_a_fresh_cache_each_step_is_caught():
@@ -271,7 +260,7 @@ def test_cached_loop_with_a_fresh_cache_each_step_is_caught():
             yield nxt
             new = nxt[:, None]
 
-    _assert_fails(check_decode_with_cache, fresh_cache, "SAME cache")
+    assert_rejected(check_decode_with_cache, fresh_cache, "SAME cache")
 
 
 def test_cached_loop_with_its_own_argmax_is_caught():
@@ -282,21 +271,21 @@ def test_cached_loop_with_its_own_argmax_is_caught():
             yield choose(logits)
             new = logits.argmax(-1)[:, None]  # feeds back its own pick, not choose's
 
-    _assert_fails(check_decode_with_cache, own_argmax, "what choose returned")
+    assert_rejected(check_decode_with_cache, own_argmax, "what choose returned")
 
 
 def test_cached_loop_returning_a_tensor_is_caught():
     def returns_all(model, window, n, choose):
         return torch.stack(list(decode_with_cache(model, window, n, choose)), dim=1)
 
-    _assert_fails(check_decode_with_cache, returns_all, "yield each step's tokens")
+    assert_rejected(check_decode_with_cache, returns_all, "yield each step's tokens")
 
 
 def test_cached_loop_yielding_only_at_the_end_is_caught():
     def collects_first(model, window, n, choose):
         yield from list(decode_with_cache(model, window, n, choose))
 
-    _assert_fails(check_decode_with_cache, collects_first, "as soon as choose has picked it")
+    assert_rejected(check_decode_with_cache, collects_first, "as soon as choose has picked it")
 
 
 def test_cached_loop_with_an_extra_pass_after_the_last_token_is_caught():
@@ -306,9 +295,11 @@ def test_cached_loop_with_an_extra_pass_after_the_last_token_is_caught():
         for _ in range(n):
             nxt = choose(logits[:, -1, :])
             yield nxt
-            logits = model(nxt[:, None], cache=cache, last_only=True)[0]  # one pass after the last token too
+            logits = model(nxt[:, None], cache=cache, last_only=True)[
+                0
+            ]  # one pass after the last token too
 
-    _assert_fails(check_decode_with_cache, one_pass_too_many, "ran the model once more")
+    assert_rejected(check_decode_with_cache, one_pass_too_many, "ran the model once more")
 
 
 def test_cached_loop_calling_choose_on_every_position_is_caught():
@@ -319,12 +310,12 @@ def test_cached_loop_calling_choose_on_every_position_is_caught():
             yield nxt
             new = nxt[:, None]
 
-    _assert_fails(check_decode_with_cache, all_positions, "LAST position's logits")
+    assert_rejected(check_decode_with_cache, all_positions, "LAST position's logits")
 
 
 # ------------------------------------------------------------------ 7.6 extend: min-p
 def test_min_p_reference_passes():
-    assert _run(check_min_p_filter, checks.min_p_filter).passed
+    assert run(check_min_p_filter, checks.min_p_filter).passed
 
 
 def test_min_p_in_logit_space_passes():
@@ -332,14 +323,14 @@ def test_min_p_in_logit_space_passes():
         top = z.amax(dim=-1, keepdim=True)
         return z.masked_fill(z < top + torch.log(torch.tensor(min_p)), NEG_INF)
 
-    assert _run(check_min_p_filter, in_logits).passed
+    assert run(check_min_p_filter, in_logits).passed
 
 
 def test_min_p_absolute_bar_is_caught():
     def absolute(z, min_p):
         return z.masked_fill(torch.softmax(z, -1) < min_p, NEG_INF)
 
-    _assert_fails(check_min_p_filter, absolute, "min_p TIMES the row's top probability")
+    assert_rejected(check_min_p_filter, absolute, "min_p TIMES the row's top probability")
 
 
 def test_min_p_one_top_for_the_whole_batch_is_caught():
@@ -347,14 +338,14 @@ def test_min_p_one_top_for_the_whole_batch_is_caught():
         probs = torch.softmax(z, -1)
         return z.masked_fill(probs < min_p * probs.max(), NEG_INF)
 
-    _assert_fails(check_min_p_filter, batch_max, "each row's own maximum")
+    assert_rejected(check_min_p_filter, batch_max, "each row's own maximum")
 
 
 def test_min_p_on_logits_is_caught():
     def on_logits(z, min_p):
         return z.masked_fill(z < min_p * z.amax(-1, keepdim=True), NEG_INF)
 
-    _assert_fails(check_min_p_filter, on_logits, "you compared logits")
+    assert_rejected(check_min_p_filter, on_logits, "you compared logits")
 
 
 def test_min_p_strict_bar_is_caught():
@@ -362,7 +353,7 @@ def test_min_p_strict_bar_is_caught():
         probs = torch.softmax(z, -1)
         return z.masked_fill(probs <= min_p * probs.amax(-1, keepdim=True), NEG_INF)
 
-    _assert_fails(check_min_p_filter, strict, ">= the bar, not >")
+    assert_rejected(check_min_p_filter, strict, ">= the bar, not >")
 
 
 def test_min_p_zero_instead_of_minus_inf_is_caught():
@@ -370,4 +361,4 @@ def test_min_p_zero_instead_of_minus_inf_is_caught():
         probs = torch.softmax(z, -1)
         return z.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
 
-    _assert_fails(check_min_p_filter, zeros, "not 0")
+    assert_rejected(check_min_p_filter, zeros, "not 0")

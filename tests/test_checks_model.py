@@ -1,5 +1,5 @@
-"""The checks behind chapter 06's exercises: the reference passes, planted bugs get the right hint,
-and the student edition's stub reports "not done"."""
+"""The checks behind chapter 06's exercises: right answers pass and planted bugs get the right hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import math
 from contextlib import nullcontext
@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from check_helpers import assert_rejected, run
 
 from transformer_course.checks.model import (
     _smoothed_cross_entropy,
@@ -19,55 +20,8 @@ from transformer_course.checks.model import (
     check_smoothed_cross_entropy,
     check_train_step,
 )
-from transformer_course.data import get_batch
 from transformer_course.model import GPT
-from transformer_course.training import lr_at, param_groups, train_step
-
-
-def _run(check, fn):
-    return check(fn, quiet=True)
-
-
-def _assert_fails(check, fn, hint_fragment):
-    outcome = _run(check, fn)
-    assert outcome.status == "failed", outcome
-    assert hint_fragment in outcome.message, outcome.message
-
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise 6.x")
-
-
-class _StubGPT(GPT):
-    def forward(self, idx, targets=None, cache=None, *, last_only=False):
-        raise NotImplementedError("Exercise 6.1")
-
-
-REFERENCES = [
-    (check_gpt_forward, GPT),
-    (check_predict_initial_loss, lambda: math.log(65)),
-    (check_train_step, train_step),
-    (check_param_groups, param_groups),
-    (check_lr_at, lr_at),
-    (check_get_batch, get_batch),
-    (check_smoothed_cross_entropy, _smoothed_cross_entropy),
-]
-
-
-@pytest.mark.parametrize(("check", "reference"), REFERENCES, ids=lambda v: getattr(v, "__name__", ""))
-def test_reference_passes_and_stub_is_not_done(check, reference):
-    outcome = _run(check, reference)
-    assert outcome.status == "passed", outcome
-    stub = _StubGPT if check is check_gpt_forward else _stub
-    outcome = _run(check, stub)
-    assert outcome.status == "not done", outcome
-    if check.reference is not None:  # a build exercise falls back on the package's code
-        assert outcome.use is not None and outcome.use is not stub
-
-
-def test_use_is_the_learners_code_when_it_passed():
-    assert _run(check_lr_at, lr_at).use is lr_at
-    assert _run(check_gpt_forward, _StubGPT).use is GPT
+from transformer_course.training import lr_at, train_step
 
 
 # ---------------------------------------------------------------- 6.1 GPT.forward
@@ -89,7 +43,9 @@ def _gpt_with(bug: str):
         if targets is None:
             return logits, None
         if bug == "shift again":
-            return logits, F.cross_entropy(logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-1)
+            return logits, F.cross_entropy(
+                logits[:, :-1].flatten(0, 1), targets[:, 1:].flatten(), ignore_index=-1
+            )
         options = {"reduction": "sum"} if bug == "summed" else {}
         if bug != "no ignore":
             options["ignore_index"] = -1
@@ -112,11 +68,11 @@ def _gpt_with(bug: str):
     ],
 )
 def test_gpt_forward_bugs(bug, hint):
-    _assert_fails(check_gpt_forward, _gpt_with(bug), hint)
+    assert_rejected(check_gpt_forward, _gpt_with(bug), hint)
 
 
 def test_gpt_forward_correct_variant_passes():
-    assert _run(check_gpt_forward, _gpt_with("none")).status == "passed"
+    assert run(check_gpt_forward, _gpt_with("none")).status == "passed"
 
 
 # ---------------------------------------------------------------- 6.2 initial loss
@@ -133,12 +89,12 @@ def test_gpt_forward_correct_variant_passes():
     ],
 )
 def test_initial_loss_wrong_guesses(guess, hint):
-    _assert_fails(check_predict_initial_loss, lambda: guess, hint)
+    assert_rejected(check_predict_initial_loss, lambda: guess, hint)
 
 
 def test_initial_loss_accepts_close_guesses():
     for guess in (4.17, 4.2, torch.tensor(4.1744)):
-        assert _run(check_predict_initial_loss, lambda g=guess: g).status == "passed"
+        assert run(check_predict_initial_loss, lambda g=guess: g).status == "passed"
 
 
 # ---------------------------------------------------------------- 6.3 train_step
@@ -166,7 +122,9 @@ def test_train_step_bugs():
         loss.backward()
         return loss.item()
 
-    def always_clip(model, optimizer, x, y, clip=1.0, autocast=None):  # clip_grad_norm_(..., 0) zeroes every gradient
+    def always_clip(
+        model, optimizer, x, y, clip=1.0, autocast=None
+    ):  # clip_grad_norm_(..., 0) zeroes every gradient
         with autocast or nullcontext():
             _, loss = model(x, y)
         optimizer.zero_grad()
@@ -187,13 +145,17 @@ def test_train_step_bugs():
         train_step(model, optimizer, x, y, clip)
         return torch.tensor(0.0)
 
-    _assert_fails(check_train_step, no_zero_grad, "gradients accumulate across steps")
-    _assert_fails(check_train_step, clip_after_step, "clip the gradient norm after backward() and before optimizer.step()")
-    _assert_fails(check_train_step, no_step, "call optimizer.step()")
-    _assert_fails(check_train_step, always_clip, "grad_clip=0 means no clipping")
-    _assert_fails(check_train_step, no_autocast, "inside the autocast context")
-    _assert_fails(check_train_step, enters_none, "autocast may be None")
-    _assert_fails(check_train_step, returns_tensor, "return the loss as a Python float")
+    assert_rejected(check_train_step, no_zero_grad, "gradients accumulate across steps")
+    assert_rejected(
+        check_train_step,
+        clip_after_step,
+        "clip the gradient norm after backward() and before optimizer.step()",
+    )
+    assert_rejected(check_train_step, no_step, "call optimizer.step()")
+    assert_rejected(check_train_step, always_clip, "grad_clip=0 means no clipping")
+    assert_rejected(check_train_step, no_autocast, "inside the autocast context")
+    assert_rejected(check_train_step, enters_none, "autocast may be None")
+    assert_rejected(check_train_step, returns_tensor, "return the loss as a Python float")
 
 
 # ---------------------------------------------------------------- 6.4 param_groups
@@ -211,16 +173,22 @@ def test_param_groups_bugs():
         return [{"params": [p for _, p in params if p.dim() >= 2], "weight_decay": wd},
                 {"params": [p for _, p in params if p.dim() < 2], "weight_decay": 0.0}]
 
-    _assert_fails(check_param_groups, decay_everything, "LayerNorm gains and shifts are decayed")
-    _assert_fails(check_param_groups, decay_by_name, "LayerNorm gains and shifts are decayed")
-    _assert_fails(check_param_groups, tied_twice, "a parameter appears twice")
-    _assert_fails(check_param_groups, lambda m, wd: (list(m.parameters()),), "return a list of dicts")
+    assert_rejected(check_param_groups, decay_everything, "LayerNorm gains and shifts are decayed")
+    assert_rejected(check_param_groups, decay_by_name, "LayerNorm gains and shifts are decayed")
+    assert_rejected(check_param_groups, tied_twice, "a parameter appears twice")
+    assert_rejected(
+        check_param_groups, lambda m, wd: (list(m.parameters()),), "return a list of dicts"
+    )
 
 
 # ---------------------------------------------------------------- 6.5 lr_at
 def test_lr_at_bugs():
     def warmup_from_zero(step, cfg):
-        return cfg.learning_rate * step / cfg.warmup_iters if step < cfg.warmup_iters else lr_at(step, cfg)
+        return (
+            cfg.learning_rate * step / cfg.warmup_iters
+            if step < cfg.warmup_iters
+            else lr_at(step, cfg)
+        )
 
     def warmup_one_too_long(step, cfg):  # off by one at the warm-up boundary
         if step <= cfg.warmup_iters:
@@ -239,7 +207,9 @@ def test_lr_at_bugs():
         if step < cfg.warmup_iters:
             return lr_at(step, cfg)
         progress = (step - cfg.warmup_iters) / (end - cfg.warmup_iters)
-        return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (cfg.learning_rate - cfg.min_lr)
+        return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (
+            cfg.learning_rate - cfg.min_lr
+        )
 
     def ignores_decay_iters(step, cfg):
         return lr_at(step, replace(cfg, lr_decay_iters=None))
@@ -248,30 +218,46 @@ def test_lr_at_bugs():
         ramp = (step + 1) / cfg.warmup_iters
         return cfg.learning_rate * ramp if step < cfg.warmup_iters else lr_at(step, cfg)
 
-    _assert_fails(check_lr_at, warmup_from_zero, "step 0 gets learning rate 0")
-    _assert_fails(check_lr_at, warmup_one_too_long, "goes above the peak")
-    _assert_fails(check_lr_at, cosine_to_zero, "must end at min_lr, not at 0")
-    _assert_fails(check_lr_at, comes_back_up, "must not come back up")
-    _assert_fails(check_lr_at, ignores_decay_iters, "must end at lr_decay_iters")
-    _assert_fails(check_lr_at, divides_by_warmup, "warmup_iters=0")
+    assert_rejected(check_lr_at, warmup_from_zero, "step 0 gets learning rate 0")
+    assert_rejected(check_lr_at, warmup_one_too_long, "goes above the peak")
+    assert_rejected(check_lr_at, cosine_to_zero, "must end at min_lr, not at 0")
+    assert_rejected(check_lr_at, comes_back_up, "must not come back up")
+    assert_rejected(check_lr_at, ignores_decay_iters, "must end at lr_decay_iters")
+    assert_rejected(check_lr_at, divides_by_warmup, "warmup_iters=0")
 
 
 # ---------------------------------------------------------------- 6.6 get_batch (debug)
-def _batch(data, block_size, batch_size, generator=None, *, shift=1, upper=0, long=True, seeded=True):
-    starts = torch.randint(len(data) - block_size + upper, (batch_size,), generator=generator if seeded else None)
+def _batch(
+    data, block_size, batch_size, generator=None, *, shift=1, upper=0, long=True, seeded=True
+):
+    starts = torch.randint(
+        len(data) - block_size + upper, (batch_size,), generator=generator if seeded else None
+    )
     offsets = torch.arange(block_size)
     x, y = data[starts[:, None] + offsets], data[starts[:, None] + offsets + shift]
     return (x.long(), y.long()) if long else (x, y)
 
 
 def test_get_batch_bugs():
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, shift=0), "the targets equal the inputs")
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, shift=-1), "x and y swapped?")
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, shift=2), "the character right after")
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, upper=1), "leave room for its last target")
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, long=False), "return int64 ids")
-    _assert_fails(check_get_batch, lambda *a, **k: _batch(*a, **k, seeded=False), "use the generator you are given")
-    assert _run(check_get_batch, _batch).status == "passed"
+    assert_rejected(
+        check_get_batch, lambda *a, **k: _batch(*a, **k, shift=0), "the targets equal the inputs"
+    )
+    assert_rejected(check_get_batch, lambda *a, **k: _batch(*a, **k, shift=-1), "x and y swapped?")
+    assert_rejected(
+        check_get_batch, lambda *a, **k: _batch(*a, **k, shift=2), "the character right after"
+    )
+    assert_rejected(
+        check_get_batch, lambda *a, **k: _batch(*a, **k, upper=1), "leave room for its last target"
+    )
+    assert_rejected(
+        check_get_batch, lambda *a, **k: _batch(*a, **k, long=False), "return int64 ids"
+    )
+    assert_rejected(
+        check_get_batch,
+        lambda *a, **k: _batch(*a, **k, seeded=False),
+        "use the generator you are given",
+    )
+    assert run(check_get_batch, _batch).status == "passed"
 
 
 # ---------------------------------------------------------------- 6.7 label smoothing (extend)
@@ -301,14 +287,20 @@ def test_smoothed_cross_entropy_bugs():
     def probability(logits, targets, eps):
         return -logits.softmax(-1)[torch.arange(len(targets)), targets].mean()
 
-    _assert_fails(check_smoothed_cross_entropy, naive, "instead of softmax then log")
-    _assert_fails(check_smoothed_cross_entropy, summed, "you summed over the rows")
-    _assert_fails(check_smoothed_cross_entropy, over_the_others, "not over the V - 1 others")
-    _assert_fails(check_smoothed_cross_entropy, no_one_minus_eps, "weighted by 1 - ε")
-    _assert_fails(check_smoothed_cross_entropy, library, "rather than F.cross_entropy")
-    _assert_fails(check_smoothed_cross_entropy, probability, "minus the probability")
-    _assert_fails(check_smoothed_cross_entropy, lambda lg, t, e: torch.tensor([1.0, 2.0]), "return a scalar tensor")
-    assert F.cross_entropy is not None and F.cross_entropy.__name__ == "cross_entropy"  # restored after the check
+    assert_rejected(check_smoothed_cross_entropy, naive, "instead of softmax then log")
+    assert_rejected(check_smoothed_cross_entropy, summed, "you summed over the rows")
+    assert_rejected(check_smoothed_cross_entropy, over_the_others, "not over the V - 1 others")
+    assert_rejected(check_smoothed_cross_entropy, no_one_minus_eps, "weighted by 1 - ε")
+    assert_rejected(check_smoothed_cross_entropy, library, "rather than F.cross_entropy")
+    assert_rejected(check_smoothed_cross_entropy, probability, "minus the probability")
+    assert_rejected(
+        check_smoothed_cross_entropy,
+        lambda lg, t, e: torch.tensor([1.0, 2.0]),
+        "return a scalar tensor",
+    )
+    assert (
+        F.cross_entropy is not None and F.cross_entropy.__name__ == "cross_entropy"
+    )  # restored after the check
 
 
 def test_smoothed_reference_matches_pytorch():

@@ -1,8 +1,9 @@
-"""Chapter 10's checks accept the reference, name the mistake in planted bugs, and report a stub that
-raises NotImplementedError as "not done"."""
+"""Chapter 10's checks accept right answers and name the mistake in planted bugs
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import pytest
 import torch
+from check_helpers import assert_rejected
 
 from transformer_course.checks.modern import (
     _sliding_window_mask,
@@ -15,37 +16,18 @@ from transformer_course.checks.modern import (
 )
 from transformer_course.modern import RMSNorm, rope_frequencies, rotate_halves, share_kv_heads
 
-ALL_CHECKS = [check_rms_norm, check_rope_frequencies, check_rotate_halves, check_predict_kv_bytes,
-              check_share_kv_heads, check_sliding_window_mask]
 
-
-def _stub(*args, **kwargs):
-    raise NotImplementedError("Exercise")
-
-
-class StubRMSNorm(RMSNorm):
-    def forward(self, x):
-        raise NotImplementedError("Exercise 10.1")
-
-
-@pytest.mark.parametrize("check_fn", ALL_CHECKS)
-def test_stub_is_not_done(check_fn):
-    outcome = check_fn(StubRMSNorm if check_fn is check_rms_norm else _stub, quiet=True)
-    assert outcome.status == "not done"
-    assert outcome.exercise == check_fn.exercise
-
-
-def assert_rejected(check_fn, candidate, hint):
-    outcome = check_fn(candidate, quiet=True)
-    assert outcome.status == "failed", outcome.message
-    assert hint in outcome.message, outcome.message
-
-
-@pytest.mark.parametrize("check_fn, reference", [
-    (check_rms_norm, RMSNorm), (check_rope_frequencies, rope_frequencies), (check_rotate_halves, rotate_halves),
-    (check_predict_kv_bytes, lambda: 5120), (check_share_kv_heads, share_kv_heads),
-    (check_sliding_window_mask, _sliding_window_mask),
-])
+@pytest.mark.parametrize(
+    "check_fn, reference",
+    [
+        (check_rms_norm, RMSNorm),
+        (check_rope_frequencies, rope_frequencies),
+        (check_rotate_halves, rotate_halves),
+        (check_predict_kv_bytes, lambda: 5120),
+        (check_share_kv_heads, share_kv_heads),
+        (check_sliding_window_mask, _sliding_window_mask),
+    ],
+)
 def test_reference_passes(check_fn, reference):
     outcome = check_fn(reference, quiet=True)
     assert outcome.passed, outcome.message
@@ -68,13 +50,33 @@ def _rms_variant(body):
     return Variant
 
 
-@pytest.mark.parametrize("body, hint", [
-    (lambda self, x: torch.nn.functional.layer_norm(x, (self.d_model,), self.weight, None, self.eps), "the mean is subtracted"),
-    (lambda self, x: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight, "eps must go inside"),
-    (lambda self, x: x / (x.pow(2).sum(-1, keepdim=True) + self.eps).sqrt() * self.weight, "not of their sum"),
-    (lambda self, x: x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(), "learned gain self.weight"),
-    (lambda self, x: x / (x.pow(2).mean(0, keepdim=True) + self.eps).sqrt() * self.weight, "differs from x / sqrt"),
-])
+@pytest.mark.parametrize(
+    "body, hint",
+    [
+        (
+            lambda self, x: torch.nn.functional.layer_norm(
+                x, (self.d_model,), self.weight, None, self.eps
+            ),
+            "the mean is subtracted",
+        ),
+        (
+            lambda self, x: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + self.eps) * self.weight,
+            "eps must go inside",
+        ),
+        (
+            lambda self, x: x / (x.pow(2).sum(-1, keepdim=True) + self.eps).sqrt() * self.weight,
+            "not of their sum",
+        ),
+        (
+            lambda self, x: x / (x.pow(2).mean(-1, keepdim=True) + self.eps).sqrt(),
+            "learned gain self.weight",
+        ),
+        (
+            lambda self, x: x / (x.pow(2).mean(0, keepdim=True) + self.eps).sqrt() * self.weight,
+            "differs from x / sqrt",
+        ),
+    ],
+)
 def test_rms_norm_mistakes(body, hint):
     assert_rejected(check_rms_norm, _rms_variant(body), hint)
 
@@ -82,12 +84,18 @@ def test_rms_norm_mistakes(body, hint):
 # ---------------------------------------------------------------- 10.2 rope_frequencies
 
 
-@pytest.mark.parametrize("fn, hint", [
-    (lambda hs, base: 1.0 / base ** (torch.arange(hs // 2).float() / hs), "the exponent is i/hs"),  # the chapter's bug
-    (lambda hs, base: base ** (torch.arange(0, hs, 2).float() / hs), "the speeds grow with i"),
-    (lambda hs, base: 1.0 / base ** (torch.arange(hs).float() / hs), "hs // 2 numbers"),
-    (lambda hs, base: 1.0 / base ** (torch.arange(0, hs, 2).double() / hs), "float32"),
-])
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (
+            lambda hs, base: 1.0 / base ** (torch.arange(hs // 2).float() / hs),
+            "the exponent is i/hs",
+        ),  # the chapter's bug
+        (lambda hs, base: base ** (torch.arange(0, hs, 2).float() / hs), "the speeds grow with i"),
+        (lambda hs, base: 1.0 / base ** (torch.arange(hs).float() / hs), "hs // 2 numbers"),
+        (lambda hs, base: 1.0 / base ** (torch.arange(0, hs, 2).double() / hs), "float32"),
+    ],
+)
 def test_rope_frequencies_mistakes(fn, hint):
     assert_rejected(check_rope_frequencies, fn, hint)
 
@@ -100,14 +108,33 @@ def _interleaved(x, cos, sin):
     return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
 
 
-@pytest.mark.parametrize("fn, hint", [
-    (_interleaved, "interleaved convention"),
-    (lambda x, c, s: torch.cat([x.chunk(2, -1)[0] * c + x.chunk(2, -1)[1] * s,
-                                -x.chunk(2, -1)[0] * s + x.chunk(2, -1)[1] * c], -1), "turn backwards"),
-    (lambda x, c, s: torch.cat([x.chunk(2, -1)[0] * s + x.chunk(2, -1)[1] * c,
-                                x.chunk(2, -1)[0] * c - x.chunk(2, -1)[1] * s], -1), "halves are swapped"),
-    (lambda x, c, s: x * torch.cat([c, c], -1), "keeps every vector's length"),
-])
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (_interleaved, "interleaved convention"),
+        (
+            lambda x, c, s: torch.cat(
+                [
+                    x.chunk(2, -1)[0] * c + x.chunk(2, -1)[1] * s,
+                    -x.chunk(2, -1)[0] * s + x.chunk(2, -1)[1] * c,
+                ],
+                -1,
+            ),
+            "turn backwards",
+        ),
+        (
+            lambda x, c, s: torch.cat(
+                [
+                    x.chunk(2, -1)[0] * s + x.chunk(2, -1)[1] * c,
+                    x.chunk(2, -1)[0] * c - x.chunk(2, -1)[1] * s,
+                ],
+                -1,
+            ),
+            "halves are swapped",
+        ),
+        (lambda x, c, s: x * torch.cat([c, c], -1), "keeps every vector's length"),
+    ],
+)
 def test_rotate_halves_mistakes(fn, hint):
     assert_rejected(check_rotate_halves, fn, hint)
 
@@ -138,12 +165,20 @@ def test_share_kv_heads_mistakes(fn, hint):
 # ---------------------------------------------------------------- 10.6 sliding window
 
 
-@pytest.mark.parametrize("fn, hint", [
-    (lambda T, w, past=0: _sliding_window_mask(T, w + 1, past), "one key too many"),
-    (lambda T, w, past=0: _sliding_window_mask(T, w - 1, past), "one key too few"),
-    (lambda T, w, past=0: (past + torch.arange(T)[:, None] - torch.arange(past + T)).abs() < w, "stay causal"),
-    (lambda T, w, past=0: _sliding_window_mask(T, w, 0), "one row per new query"),
-    (lambda T, w, past=0: _sliding_window_mask(T, w, past).int(), "bool tensor"),
-])
+@pytest.mark.parametrize(
+    "fn, hint",
+    [
+        (lambda T, w, past=0: _sliding_window_mask(T, w + 1, past), "one key too many"),
+        (lambda T, w, past=0: _sliding_window_mask(T, w - 1, past), "one key too few"),
+        (
+            lambda T, w, past=0: (
+                (past + torch.arange(T)[:, None] - torch.arange(past + T)).abs() < w
+            ),
+            "stay causal",
+        ),
+        (lambda T, w, past=0: _sliding_window_mask(T, w, 0), "one row per new query"),
+        (lambda T, w, past=0: _sliding_window_mask(T, w, past).int(), "bool tensor"),
+    ],
+)
 def test_sliding_window_mistakes(fn, hint):
     assert_rejected(check_sliding_window_mask, fn, hint)

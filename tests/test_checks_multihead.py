@@ -1,12 +1,12 @@
-"""The chapter 04 checks accept the reference, reject realistic mistakes with the right hint, and
-report a stub that raises NotImplementedError as "not done"."""
+"""The chapter 04 checks accept the reference and reject realistic mistakes with the right hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import pytest
 import torch
 import torch.nn.functional as F
+from check_helpers import assert_rejected, run, stub
 
 from transformer_course.attention import causal_mask, scaled_dot_product_attention
-from transformer_course.checks import CheckOutcome
 from transformer_course.checks.multihead import (
     check_causal_mask_with_past,
     check_grouped_query_attention,
@@ -25,30 +25,8 @@ from transformer_course.multihead import (
     split_heads,
 )
 
-
-def run(check_fn, candidate) -> CheckOutcome:
-    return check_fn(candidate, quiet=True)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: write me")
-
-
-ALL_CHECKS = [check_split_heads, check_predict_scores_shape, check_merge_heads, check_causal_mask_with_past,
-              check_pack_heads, check_heads_attention, check_grouped_query_attention]
 BUILD_CHECKS = {check_split_heads: split_heads, check_merge_heads: merge_heads,
                 check_causal_mask_with_past: causal_mask_with_past, check_pack_heads: pack_heads}
-
-
-@pytest.mark.parametrize("check_fn", ALL_CHECKS)
-def test_stub_is_not_done(check_fn):
-    outcome = run(check_fn, stub)
-    assert outcome.status == "not done"
-    assert outcome.exercise == check_fn.exercise
-
-
-def test_exercises_are_numbered_in_chapter_order():
-    assert [c.exercise for c in ALL_CHECKS] == [f"4.{n}" for n in range(1, 8)]
 
 
 @pytest.mark.parametrize("check_fn", list(BUILD_CHECKS), ids=lambda c: c.__name__)
@@ -67,15 +45,11 @@ def test_build_checks_hand_back_what_the_chapter_uses(check_fn):
 
 def test_check_prints_one_line(capsys):
     check_split_heads(split_heads)
-    assert capsys.readouterr().out == "✅ Exercise 4.1 (split_heads): passed - the rest of the chapter uses yours\n"
+    assert capsys.readouterr().out == (
+        "✅ Exercise 4.1 (split_heads): passed - the rest of the chapter uses yours\n")
     check_merge_heads(stub)
-    assert capsys.readouterr().out.startswith("⏳ Exercise 4.3 (merge_heads): not done yet - the chapter carries on with the package's merge_heads")
-
-
-def assert_rejects(check_fn, candidate, hint):
-    outcome = run(check_fn, candidate)
-    assert outcome.status == "failed", outcome
-    assert hint in outcome.message, outcome.message
+    assert capsys.readouterr().out.startswith("⏳ Exercise 4.3 (merge_heads): not done yet - the "
+                                              "chapter carries on with the package's merge_heads")
 
 
 # ---------------------------------------------------------------- 4.1 split heads (build)
@@ -113,13 +87,17 @@ def split_hs_as_heads(x, n_head):  # treats n_head as the head size: fine while 
     (split_hs_as_heads, "hs from C // n_head"),
 ])
 def test_split_heads_rejects(candidate, hint):
-    assert_rejects(check_split_heads, candidate, hint)
+    assert_rejected(check_split_heads, candidate, hint)
 
 
 def test_split_heads_accepts_reference_and_reshape_version():
     assert run(check_split_heads, split_heads).passed
-    assert run(check_split_heads, lambda x, nh: x.reshape(*x.shape[:2], nh, -1).permute(0, 2, 1, 3)).passed
-    assert run(check_split_heads, lambda x, nh: x.unflatten(-1, (nh, -1)).transpose(1, 2).contiguous()).passed
+    assert run(
+        check_split_heads, lambda x, nh: x.reshape(*x.shape[:2], nh, -1).permute(0, 2, 1, 3)
+    ).passed
+    assert run(
+        check_split_heads, lambda x, nh: x.unflatten(-1, (nh, -1)).transpose(1, 2).contiguous()
+    ).passed
 
 
 # ---------------------------------------------------------------- 4.2 predict the scores' shape
@@ -135,7 +113,7 @@ def test_split_heads_accepts_reference_and_reshape_version():
     (None, "tuple of ints"),
 ])
 def test_predict_scores_shape_rejects(answer, hint):
-    assert_rejects(check_predict_scores_shape, lambda: answer, hint)
+    assert_rejected(check_predict_scores_shape, lambda: answer, hint)
 
 
 @pytest.mark.parametrize("answer", [(4, 4, 10, 10), [4, 4, 10, 10], torch.Size([4, 4, 10, 10])])
@@ -178,37 +156,50 @@ def merge_hard_coded(y):
     (merge_hard_coded, "read the sizes from y.shape"),
 ])
 def test_merge_heads_rejects(candidate, hint):
-    assert_rejects(check_merge_heads, candidate, hint)
+    assert_rejected(check_merge_heads, candidate, hint)
 
 
 def test_merge_heads_accepts_reference_and_contiguous_view():
     assert run(check_merge_heads, merge_heads).passed
-    assert run(check_merge_heads, lambda y: y.transpose(1, 2).contiguous().view(y.shape[0], y.shape[2], -1)).passed
+    assert run(
+        check_merge_heads, lambda y: y.transpose(1, 2).contiguous().view(y.shape[0], y.shape[2], -1)
+    ).passed
 
 
-# ---------------------------------------------------------------- 4.4 causal mask with a past (build)
+# ---------------------------------------------------------------- 4.4 mask with a past (build)
 
 
 def ones(T, past, device=None):
     return torch.ones(T, past + T, dtype=torch.bool, device=device)
 
 
-@pytest.mark.parametrize("candidate, hint", [
-    (lambda T, past, device=None: ones(T, past, device).tril(), "top-left corner"),
-    (lambda T, past, device=None: ones(T, past, device).tril(past - 1), "cannot see itself"),
-    (lambda T, past, device=None: ones(T, past, device).tril(past + 1), "which comes after it"),
-    (lambda T, past, device=None: torch.ones(T, T, dtype=torch.bool).tril(), "one column per key"),
-    (lambda T, past, device=None: torch.ones(T, past + T).tril(past), "return a bool tensor"),
-    (lambda T, past, device=None: ones(T, past, device).tril(past).triu(past - 1), "cannot see the earlier key"),
-    (lambda T, past: ones(T, past).tril(past), "accept device"),
-])
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (lambda T, past, device=None: ones(T, past, device).tril(), "top-left corner"),
+        (lambda T, past, device=None: ones(T, past, device).tril(past - 1), "cannot see itself"),
+        (lambda T, past, device=None: ones(T, past, device).tril(past + 1), "which comes after it"),
+        (
+            lambda T, past, device=None: torch.ones(T, T, dtype=torch.bool).tril(),
+            "one column per key",
+        ),
+        (lambda T, past, device=None: torch.ones(T, past + T).tril(past), "return a bool tensor"),
+        (
+            lambda T, past, device=None: ones(T, past, device).tril(past).triu(past - 1),
+            "cannot see the earlier key",
+        ),
+        (lambda T, past: ones(T, past).tril(past), "accept device"),
+    ],
+)
 def test_mask_with_past_rejects(candidate, hint):
-    assert_rejects(check_causal_mask_with_past, candidate, hint)
+    assert_rejected(check_causal_mask_with_past, candidate, hint)
 
 
 def test_mask_with_past_accepts_reference():
     assert run(check_causal_mask_with_past, causal_mask_with_past).passed
-    assert run(check_causal_mask_with_past, lambda T, past=0, device=None: ones(T, past, device).tril(past)).passed
+    assert run(
+        check_causal_mask_with_past, lambda T, past=0, device=None: ones(T, past, device).tril(past)
+    ).passed
 
 
 # ---------------------------------------------------------------- 4.5 pack the heads (extend)
@@ -231,12 +222,18 @@ def _finish(mha, proj, weight, zero_bias=True, copy_proj=True):
 
 
 def by_kind(heads):
-    return torch.cat([torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")])
+    return torch.cat(
+        [torch.cat([getattr(h, n).weight for h in heads]) for n in ("query", "key", "value")]
+    )
 
 
 def pack_by_head(heads, proj, fast=True):
     heads, mha = _new_layer(heads, proj, fast)
-    return _finish(mha, proj, torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads]))
+    return _finish(
+        mha,
+        proj,
+        torch.cat([torch.cat([h.query.weight, h.key.weight, h.value.weight]) for h in heads]),
+    )
 
 
 def pack_reversed(heads, proj, fast=True):
@@ -257,7 +254,9 @@ def pack_forgets_proj(heads, proj, fast=True):
 def pack_two_heads_only(heads, proj, fast=True):
     heads, mha = _new_layer(heads, proj, fast)
     two = by_kind(heads[:2])
-    return _finish(mha, proj, two if two.shape == mha.qkv.weight.shape else torch.zeros_like(mha.qkv.weight))
+    return _finish(
+        mha, proj, two if two.shape == mha.qkv.weight.shape else torch.zeros_like(mha.qkv.weight)
+    )
 
 
 def pack_assumes_bias(heads, proj, fast=True):
@@ -278,7 +277,7 @@ def pack_assumes_bias(heads, proj, fast=True):
     (pack_assumes_bias, "only touch qkv.bias when it exists"),
 ])
 def test_pack_heads_rejects(candidate, hint):
-    assert_rejects(check_pack_heads, candidate, hint)
+    assert_rejected(check_pack_heads, candidate, hint)
 
 
 def test_pack_heads_accepts_reference_and_a_loop_version():
@@ -301,7 +300,7 @@ def test_pack_heads_accepts_reference_and_a_loop_version():
     assert run(check_pack_heads, by_rows).passed
 
 
-# ---------------------------------------------------------------- 4.6 the scale of multi-head scores (debug)
+# ---------------------------------------------------------------- 4.6 the scores' scale (debug)
 
 
 def heads_attention(layer, x, scale="hs", causal=True, project=True):
@@ -312,15 +311,24 @@ def heads_attention(layer, x, scale="hs", causal=True, project=True):
     return layer.proj(merge_heads(y)) if project else merge_heads(y)
 
 
-@pytest.mark.parametrize("candidate, hint", [
-    (lambda layer, x: heads_attention(layer, x, scale="C"), "divided by √C = √d_model"),  # the chapter's bug
-    (lambda layer, x: heads_attention(layer, x, scale="none"), "not scaled at all"),
-    (lambda layer, x: heads_attention(layer, x, causal=False), "keep the causal mask"),
-    (lambda layer, x: heads_attention(layer, x, project=False), "apply layer.proj"),
-    (lambda layer, x: heads_attention(layer, x) if x.shape[-1] == 32 else x, "not for 3 heads of C=12"),
-])
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (
+            lambda layer, x: heads_attention(layer, x, scale="C"),
+            "divided by √C = √d_model",
+        ),  # the chapter's bug
+        (lambda layer, x: heads_attention(layer, x, scale="none"), "not scaled at all"),
+        (lambda layer, x: heads_attention(layer, x, causal=False), "keep the causal mask"),
+        (lambda layer, x: heads_attention(layer, x, project=False), "apply layer.proj"),
+        (
+            lambda layer, x: heads_attention(layer, x) if x.shape[-1] == 32 else x,
+            "not for 3 heads of C=12",
+        ),
+    ],
+)
 def test_heads_attention_rejects(candidate, hint):
-    assert_rejects(check_heads_attention, candidate, hint)
+    assert_rejected(check_heads_attention, candidate, hint)
 
 
 def test_heads_attention_accepts_the_fix_and_the_default_scale():
@@ -328,18 +336,22 @@ def test_heads_attention_accepts_the_fix_and_the_default_scale():
 
     def default_scale(layer, x):  # chapter 03's function scales by 1/√hs when given no scale
         q, k, v = (split_heads(t, layer.n_head) for t in layer.qkv(x).split(x.shape[-1], dim=-1))
-        return layer.proj(merge_heads(scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1]))[0]))
+        return layer.proj(
+            merge_heads(scaled_dot_product_attention(q, k, v, causal_mask(x.shape[1]))[0])
+        )
 
     assert run(check_heads_attention, default_scale).passed
     assert run(check_heads_attention, lambda layer, x: layer(x)).passed
 
 
-# ---------------------------------------------------------------- 4.7 grouped-query attention (extend)
+# ---------------------------------------------------------------- 4.7 grouped-query (extend)
 
 
 def gqa_tiled(q, k, v):
     g = q.shape[1] // k.shape[1]
-    return F.scaled_dot_product_attention(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1), is_causal=True)
+    return F.scaled_dot_product_attention(
+        q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1), is_causal=True
+    )
 
 
 def gqa_not_causal(q, k, v):
@@ -350,7 +362,9 @@ def gqa_not_causal(q, k, v):
 def gqa_unscaled(q, k, v):
     g = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    w = (q @ k.transpose(-2, -1)).masked_fill(~torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril(), float("-inf"))
+    w = (q @ k.transpose(-2, -1)).masked_fill(
+        ~torch.ones(q.shape[2], q.shape[2], dtype=torch.bool).tril(), float("-inf")
+    )
     return w.softmax(-1) @ v
 
 
@@ -366,7 +380,7 @@ def gqa_group_of_two(q, k, v):
     (gqa_group_of_two, "group size as nh // n_kv"),
 ])
 def test_gqa_rejects(candidate, hint):
-    assert_rejects(check_grouped_query_attention, candidate, hint)
+    assert_rejected(check_grouped_query_attention, candidate, hint)
 
 
 def test_gqa_accepts_reference():
@@ -375,6 +389,10 @@ def test_gqa_accepts_reference():
 
 def test_gqa_reference_matches_pytorch_enable_gqa():
     g = torch.Generator().manual_seed(0)
-    q, k, v = torch.randn(2, 6, 7, 4, generator=g), torch.randn(2, 2, 7, 4, generator=g), torch.randn(2, 2, 7, 4, generator=g)
+    q, k, v = (
+        torch.randn(2, 6, 7, 4, generator=g),
+        torch.randn(2, 2, 7, 4, generator=g),
+        torch.randn(2, 2, 7, 4, generator=g),
+    )
     want = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     torch.testing.assert_close(grouped_query_attention_reference(q, k, v), want, atol=1e-6, rtol=0)

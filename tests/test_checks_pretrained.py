@@ -1,12 +1,12 @@
-"""The chapter 08 checks accept the reference, reject realistic mistakes with the right hint, and
-report a stub that raises NotImplementedError as "not done"."""
+"""The chapter 08 checks accept the reference and reject realistic mistakes with the right hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import importlib.util
 
 import pytest
 import torch
+from check_helpers import assert_rejected, run
 
-from transformer_course.checks import CheckOutcome
 from transformer_course.checks.pretrained import (
     _split_qkv,
     _to_hf_state_dict,
@@ -17,39 +17,13 @@ from transformer_course.checks.pretrained import (
 )
 from transformer_course.pretrained import hf_key_map
 
-ALL_CHECKS = [check_predict_silent_transpose, check_hf_key_map, check_split_qkv, check_to_hf_state_dict]
-
-
-def run(check_fn, candidate) -> CheckOutcome:
-    return check_fn(candidate, quiet=True)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: write me")
-
-
-@pytest.mark.parametrize("check_fn", ALL_CHECKS)
-def test_stub_is_not_done(check_fn):
-    outcome = run(check_fn, stub)
-    assert outcome.status == "not done"
-    assert outcome.exercise == check_fn.exercise
-
-
-@pytest.mark.parametrize("check_fn", [check_hf_key_map, check_split_qkv, check_to_hf_state_dict])
-def test_use_is_the_reference_unless_passed(check_fn):
-    assert run(check_fn, stub).use is not stub and callable(run(check_fn, stub).use)
-
-
-def assert_rejected(check_fn, candidate, hint):
-    outcome = run(check_fn, candidate)
-    assert outcome.status == "failed", outcome.message
-    assert hint in outcome.message, outcome.message
-
-
 # ---------------------------------------------------------------- 8.1 predict
 
 
-@pytest.mark.parametrize("answer", [{"attn.c_proj.weight"}, ["h.0.attn.c_proj.weight"], ("transformer.h.0.attn.c_proj.weight",)])
+@pytest.mark.parametrize(
+    "answer",
+    [{"attn.c_proj.weight"}, ["h.0.attn.c_proj.weight"], ("transformer.h.0.attn.c_proj.weight",)],
+)
 def test_predict_right_answers_pass(answer):
     assert run(check_predict_silent_transpose, lambda: answer).passed
 
@@ -73,7 +47,16 @@ def test_key_map_reference_passes():
     assert outcome.passed and outcome.use is hf_key_map
 
 
-def edited(n_layer, rename=None, flip=(), prefix="", drop_blocks=False, offset=0, fixed_layers=None, extra=None):
+def edited(
+    n_layer,
+    rename=None,
+    flip=(),
+    prefix="",
+    drop_blocks=False,
+    offset=0,
+    fixed_layers=None,
+    extra=None,
+):
     """The reference map with one realistic mistake planted."""
     table = {}
     for hf, (ours, t) in hf_key_map(fixed_layers if fixed_layers is not None else n_layer).items():
@@ -81,7 +64,10 @@ def edited(n_layer, rename=None, flip=(), prefix="", drop_blocks=False, offset=0
             continue
         if offset and hf.startswith("h."):
             i, rest = hf[2:].split(".", 1)
-            hf, ours = f"h.{int(i) + offset}.{rest}", f"blocks.{int(i) + offset}.{ours.split('.', 2)[2]}"
+            hf, ours = (
+                f"h.{int(i) + offset}.{rest}",
+                f"blocks.{int(i) + offset}.{ours.split('.', 2)[2]}",
+            )
         for a, b in (rename or {}).items():
             ours = ours.replace(a, b)
         if any(hf.endswith(f) for f in flip):
@@ -94,29 +80,50 @@ def edited(n_layer, rename=None, flip=(), prefix="", drop_blocks=False, offset=0
 SWAP_LN = {"ln1": "lnX", "ln2": "ln1"}
 
 
-@pytest.mark.parametrize("candidate, hint", [
-    (lambda n: {k: (v[0].replace("lnX", "ln2"), v[1]) for k, v in edited(n, rename=SWAP_LN).items()},
-     "ln_1 and ln_2 are swapped"),
-    (lambda n: edited(n, flip=("attn.c_proj.weight",)), "it is square, [C, C]"),
-    (lambda n: edited(n, flip=("mlp.c_fc.weight",)), "is a Conv1D weight, [in, out] in the file"),
-    (lambda n: edited(n, flip=("attn.c_attn.bias",)), "there is nothing to transpose"),
-    (lambda n: edited(n, flip=("wte.weight",)), "lookup table"),
-    (lambda n: edited(n, prefix="transformer."), 'leave out the "transformer." prefix'),
-    (lambda n: edited(n, extra={"lm_head.weight": ("lm_head.weight", False)}), "tied to wte"),
-    (lambda n: edited(n, offset=1), "numbered from 0"),
-    (lambda n: edited(n, drop_blocks=True), "only block 0 is mapped"),
-    (lambda n: edited(n, fixed_layers=2), "use n_layer"),
-    (lambda n: edited(n, rename={"attn.proj": "attn.TMP", "mlp.proj": "attn.proj"}) | {
-        k: (v[0].replace("attn.TMP", "mlp.proj"), v[1]) for k, v in edited(n, rename={"attn.proj": "attn.TMP"}).items()
-        if "attn.TMP" in v[0]}, "the two c_proj are swapped"),
-    (lambda n: edited(n, rename={"qkv": "c_attn"}), "not a parameter of our GPT"),
-    (lambda n: {k: list(v)[:1] for k, v in hf_key_map(n).items()}, "should be a pair (our name, transpose?)"),
-])
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (
+            lambda n: {
+                k: (v[0].replace("lnX", "ln2"), v[1]) for k, v in edited(n, rename=SWAP_LN).items()
+            },
+            "ln_1 and ln_2 are swapped",
+        ),
+        (lambda n: edited(n, flip=("attn.c_proj.weight",)), "it is square, [C, C]"),
+        (
+            lambda n: edited(n, flip=("mlp.c_fc.weight",)),
+            "is a Conv1D weight, [in, out] in the file",
+        ),
+        (lambda n: edited(n, flip=("attn.c_attn.bias",)), "there is nothing to transpose"),
+        (lambda n: edited(n, flip=("wte.weight",)), "lookup table"),
+        (lambda n: edited(n, prefix="transformer."), 'leave out the "transformer." prefix'),
+        (lambda n: edited(n, extra={"lm_head.weight": ("lm_head.weight", False)}), "tied to wte"),
+        (lambda n: edited(n, offset=1), "numbered from 0"),
+        (lambda n: edited(n, drop_blocks=True), "only block 0 is mapped"),
+        (lambda n: edited(n, fixed_layers=2), "use n_layer"),
+        (
+            lambda n: (
+                edited(n, rename={"attn.proj": "attn.TMP", "mlp.proj": "attn.proj"})
+                | {
+                    k: (v[0].replace("attn.TMP", "mlp.proj"), v[1])
+                    for k, v in edited(n, rename={"attn.proj": "attn.TMP"}).items()
+                    if "attn.TMP" in v[0]
+                }
+            ),
+            "the two c_proj are swapped",
+        ),
+        (lambda n: edited(n, rename={"qkv": "c_attn"}), "not a parameter of our GPT"),
+        (
+            lambda n: {k: list(v)[:1] for k, v in hf_key_map(n).items()},
+            "should be a pair (our name, transpose?)",
+        ),
+    ],
+)
 def test_key_map_mistakes_are_named(candidate, hint):
     assert_rejected(check_hf_key_map, candidate, hint)
 
 
-# ---------------------------------------------------------------- 8.3 debug: GPT-2's packed q | k | v
+# ---------------------------------------------------------------- 8.3 debug: the packed q | k | v
 
 
 def split_qkv_neox(packed, n_head):  # the chapter's buggy reader, as shown in the notebook
@@ -150,10 +157,12 @@ def test_split_mistakes_are_named(candidate, hint):
     assert_rejected(check_split_qkv, candidate, hint)
 
 
-# ---------------------------------------------------------------- 8.4 extend: our GPT in GPT-2's layout
+# ---------------------------------------------------------------- 8.4 extend: GPT-2's layout
 
-needs_transformers = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
-                                        reason="the check's last stage runs transformers' GPT2LMHeadModel")
+needs_transformers = pytest.mark.skipif(
+    importlib.util.find_spec("transformers") is None,
+    reason="the check's last stage runs transformers' GPT2LMHeadModel",
+)
 
 
 def test_export_reference_passes():
@@ -174,21 +183,30 @@ def export(model, transpose=lambda name, t: True, prefix="transformer.", head=Tr
 SWAP = {"blocks.0.ln1.weight": "blocks.0.ln2.weight", "blocks.0.ln2.weight": "blocks.0.ln1.weight"}
 
 
-@pytest.mark.parametrize("candidate, hint", [
-    (lambda m: export(m, transpose=lambda hf, w: False), "has our nn.Linear layout [out, in]"),
-    (lambda m: export(m, transpose=lambda hf, w: w.shape[0] != w.shape[1]), "is square, so it fits either way"),
-    (lambda m: export(m, prefix=""), '"transformer." in front'),
-    (lambda m: export(m, head=False), "also lists lm_head.weight"),
-    (lambda m: export(m, rename=SWAP), "holds the tensor that belongs to transformer.h.0.ln_2.weight"),
-])
+@pytest.mark.parametrize(
+    "candidate, hint",
+    [
+        (lambda m: export(m, transpose=lambda hf, w: False), "has our nn.Linear layout [out, in]"),
+        (
+            lambda m: export(m, transpose=lambda hf, w: w.shape[0] != w.shape[1]),
+            "is square, so it fits either way",
+        ),
+        (lambda m: export(m, prefix=""), '"transformer." in front'),
+        (lambda m: export(m, head=False), "also lists lm_head.weight"),
+        (
+            lambda m: export(m, rename=SWAP),
+            "holds the tensor that belongs to transformer.h.0.ln_2.weight",
+        ),
+    ],
+)
 def test_export_mistakes_are_named(candidate, hint):
     assert_rejected(check_to_hf_state_dict, candidate, hint)
 
 
 @needs_transformers
 def test_export_runs_in_transformers(monkeypatch):
-    """The last stage is what makes the exercise real: a dict with the right names and values but stored
-    under the wrong keys for transformers would fail there."""
+    """The last stage is what makes the exercise real: a dict with the right names and values but
+    stored under the wrong keys for transformers would fail there."""
     import transformer_course.checks.pretrained as checks
 
     loaded = []
@@ -209,7 +227,9 @@ def test_export_without_transformers_still_checks_names_and_values(monkeypatch):
 
     monkeypatch.setattr(checks, "_stand_in", lambda n_layer: None)
     assert run(check_to_hf_state_dict, _to_hf_state_dict).passed
-    assert_rejected(check_to_hf_state_dict, lambda m: export(m, head=False), "also lists lm_head.weight")
+    assert_rejected(
+        check_to_hf_state_dict, lambda m: export(m, head=False), "also lists lm_head.weight"
+    )
 
 
 def test_checks_leave_the_global_random_state_alone():

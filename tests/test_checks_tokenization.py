@@ -1,10 +1,11 @@
-"""The chapter 01 checks pass the reference, reject realistic mistakes with the right hint, and
-report a stub as "not done"."""
+"""The chapter 01 checks pass the reference and reject realistic mistakes with the right hint
+(tests/test_checks_all.py runs every check on a stub and on its reference)."""
 
 import codecs
 from itertools import pairwise
 
 import pytest
+from check_helpers import assert_rejected, run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,7 @@ from transformer_course.bpe import (
     merge_pair,
     train_merges_simple,
 )
-from transformer_course.checks._core import FAILED, NOT_DONE, PASSED
+from transformer_course.checks._core import FAILED, PASSED
 from transformer_course.checks.tokenization import (
     _stream_decode,
     check_apply_merges,
@@ -24,32 +25,6 @@ from transformer_course.checks.tokenization import (
     check_stream_decode,
     check_train_merges_simple,
 )
-
-CHECKS = [check_get_pair_counts, check_merge_pair, check_predict_tiny_merges, check_train_merges_simple,
-          check_apply_merges, check_stream_decode]
-
-
-def run(check, fn):
-    return check(fn, quiet=True)
-
-
-def stub(*args, **kwargs):
-    raise NotImplementedError("Exercise: ...")
-
-
-@pytest.mark.parametrize("check", CHECKS)
-def test_stub_is_not_done(check):
-    outcome = run(check, stub)
-    assert outcome.status == NOT_DONE
-    if check.reference:  # the chapter carries on with the reference
-        assert outcome.use is not None and outcome.use is not stub
-
-
-def assert_rejected(check, buggy, hint):
-    outcome = run(check, buggy)
-    assert outcome.status == FAILED, outcome.message
-    assert hint in outcome.message, outcome.message
-
 
 # ---------------------------------------------------------------- 1.1 get_pair_counts
 
@@ -118,7 +93,10 @@ def test_get_pair_counts_reference_passes():
         (pairs_new_dict, "add into that very dict"),
         (pairs_ignores_weight, "each occurrence adds weight, not 1"),
         (pairs_overwrite, "keep the 3 already there"),
-        (lambda ids, counts=None, weight=1: {f"{a},{b}": 1 for a, b in pairwise(ids)}, "tuples of two ids"),
+        (
+            lambda ids, counts=None, weight=1: {f"{a},{b}": 1 for a, b in pairwise(ids)},
+            "tuples of two ids",
+        ),
         (lambda ids, counts=None, weight=1: list(pairwise(ids)), "return a dict"),
     ],
 )
@@ -403,7 +381,9 @@ def stream_each_alone(ids, vocab):
     return [vocab[i].decode("utf-8", errors="replace") for i in ids]
 
 
-def stream_hold_until_decodable(ids, vocab):  # waits for the whole buffer to decode, even "i" + half of "é"
+def stream_hold_until_decodable(
+    ids, vocab
+):  # waits for the whole buffer to decode, even "i" + half of "é"
     out, buffer = [], b""
     for i in ids:
         buffer += vocab[i]
@@ -472,7 +452,10 @@ def test_stream_decode_reference_and_a_hand_written_version_pass():
         (stream_drops_the_tail, "when the ids run out in the middle of a character"),
         (stream_holds_invalid_bytes, "becomes '\ufffd' straight away"),
         (lambda ids, vocab: "".join(stream_each_alone(ids, vocab)), "return a list of str"),
-        (lambda ids, vocab: [b"".join(vocab[i] for i in ids).decode("utf-8", "replace")], "one string per id"),
+        (
+            lambda ids, vocab: [b"".join(vocab[i] for i in ids).decode("utf-8", "replace")],
+            "one string per id",
+        ),
     ],
 )
 def test_stream_decode_mistakes_get_hints(buggy, hint):

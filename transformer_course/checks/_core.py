@@ -1,19 +1,39 @@
-"""The machinery shared by every chapter's checks (hand-written)."""
+"""The machinery shared by every chapter's checks, and the words they are written in (hand-written).
+
+A check is a body wrapped by :func:`check`. The body calls the learner's code and states what must
+hold, naming the likely mistake when it does not:
+
+- :func:`expect` (a condition, and the hint when it is false), :func:`expect_tensor` (a tensor, of
+  a shape), :func:`expect_close` (the same values, within a tolerance), :func:`expect_unchanged` (an
+  input left as it was), :func:`expect_runs` (no crash, where a crash has a likely cause);
+- :func:`close`, the test behind ``expect_close``, for checks that branch on it, and
+  :func:`name_mistake`: which known wrong answer the learner's output equals, and so which hint to
+  give (``expect_close(..., mistakes=...)`` asks it when the values differ);
+- :func:`fresh_rng` and :func:`seeded_randn`: random numbers of the check's own. The wrapper also
+  forks the random state around every check, so no check moves the notebook's random numbers.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import re
+import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 PASSED, FAILED, NOT_DONE = "passed", "failed", "not done"
 _ICON = {PASSED: "✅", FAILED: "❌", NOT_DONE: "⏳"}
-# one printed line per check; the grader parses exactly this
-RESULT_LINE = re.compile(r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$")
-_NOT_DONE_MESSAGE = "not done yet - the chapter carries on with the package's reference implementation"
+# the one line every check prints; the student edition finds the answer key's stored verdicts with
+# it (the grader does not read printed text: it reads results() through the kernel)
+RESULT_LINE = re.compile(
+    r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$"
+)
+_NOT_DONE_MESSAGE = (
+    "not done yet - the chapter carries on with the package's reference implementation"
+)
 
 
 class CheckFailed(AssertionError):
@@ -22,12 +42,12 @@ class CheckFailed(AssertionError):
 
 @dataclass(frozen=True)
 class CheckOutcome:
-    exercise: str  # "3.1"
+    exercise: str  # "3.2"
     name: str  # what the learner wrote, e.g. "causal_mask"
     status: str  # "passed" | "failed" | "not done"
     message: str  # the hint (or "passed")
-    # what the rest of the chapter runs: the learner's code when it passed, else the package's reference
-    # (None when the check was declared without a reference)
+    # what the rest of the chapter runs: the learner's code when it passed, else the package's
+    # reference (None when the check was declared without a reference)
     use: object = field(default=None, compare=False, repr=False)
 
     @property
@@ -52,14 +72,56 @@ def results() -> list[CheckOutcome]:
     return list(_RESULTS)
 
 
+# ---------------------------------------------------------------- the vocabulary
+
+
 def expect(condition: object, hint: str) -> None:
     """Fail the running check with ``hint`` unless ``condition`` is true."""
     if not condition:
         raise CheckFailed(hint)
 
 
-def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 1e-5) -> None:
-    """Fail with ``hint`` unless two tensors (or array-likes) have the same shape and values."""
+def _is_tensor(x) -> bool:
+    torch = sys.modules.get("torch")  # no torch import for the checks that need none
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+def close(got, want, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
+    """Whether ``got`` is a tensor of ``want``'s shape, within ``atol + rtol * |want|`` of it
+    (compared in float64)."""
+    import torch
+
+    want = torch.as_tensor(want)
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape
+            and torch.allclose(got.double(), want.double(), atol=atol, rtol=rtol))
+
+
+def name_mistake(got, mistakes: Iterable, *, want=None, atol: float = 1e-5, rtol: float = 1e-5):
+    """The hint of the first known mistake whose output ``got`` equals, or None.
+
+    ``mistakes`` holds ``(hint, wrong)`` pairs: ``wrong`` is what that mistake gives (a tensor,
+    compared with :func:`close`; anything else, with ``==``), or a function of no arguments that
+    computes it when it is needed. With ``want`` (the right answer), a mistake that gives the
+    right answer too on this input cannot be told apart from it and is skipped.
+    """
+
+    def same(a, b) -> bool:
+        return close(a, b, atol, rtol) if _is_tensor(b) else not _is_tensor(a) and a == b
+
+    for hint, wrong in mistakes:
+        wrong = wrong() if callable(wrong) else wrong
+        if same(got, wrong) and (want is None or not same(wrong, want)):
+            return hint
+    return None
+
+
+def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 1e-5,
+                 mistakes: Iterable = ()) -> None:
+    """Fail unless two tensors (or array-likes) have the same shape and values.
+
+    When the values differ, the hint is that of the known mistake ``actual`` equals (``mistakes``,
+    as for :func:`name_mistake` with ``want=expected``), else ``hint`` and the largest difference.
+    """
     import torch
 
     actual_t = torch.as_tensor(actual)
@@ -69,29 +131,63 @@ def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 
     actual_t = actual_t.to(torch.float64)
     expected_t = expected_t.to(torch.float64)
     if not torch.allclose(actual_t, expected_t, atol=atol, rtol=rtol, equal_nan=False):
+        named = name_mistake(actual_t, mistakes, want=expected_t, atol=atol, rtol=rtol)
         worst = (actual_t - expected_t).abs().nan_to_num(float("inf")).max().item()
-        raise CheckFailed(f"{hint} (largest difference {worst:.3g})")
+        raise CheckFailed(named or f"{hint} (largest difference {worst:.3g})")
 
 
 def expect_tensor(got, shape=None, what: str = "a tensor"):
     """Fail unless the learner's ``got`` is a tensor (of ``shape``, when given); return it."""
-    import torch
-
-    expect(isinstance(got, torch.Tensor), f"return {what}, got {type(got).__name__}")
+    expect(_is_tensor(got), f"return {what}, got {type(got).__name__}")
     if shape is not None:
-        expect(tuple(got.shape) == tuple(shape), f"return {what} of shape {tuple(shape)}, got {tuple(got.shape)}")
+        expect(tuple(got.shape) == tuple(shape),
+               f"return {what} of shape {tuple(shape)}, got {tuple(got.shape)}")
     return got
 
 
+def expect_runs(fn, *args, hint: str, errors=Exception, **kwargs):
+    """``fn(*args, **kwargs)``; an error of type ``errors`` fails the check with ``hint`` and what
+    was raised (a stub's NotImplementedError still means "not done")."""
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise
+    except errors as error:
+        raise CheckFailed(f"{hint} (it raised {type(error).__name__}: {error})") from None
+
+
+def expect_unchanged(x, before, hint: str = "do not change x in place: compute a new tensor"):
+    """Fail with ``hint`` unless the learner's code left its input ``x`` equal to ``before``, the
+    copy taken before the call."""
+    expect(sys.modules["torch"].equal(x, before) if _is_tensor(x) else x == before, hint)
+
+
+@contextlib.contextmanager
+def fresh_rng(seed: int = 0):
+    """Inside the block, the random numbers start from ``seed``; after it, the notebook's random
+    state is what it was before (``with fresh_rng(51): layer = cls(8)``)."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def seeded_randn(*shape: int, seed: int, dtype=None):
-    """A standard normal tensor of ``shape``, the same on every call with the same ``seed`` (its own generator)."""
+    """A standard normal tensor of ``shape``, the same on every call with the same ``seed``."""
     import torch
 
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
 
 
-def _resolve(reference: str):
-    """``"transformer_course.attention:causal_mask"`` -> that object (imported when first needed)."""
+# ---------------------------------------------------------------- the wrapper
+
+
+def resolve_reference(reference):
+    """A check's reference as an object: ``"module:qualname"`` is imported when first needed (for
+    modules that may be restructured, whose names a check should not fix at import time)."""
+    if not isinstance(reference, str):
+        return reference
     module, _, qualname = reference.partition(":")
     obj = importlib.import_module(module)
     for part in qualname.split("."):
@@ -99,42 +195,58 @@ def _resolve(reference: str):
     return obj
 
 
-def check(exercise: str, name: str, reference: str | None = None) -> Callable:
+def _notebook_rng_kept():
+    """The learner's random state, restored when the check ends (no torch yet: nothing to keep)."""
+    torch = sys.modules.get("torch")
+    return torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext()
+
+
+def _run_body(body: Callable, candidate, args, kwargs) -> tuple[str, str]:
+    """(status, message) of one run of a check's body."""
+    try:
+        with _notebook_rng_kept():
+            body(candidate, *args, **kwargs)
+    except NotImplementedError:
+        return NOT_DONE, "not done yet"
+    except CheckFailed as failure:
+        return FAILED, str(failure)
+    except Exception as error:  # the learner's code crashed: say what and where
+        frames = traceback.extract_tb(error.__traceback__)
+        where = next((f for f in reversed(frames) if "transformer_course" not in f.filename), None)
+        at = f" (line {where.lineno}: {where.line.strip()})" if where and where.line else ""
+        return FAILED, f"your code raised {type(error).__name__}: {error}{at}"
+    return PASSED, PASSED
+
+
+def check(exercise: str, name: str, reference=None) -> Callable:
     """Turn ``body(candidate, *args, **kwargs)`` into a learner-facing check.
 
     The body calls the learner's ``candidate`` on ordinary and edge inputs and uses :func:`expect`
-    to name the likely mistake. The wrapper prints one line, records and returns the outcome:
+    and its kin to name the likely mistake. The wrapper prints one line, records and returns the
+    outcome:
 
     - ``NotImplementedError`` from the candidate (the student edition's stub) -> "not done yet";
     - :class:`CheckFailed` -> the hint;
     - any other exception -> what was raised, and where in the learner's code.
 
-    ``reference`` (``"module:qualname"``) names the package's implementation of the same thing. With
-    it, the outcome's ``use`` is what the rest of the chapter should run: the learner's candidate when
-    it passed, the reference otherwise, and the printed line says which
+    ``reference`` is the package's implementation of the same thing: the object itself, or its
+    ``"module:qualname"`` (see :func:`resolve_reference`). With it, the outcome's ``use`` is what
+    the rest of the chapter should run: the learner's candidate when it passed, the reference
+    otherwise, and the printed line says which
     (``causal_mask = check_causal_mask(causal_mask).use``).
     """
+    if isinstance(reference, str):
+        short = reference.rpartition(":")[2]
+    else:
+        short = getattr(reference, "__name__", None)
 
     def decorate(body: Callable) -> Callable:
         @functools.wraps(body)
         def run(candidate, *args, quiet: bool = False, **kwargs) -> CheckOutcome:
-            try:
-                body(candidate, *args, **kwargs)
-            except NotImplementedError:
-                status, message = NOT_DONE, "not done yet"
-            except CheckFailed as failure:
-                status, message = FAILED, str(failure)
-            except Exception as error:  # the learner's code crashed: say what and where
-                frames = traceback.extract_tb(error.__traceback__)
-                where = next((f for f in reversed(frames) if "transformer_course" not in f.filename), None)
-                at = f" (line {where.lineno}: {where.line.strip()})" if where and where.line else ""
-                status, message = FAILED, f"your code raised {type(error).__name__}: {error}{at}"
-            else:
-                status, message = PASSED, PASSED
+            status, message = _run_body(body, candidate, args, kwargs)
             use = None
             if reference is not None:
-                use = candidate if status == PASSED else _resolve(reference)
-                short = reference.rpartition(":")[2]
+                use = candidate if status == PASSED else resolve_reference(reference)
                 if status == PASSED:
                     message = "passed - the rest of the chapter uses yours"
                 else:

@@ -1,10 +1,10 @@
 """Checks for chapter 03's exercises (single-head attention). Hand-written.
 
 Each check runs the learner's function next to a reference on ordinary and edge inputs and names the
-likely mistake in words. The build exercises (3.2 ``causal_mask``, 3.4 ``scaled_dot_product_attention``)
-are checked against the package's functions; the extend exercise (3.5, ALiBi) against the private
-reference ``_alibi_bias`` below, which is not part of the package's API. See
-``transformer_course.checks`` for how checks report.
+likely mistake in words. The build exercises (3.2 ``causal_mask``, 3.4
+``scaled_dot_product_attention``) are checked against the package's functions; the extend exercise
+(3.5, ALiBi) against the private reference ``_alibi_bias`` below, which is not part of the package's
+API. See ``transformer_course.checks`` for how checks report.
 """
 
 import math
@@ -12,23 +12,24 @@ import math
 import torch
 
 from ..attention import causal_mask, scaled_dot_product_attention
-from ._core import CheckFailed, check, expect, expect_close, seeded_randn
+from ._core import (
+    CheckFailed,
+    check,
+    close,
+    expect,
+    expect_close,
+    expect_runs,
+    expect_tensor,
+    name_mistake,
+    seeded_randn,
+)
 
-__all__ = [
-    "check_alibi_bias",
-    "check_attention",
-    "check_attention_scores",
-    "check_causal_mask",
-    "check_predict_equal_scores",
-]
+__all__ = ["check_alibi_bias", "check_attention", "check_attention_scores", "check_causal_mask",
+           "check_predict_equal_scores"]
 
 
 def _randn64(*shape: int, seed: int) -> torch.Tensor:
     return seeded_randn(*shape, seed=seed, dtype=torch.float64)
-
-
-def _same(a, b) -> bool:
-    return isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=1e-6)
 
 
 # ---------------------------------------------------------------- 3.1 scores (debug)
@@ -39,79 +40,72 @@ def check_attention_scores(fn):
     """``fn(q [..., T_q, d_k], k [..., T_k, d_k]) -> scores [..., T_q, T_k] = q kᵀ / √d_k``."""
     # square first: 4 positions and d_k = 4, where multiplying by the untransposed k runs silently
     q, k = _randn64(4, 4, seed=0), _randn64(4, 4, seed=1)
-    got = fn(q, k)
-    expect(isinstance(got, torch.Tensor), f"return a tensor of scores, got {type(got).__name__}")
-    expect(got.shape == (4, 4), f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
-    want = q @ k.T / 2.0
-    if not _same(got, want):
-        expect(
-            not _same(got, q @ k / 2.0),
-            "q @ k multiplies the features of q by the *positions* of k (row m of k is key m): it only "
-            "runs when T_k = d_k, and then gives nonsense. Each score is the dot product of a query row "
-            "with a key row: transpose the last two dims of k, q @ k.transpose(-2, -1)",
-        )
-        expect(
-            not _same(got, q.T @ k / 2.0),
-            "q.T @ k compares features with features, [d_k, d_k], and only looks like [T_q, T_k] when "
-            "T = d_k; compare positions: q @ k.transpose(-2, -1)",
-        )
-        expect(not _same(got, k @ q.T / 2.0), "rows must be queries and columns keys: compute q @ kᵀ, not k @ qᵀ")
-        raw = q @ k.T
-        expect(not _same(got, raw), "these are the raw dot products: divide them by √d_k (d_k = q.shape[-1])")
-        expect(not _same(got, raw / 4), "you divided by d_k; divide by its square root, √d_k")
-        expect_close(got, want, "the scores differ from q kᵀ / √d_k")
+    got = expect_tensor(fn(q, k), what="a tensor of scores")
+    expect(got.shape == (4, 4),
+           f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
+    raw = q @ k.T
+    expect_close(got, raw / 2.0, "the scores differ from q kᵀ / √d_k", mistakes=[
+        ("q @ k multiplies the features of q by the *positions* of k (row m of k is key m): it "
+         "only runs when T_k = d_k, and then gives nonsense. Each score is the dot product of a "
+         "query row with a key row: transpose the last two dims of k, q @ k.transpose(-2, -1)",
+         q @ k / 2.0),
+        ("q.T @ k compares features with features, [d_k, d_k], and only looks like [T_q, T_k] "
+         "when T = d_k; compare positions: q @ k.transpose(-2, -1)", q.T @ k / 2.0),
+        ("rows must be queries and columns keys: compute q @ kᵀ, not k @ qᵀ", k @ q.T / 2.0),
+        ("these are the raw dot products: divide them by √d_k (d_k = q.shape[-1])", raw),
+        ("you divided by d_k; divide by its square root, √d_k", raw / 4),
+    ])
     q, k = _randn64(3, 4, seed=2), _randn64(5, 4, seed=3)  # T_q = 3, T_k = 5, d_k = 4
-    try:
-        got = fn(q, k)
-    except RuntimeError as error:
-        raise CheckFailed(
-            f"with 3 queries, 5 keys and d_k = 4 your code raised ({error}): pair every query row with every "
-            "key row, q @ k.transpose(-2, -1)"
-        ) from None
-    expect(isinstance(got, torch.Tensor), f"return a tensor of scores, got {type(got).__name__}")
-    expect(got.shape != (5, 3), "the scores came out [T_k, T_q]: rows must be queries, so compute q @ kᵀ, not k @ qᵀ")
-    expect(got.shape == (3, 5), f"scores for 3 queries and 5 keys should be [3, 5], got {tuple(got.shape)}")
+    got = expect_runs(fn, q, k, errors=RuntimeError,
+                      hint="with 3 queries, 5 keys and d_k = 4 your code failed: pair every query "
+                           "row with every key row, q @ k.transpose(-2, -1)")
+    got = expect_tensor(got, what="a tensor of scores")
+    expect(got.shape != (5, 3), "the scores came out [T_k, T_q]: rows must be queries, so compute "
+                                "q @ kᵀ, not k @ qᵀ")
+    expect(got.shape == (3, 5),
+           f"scores for 3 queries and 5 keys should be [3, 5], got {tuple(got.shape)}")
     expect_close(got, q @ k.T / 2.0, "the scores differ from q kᵀ / √d_k")
     expect_close(fn(q[:, :2], k[:, :2]), q[:, :2] @ k[:, :2].T / math.sqrt(2),
-                 "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, math.sqrt(q.shape[-1])")
+                 "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, "
+                 "math.sqrt(q.shape[-1])")
     qb, kb = _randn64(2, 3, 4, seed=4), _randn64(2, 5, 4, seed=5)  # a batch of two sequences
-    hint = ("works for one sequence but not for a batch [B, T, d_k]: transpose only the last two dims, "
-            "k.transpose(-2, -1); k.T reverses every dim")
-    try:
-        got_b = fn(qb, kb)
-    except RuntimeError:
-        raise CheckFailed(hint) from None
+    hint = ("works for one sequence but not for a batch [B, T, d_k]: transpose only the last two "
+            "dims, k.transpose(-2, -1); k.T reverses every dim")
+    got_b = expect_runs(fn, qb, kb, hint=hint, errors=RuntimeError)
     expect_close(got_b, qb @ kb.transpose(-2, -1) / 2.0, hint)
 
 
 # ---------------------------------------------------------------- 3.2 causal mask (build)
 
 
-@check("3.2", "causal_mask", reference="transformer_course.attention:causal_mask")
+@check("3.2", "causal_mask", reference=causal_mask)
 def check_causal_mask(fn):
     """``fn(T, device=None) -> Bool [T, T]``, True where query i may attend key j (j <= i)."""
     for T in (1, 4, 7):
-        got = fn(T)
-        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
-        expect(got.shape == (T, T), f"the mask for T={T} should be [{T}, {T}], got {tuple(got.shape)}")
-        expect(got.dtype == torch.bool,
-               f"return a bool tensor (True = may attend), got {got.dtype}: pass dtype=torch.bool to torch.ones")
+        got = expect_tensor(fn(T))
+        expect(got.shape == (T, T),
+               f"the mask for T={T} should be [{T}, {T}], got {tuple(got.shape)}")
+        expect(got.dtype == torch.bool, f"return a bool tensor (True = may attend), got "
+                                        f"{got.dtype}: pass dtype=torch.bool to torch.ones")
         ref = causal_mask(T)
         future = got & ~ref
         if future.any():
             i, j = future.nonzero()[0].tolist()
-            expect(False, f"position {i} can see position {j}, which comes after it: keep the lower triangle (tril), not the upper")
+            raise CheckFailed(f"position {i} can see position {j}, which comes after it: keep "
+                              "the lower triangle (tril), not the upper")
         missing = ref & ~got
         if missing.any():
             i, j = missing.nonzero()[0].tolist()
-            hint = (f"position {i} cannot see itself: the diagonal must be True (tril, not tril(-1))" if i == j
-                    else f"position {i} cannot see the earlier position {j}: every j <= i must be True")
-            expect(False, hint)
-    on_meta = fn(3, device=torch.device("meta"))  # a device without data: only where the tensor lives is checked
+            raise CheckFailed(
+                f"position {i} cannot see itself: the diagonal must be True (tril, not tril(-1))"
+                if i == j else
+                f"position {i} cannot see the earlier position {j}: every j <= i must be True")
+    # a device without data: only where the tensor lives is checked
+    on_meta = fn(3, device=torch.device("meta"))
     expect(
         isinstance(on_meta, torch.Tensor) and on_meta.device.type == "meta",
-        "the mask ignores `device`: create it there (torch.ones(..., device=device)), so that it lives "
-        "where the scores are (on the GPU, in later chapters)",
+        "the mask ignores `device`: create it there (torch.ones(..., device=device)), so that it "
+        "lives where the scores are (on the GPU, in later chapters)",
     )
 
 
@@ -124,78 +118,91 @@ def check_predict_equal_scores(fn):
     answer = fn()
     if isinstance(answer, torch.Tensor):
         answer = answer.flatten().tolist()
-    expect(isinstance(answer, (list, tuple)), f"return the 5 weights as a list, got {type(answer).__name__}")
+    expect(isinstance(answer, (list, tuple)),
+           f"return the 5 weights as a list, got {type(answer).__name__}")
     expect(len(answer) == 5, f"one weight per key: T = 5 keys, so 5 numbers, got {len(answer)}")
     try:
         w = [float(x) for x in answer]
     except (TypeError, ValueError):
         raise CheckFailed(f"return 5 numbers, got {answer!r}") from None
-    expect(abs(w[3]) < 1e-9 and abs(w[4]) < 1e-9,
-           "keys 3 and 4 come after query 2: the causal mask hides them, so their weight is exactly 0")
-    expect(max(w[:3]) - min(w[:3]) < 1e-3, "equal scores give equal weights: exp(7) is the same for each of keys 0, 1 and 2")
-    expect(abs(w[0] - 1) > 1e-3, "softmax weights sum to 1 over the keys a query may see: three equal weights are 1/3 each")
-    expect(abs(sum(w) - 1) < 1e-2,
-           "softmax weights sum to 1; the size of the equal scores (7.0) does not matter, only their differences")
+    expect(abs(w[3]) < 1e-9 and abs(w[4]) < 1e-9, "keys 3 and 4 come after query 2: the causal "
+                                                   "mask hides them, so their weight is exactly 0")
+    expect(max(w[:3]) - min(w[:3]) < 1e-3, "equal scores give equal weights: exp(7) is the same "
+                                           "for each of keys 0, 1 and 2")
+    expect(abs(w[0] - 1) > 1e-3, "softmax weights sum to 1 over the keys a query may see: three "
+                                 "equal weights are 1/3 each")
+    expect(abs(sum(w) - 1) < 1e-2, "softmax weights sum to 1; the size of the equal scores (7.0) "
+                                   "does not matter, only their differences")
 
 
 # ---------------------------------------------------------------- 3.4 attention (build)
 
 
-@check("3.4", "scaled_dot_product_attention", reference="transformer_course.attention:scaled_dot_product_attention")
+@check("3.4", "scaled_dot_product_attention", reference=scaled_dot_product_attention)
 def check_attention(fn):
-    """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
+    """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0)``
+    ``-> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
     q, k, v = _randn64(2, 4, 3, seed=10), _randn64(2, 6, 3, seed=11), _randn64(2, 6, 5, seed=12)
     result = fn(q, k, v)
-    expect(isinstance(result, tuple) and len(result) == 2, "return a pair (out, weights), not just the output")
+    expect(isinstance(result, tuple) and len(result) == 2,
+           "return a pair (out, weights), not just the output")
     out, weights = result
     ref_out, ref_w = scaled_dot_product_attention(q, k, v)
-    expect(isinstance(weights, torch.Tensor) and weights.shape == (2, 4, 6),
-           f"weights should be [..., T_q, T_k] = (2, 4, 6), got {getattr(weights, 'shape', weights)}")
+    expect(isinstance(weights, torch.Tensor) and weights.shape == (2, 4, 6), "weights should be "
+           f"[..., T_q, T_k] = (2, 4, 6), got {getattr(weights, 'shape', weights)}")
     expect(torch.allclose(weights.sum(-1), torch.ones(2, 4, dtype=weights.dtype), atol=1e-6),
            "the rows of the weights do not sum to 1: take the softmax over the keys, dim=-1")
     raw = q @ k.transpose(-2, -1)
-    expect(not _same(weights, torch.softmax(raw, dim=-1)),
-           "the weights come from unscaled scores: with scale=None, multiply q kᵀ by 1/√d_k before the softmax")
-    expect(not _same(weights, torch.softmax(raw / 3, dim=-1)), "you divided the scores by d_k; divide by √d_k")
-    expect_close(weights, ref_w, "the weights differ from softmax(q kᵀ / √d_k)")
+    expect_close(weights, ref_w, "the weights differ from softmax(q kᵀ / √d_k)", mistakes=[
+        ("the weights come from unscaled scores: with scale=None, multiply q kᵀ by 1/√d_k "
+         "before the softmax", torch.softmax(raw, dim=-1)),
+        ("you divided the scores by d_k; divide by √d_k", torch.softmax(raw / 3, dim=-1)),
+    ])
     expect_close(out, ref_out, "the weights are right but the output is not: it is weights @ v")
 
     _, w_one = fn(q, k, v, scale=1.0)
-    expect(not _same(w_one, ref_w), "`scale` is ignored: when it is given, multiply the scores by it instead of 1/√d_k")
     expect_close(w_one, scaled_dot_product_attention(q, k, v, scale=1.0)[1],
-                 "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does not divide)")
+                 "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does "
+                 "not divide)",
+                 mistakes=[("`scale` is ignored: when it is given, multiply the scores by it "
+                            "instead of 1/√d_k", ref_w)])
 
-    heads = (_randn64(2, 3, 4, 5, seed=13), _randn64(2, 3, 6, 5, seed=14), _randn64(2, 3, 6, 2, seed=15))  # [B, nh, T, d]
-    hint = ("with two batch dims [B, nh, T, d_k] the weights are wrong: transpose only the last two dims of k, "
-            "k.transpose(-2, -1) (k.T or k.transpose(0, 1) mixes up the batch dims)")
-    try:
-        w_heads = fn(*heads)[1]
-    except RuntimeError:
-        raise CheckFailed(hint) from None
+    heads = [_randn64(2, 3, T, d, seed=seed) for T, d, seed in ((4, 5, 13), (6, 5, 14), (6, 2, 15))]
+    hint = ("with two batch dims [B, nh, T, d_k] the weights are wrong: transpose only the last "
+            "two dims of k, k.transpose(-2, -1) (k.T or k.transpose(0, 1) mixes up the batch dims)")
+    w_heads = expect_runs(fn, *heads, hint=hint, errors=RuntimeError)[1]
     expect_close(w_heads, scaled_dot_product_attention(*heads)[1], hint)
 
     mask = causal_mask(6)[:4]  # query i may see keys 0..i
     out, weights = fn(q, k, v, mask)
     _, ref_w = scaled_dot_product_attention(q, k, v, mask)
-    expect(not _same(weights, scaled_dot_product_attention(q, k, v, ~mask)[1]),
-           "True in the mask means 'may attend': hide the keys where the mask is False (~mask), not where it is True")
+    expect(not close(weights, scaled_dot_product_attention(q, k, v, ~mask)[1], atol=1e-6),
+           "True in the mask means 'may attend': hide the keys where the mask is False (~mask), "
+           "not where it is True")
     expect(not (weights.masked_select(~mask) > 0).any(),
            "a masked key got weight: give masked scores -inf before the softmax, so exp(-inf) = 0")
-    expect_close(weights, ref_w, "with a mask the weights differ: give masked scores -inf before the softmax")
+    expect_close(weights, ref_w,
+                 "with a mask the weights differ: give masked scores -inf before the softmax")
 
     keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, :]  # padding: [B, 1, T_k]
     expect_close(fn(q, k, v, keep)[1], scaled_dot_product_attention(q, k, v, keep)[1],
-                 "a padding mask [B, 1, T_k] (one row per sequence, broadcast over the queries) gives wrong weights")
+                 "a padding mask [B, 1, T_k] (one row per sequence, broadcast over the queries) "
+                 "gives wrong weights")
+    _check_fully_masked_row(fn, q, k, v, mask)
 
+
+def _check_fully_masked_row(fn, q, k, v, mask):
+    """3.4 with a query that may attend nothing: zeros, no NaN, and no NaN in the gradients."""
     empty = mask.clone()
     empty[1] = False  # query 1 may attend nothing
     out, weights = fn(q, k, v, empty)
     expect(not torch.isnan(out).any() and not torch.isnan(weights).any(),
-           "a query whose every key is masked gave NaN (softmax of all -inf is 0/0): set its weights to 0 "
-           "after the softmax")
+           "a query whose every key is masked gave NaN (softmax of all -inf is 0/0): set its "
+           "weights to 0 after the softmax")
     expect(not torch.allclose(weights[:, 1], torch.full_like(weights[:, 1], 1 / 6)),
-           "a query whose every key is masked got equal weights on all 6 keys: that is what a large negative "
-           "number such as -1e9 gives instead of -inf. Use -inf, and set the weights of a fully masked row to 0")
+           "a query whose every key is masked got equal weights on all 6 keys: that is what a "
+           "large negative number such as -1e9 gives instead of -inf. Use -inf, and set the "
+           "weights of a fully masked row to 0")
     expect((out[:, 1] == 0).all() and (weights[:, 1] == 0).all(),
            "a query whose every key is masked must get zero weights (and so a zero output)")
     expect_close(weights, scaled_dot_product_attention(q, k, v, empty)[1],
@@ -206,9 +213,10 @@ def check_attention(fn):
     out.sum().backward()
     finite = all(t.grad is not None and torch.isfinite(t.grad).all() for t in (qg, kg, vg))
     expect(finite,
-           "the output is right, but gradients through the fully masked row are NaN, and they reach every "
-           "key: adding an additive -inf mask passes the softmax's NaN gradient back to q and k. Set masked "
-           "scores with scores.masked_fill(~mask, float('-inf')) (it blocks their gradient) instead")
+           "the output is right, but gradients through the fully masked row are NaN, and they "
+           "reach every key: adding an additive -inf mask passes the softmax's NaN gradient back "
+           "to q and k. Set masked scores with scores.masked_fill(~mask, float('-inf')) (it "
+           "blocks their gradient) instead")
 
 
 # ---------------------------------------------------------------- 3.5 ALiBi (extend)
@@ -218,46 +226,50 @@ def _alibi_bias(T: int, slope: float) -> torch.Tensor:
     """Reference for 3.5: float [T, T], -slope * (i - j) for keys j <= i, -inf for the future."""
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
-    bias = -slope * (i - j).to(torch.get_default_dtype())  # (T, T): 0 on the diagonal, falls to the left
+    bias = -slope * (i - j).to(torch.get_default_dtype())  # (T, T): 0 on the diagonal
     return bias.masked_fill(j > i, float("-inf"))
 
 
-@check("3.5", "alibi_bias", reference="transformer_course.checks.attention:_alibi_bias")
+@check("3.5", "alibi_bias", reference=_alibi_bias)
 def check_alibi_bias(fn):
     """``fn(T, slope) -> float [T, T]``: an additive ALiBi bias, causal."""
     for T, slope in ((5, 0.5), (6, 0.25), (1, 1.0)):
-        got = fn(T, slope)
-        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
-        expect(got.dtype.is_floating_point,
-               f"return float biases to add to the scores (0 where nothing changes, -inf to hide a key), got {got.dtype}")
-        expect(got.shape == (T, T), f"for T={T} the bias should be [{T}, {T}], got {tuple(got.shape)}")
-        want = _alibi_bias(T, slope).double()
+        got = expect_tensor(fn(T, slope))
+        expect(got.dtype.is_floating_point, "return float biases to add to the scores (0 where "
+               f"nothing changes, -inf to hide a key), got {got.dtype}")
+        expect(got.shape == (T, T),
+               f"for T={T} the bias should be [{T}, {T}], got {tuple(got.shape)}")
         got = got.detach().double()
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)  # j > i
-        past = ~future
-        expect(not torch.isnan(got).any(), "your bias holds NaN: 0 * -inf is NaN; build the -inf part with masked_fill or torch.where")
-        if T > 1:
-            expect(not torch.isinf(got[past]).any(),
-                   "rows are queries and columns keys: key j may be seen by query i when j <= i, so -inf belongs "
-                   "above the diagonal (j > i) and the distance penalty on and below it")
-            expect(not (got[future] == 0).all(),
-                   "0 above the diagonal lets query i attend the future keys j > i: an additive mask hides a key with -inf")
-            expect((got[future] == float("-inf")).all(),
-                   "the future must stay hidden: the entries above the diagonal (key j after query i) must be -inf")
-            lower_ok = _same(got[past], want[past])
-            if not lower_ok:
-                dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).double()
-                expect(not _same(got[past], (slope * dist)[past]),
-                       "the bias must fall with distance, -slope * (i - j): yours grows, so a head would prefer the "
-                       "oldest keys")
-                expect(not _same(got[past], (-slope * (dist + 1))[past]),
-                       "a query and itself are 0 positions apart: the diagonal gets bias 0, the key before it -slope")
-                expect(not _same(got[past], (-dist)[past]) or slope == 1,
-                       f"multiply the distance by `slope` (here {slope}): -slope * (i - j)")
-                i, j = ((got - want).abs() > 1e-6).logical_and(past).nonzero()[0].tolist()
-                raise CheckFailed(
-                    f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * (i - j) = {want[i, j].item():g}, "
-                    f"yours is {got[i, j].item():g}"
-                )
+        expect(not torch.isnan(got).any(), "your bias holds NaN: 0 * -inf is NaN; build the -inf "
+                                           "part with masked_fill or torch.where")
+        if T == 1:
+            expect(got.item() == 0, "with T = 1 the single query sees only itself, distance 0: "
+                                    f"bias [[0.]], got {got.tolist()}")
         else:
-            expect(got.item() == 0, f"with T = 1 the single query sees only itself, distance 0: bias [[0.]], got {got.tolist()}")
+            _expect_alibi_values(got, T, slope)
+
+
+def _expect_alibi_values(got: torch.Tensor, T: int, slope: float) -> None:
+    want = _alibi_bias(T, slope).double()
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)  # j > i
+    past = ~future
+    expect(not torch.isinf(got[past]).any(),
+           "rows are queries and columns keys: key j may be seen by query i when j <= i, so -inf "
+           "belongs above the diagonal (j > i) and the distance penalty on and below it")
+    expect(not (got[future] == 0).all(), "0 above the diagonal lets query i attend the future "
+                                         "keys j > i: an additive mask hides a key with -inf")
+    expect((got[future] == float("-inf")).all(), "the future must stay hidden: the entries above "
+                                                 "the diagonal (key j after query i) must be -inf")
+    if close(got[past], want[past], atol=1e-6):
+        return
+    dist = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).double()
+    named = name_mistake(got[past], [
+        ("the bias must fall with distance, -slope * (i - j): yours grows, so a head would "
+         "prefer the oldest keys", (slope * dist)[past]),
+        ("a query and itself are 0 positions apart: the diagonal gets bias 0, the key before it "
+         "-slope", (-slope * (dist + 1))[past]),
+        (f"multiply the distance by `slope` (here {slope}): -slope * (i - j)", (-dist)[past]),
+    ], want=want[past], atol=1e-6)
+    i, j = ((got - want).abs() > 1e-6).logical_and(past).nonzero()[0].tolist()
+    raise CheckFailed(named or f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * "
+                               f"(i - j) = {want[i, j].item():g}, yours is {got[i, j].item():g}")

@@ -1,8 +1,8 @@
 """Checks for chapter 05's exercises (the transformer block). Hand-written.
 
 Each check runs the learner's code against ``transformer_course.block`` (or PyTorch) on ordinary and
-edge inputs, and when the answer is wrong, tries the usual mistakes one by one to name the likely one.
-Checks build their own small modules under a forked random state, so they never disturb the
+edge inputs, and when the answer is wrong, tries the usual mistakes one by one to name the likely
+one. Checks build their own small modules under :func:`fresh_rng`, so they never disturb the
 notebook's random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5
 ``input_gradient_norms``) are declared with the package's version as ``reference``; 5.2 (debug) and
 5.6 (extend) with the small references below (:func:`gelu_tanh`, :func:`rms_norm`), so
@@ -16,56 +16,63 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._core import CheckFailed, check, expect, expect_close
+from ._core import (
+    check,
+    expect,
+    expect_close,
+    expect_runs,
+    expect_tensor,
+    expect_unchanged,
+    fresh_rng,
+    name_mistake,
+)
 
-__all__ = [
-    "check_gelu_tanh",
-    "check_input_gradient_norms",
-    "check_layer_norm",
-    "check_predict_block_parameters",
-    "check_rms_norm",
-    "check_transformer_block",
-    "gelu_tanh",
-    "rms_norm",
-]
+__all__ = ["check_gelu_tanh", "check_input_gradient_norms", "check_layer_norm",
+           "check_predict_block_parameters", "check_rms_norm", "check_transformer_block",
+           "gelu_tanh", "rms_norm"]
+
+
+_WIDE = "a [4, 64] input is normalised wrongly: work over the last dimension for any shape"
 
 
 def _generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _close(a, b, atol: float = 1e-5) -> bool:
-    a, b = torch.as_tensor(a), torch.as_tensor(b)
-    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), atol=atol, rtol=1e-5))
-
-
-def _tensor(got, what: str) -> torch.Tensor:
-    expect(isinstance(got, torch.Tensor), f"{what} must return a torch.Tensor, got {type(got).__name__}")
-    return got
+def _expect_shape_kept(got: torch.Tensor, x: torch.Tensor, what: str = "the input's shape") -> None:
+    expect(tuple(got.shape) == tuple(x.shape),
+           f"keep {what} {tuple(x.shape)}, got {tuple(got.shape)}")
 
 
 # ---------------------------------------------------------------------------------------------
 # 5.1 layer normalisation (build: the teaching path of LayerNorm.forward)
 
 
-def _ln_variants(x, weight, bias, eps):
+def _ln_mistakes(x, weight, bias, eps):
     """(hint, output) for the usual mistakes in writing layer normalisation."""
     mean = x.mean(-1, keepdim=True)
     var = x.var(-1, keepdim=True, correction=0)
     x_hat = (x - mean) / torch.sqrt(var + eps)
+
+    def normalised_over(dim):
+        centred = x - x.mean(dim, keepdim=True)
+        return centred / torch.sqrt(x.var(dim, keepdim=True, correction=0) + eps) * weight + bias
+
     return [
-        ("you divided the variance by C - 1 (torch.var's default); layer normalisation divides by C: "
-         "use x.var(-1, correction=0) or (x - mean).pow(2).mean(-1)",
+        ("you divided the variance by C - 1 (torch.var's default); layer normalisation divides by "
+         "C: use x.var(-1, correction=0) or (x - mean).pow(2).mean(-1)",
          (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias),
         ("you divided by (std + eps), as seed 002 writes it; eps belongs inside the square root: "
          "(x - mean) / sqrt(var + eps)",
          (x - mean) / (var.sqrt() + eps) * weight + bias),
         ("normalise over the last dimension (dim=-1, one token's C numbers), not over the batch",
-         (x - x.mean(0, keepdim=True)) / torch.sqrt(x.var(0, keepdim=True, correction=0) + eps) * weight + bias),
-        ("normalise over the last dimension (dim=-1, one token's C numbers), not over the positions",
-         (x - x.mean(-2, keepdim=True)) / torch.sqrt(x.var(-2, keepdim=True, correction=0) + eps) * weight + bias),
-        ("the normalised values are right, but then multiply by weight (γ) and add bias (β)", x_hat),
-        ("weight (γ) multiplies and bias (β) is added, not the other way round", x_hat * bias + weight),
+         normalised_over(0)),
+        ("normalise over the last dimension (dim=-1, one token's C numbers), not over the "
+         "positions", normalised_over(-2)),
+        ("the normalised values are right, but then multiply by weight (γ) and add bias (β)",
+         x_hat),
+        ("weight (γ) multiplies and bias (β) is added, not the other way round",
+         x_hat * bias + weight),
         ("you normalised by the variance instead of the standard deviation: take its square root",
          (x - mean) / (var + eps) * weight + bias),
     ]
@@ -73,23 +80,18 @@ def _ln_variants(x, weight, bias, eps):
 
 def _expect_layer_norm(got, x, weight, bias, eps: float) -> None:
     """Pass if ``got`` is layer_norm(x); otherwise name the first known mistake it matches."""
-    want = F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps)
-    if _close(got, want):
-        return
-    variants = _ln_variants(x, weight, bias, eps)
+    mistakes = _ln_mistakes(x, weight, bias, eps)
     if eps != 1e-5:
-        variants.insert(0, (f"with eps={eps} the result is wrong: use self.eps instead of a fixed 1e-5",
-                            F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
-    for hint, variant in variants:
-        expect(not _close(got, variant), hint)
-    expect_close(got, want, f"with eps={eps} the values differ from (x - mean) / sqrt(var + eps) * weight + bias "
-                            "over the last dimension")
+        mistakes.insert(0, (f"with eps={eps} the result is wrong: use self.eps instead of a fixed "
+                            "1e-5", F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
+    expect_close(got, F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps),
+                 f"with eps={eps} the values differ from (x - mean) / sqrt(var + eps) * weight + "
+                 "bias over the last dimension", mistakes=mistakes)
 
 
 def _layer_norm(cls, C: int, seed: int, **kwargs):
-    """``cls(C, fast=False, **kwargs)`` with random gain (and bias), under a forked random state."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    """``cls(C, fast=False, **kwargs)`` with random gain (and bias), under a fresh random state."""
+    with fresh_rng(seed):
         ln = cls(C, fast=False, **kwargs)
         with torch.no_grad():
             ln.weight.copy_(1.0 + 0.5 * torch.randn(C))
@@ -105,51 +107,50 @@ def _params(ln):
 @check("5.1", "LayerNorm", reference="transformer_course.block:LayerNorm")
 def check_layer_norm(cls):
     """``cls(C, eps, bias, fast=False)(x [..., C]) -> [..., C]``: the step-by-step formula."""
+    what = "a tensor from LayerNorm(fast=False)"
     g = _generator(51)
     x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
     ln = _layer_norm(cls, 8, seed=51)
     weight, bias = _params(ln)
     x_before = x.clone()
     with torch.no_grad():
-        got = _tensor(ln(x), "LayerNorm(fast=False)")
-    expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
-    expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
+        got = expect_tensor(ln(x), what=what)
+    expect_unchanged(x, x_before)
+    _expect_shape_kept(got, x)
     _expect_layer_norm(got, x, weight, bias, 1e-5)
     # a token whose numbers are all equal: the variance is 0, eps keeps it finite
     flat = torch.full((2, 8), 3.0)
     with torch.no_grad():
-        got_flat = _tensor(ln(flat), "LayerNorm(fast=False)")
-    expect(bool(torch.isfinite(got_flat).all()),
-           "a token whose numbers are all equal (variance 0) gave NaN or inf: add eps inside the square root")
-    expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5),
-                 "a token whose numbers are all equal normalises to 0, so the output must equal bias")
+        got_flat = expect_tensor(ln(flat), what=what)
+    expect(bool(torch.isfinite(got_flat).all()), "a token whose numbers are all equal (variance "
+           "0) gave NaN or inf: add eps inside the square root")
+    expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5), "a token whose "
+                 "numbers are all equal normalises to 0, so the output must equal bias")
     # a large eps makes eps's place in the formula visible (seed 002's (std + eps))
     wide_eps = _layer_norm(cls, 8, seed=51, eps=0.5)
     with torch.no_grad():
-        _expect_layer_norm(_tensor(wide_eps(x), "LayerNorm(fast=False)"), x, weight, bias, 0.5)
+        _expect_layer_norm(expect_tensor(wide_eps(x), what=what), x, weight, bias, 0.5)
     # without a bias: self.bias is None
     no_bias = _layer_norm(cls, 8, seed=52, bias=False)
-    try:
-        with torch.no_grad():
-            got_nb = no_bias(x)
-    except TypeError as error:
-        raise CheckFailed(f"with bias=False, self.bias is None: add it only when it exists ({error})") from None
+    with torch.no_grad():
+        got_nb = expect_runs(no_bias, x, errors=TypeError, hint="with bias=False, self.bias is "
+                             "None: add it only when it exists")
     expect_close(got_nb, F.layer_norm(x, (8,), no_bias.weight.detach(), None, eps=1e-5),
                  "with bias=False the output is the normalised x times weight, with nothing added")
     # another width and a 2-D input
     wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
     with torch.no_grad():
         got_wide = cls(64, fast=False)(wide)
-    expect_close(got_wide, F.layer_norm(wide, (64,)),
-                 "a [4, 64] input is normalised wrongly: work over the last dimension for any shape")
+    expect_close(got_wide, F.layer_norm(wide, (64,)), _WIDE)
     # the output must stay connected to γ and β, or they never learn
     ln.zero_grad()
     out = ln(x)
     expect(isinstance(out, torch.Tensor) and out.requires_grad,
-           "the output is cut off from weight and bias, so they could never learn: no .detach(), .item() or "
-           "torch.no_grad() inside forward")
+           "the output is cut off from weight and bias, so they could never learn: no .detach(), "
+           ".item() or torch.no_grad() inside forward")
     out.sum().backward()
-    expect(ln.weight.grad is not None and ln.bias.grad is not None and bool(ln.weight.grad.abs().sum() > 0),
+    expect(ln.weight.grad is not None and ln.bias.grad is not None
+           and bool(ln.weight.grad.abs().sum() > 0),
            "weight (γ) and bias (β) get no gradient: use self.weight and self.bias in the formula")
 
 
@@ -158,42 +159,41 @@ def check_layer_norm(cls):
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's tanh approximation of GELU, elementwise: what the chapter uses when 5.2 is not done."""
+    """GPT-2's tanh approximation of GELU, elementwise: the chapter's fallback when 5.2 is not
+    done."""
     return F.gelu(x, approximate="tanh")
 
 
-@check("5.2", "my_gelu_tanh", reference="transformer_course.checks.block:gelu_tanh")
+@check("5.2", "my_gelu_tanh", reference=gelu_tanh)
 def check_gelu_tanh(fn):
     """``fn(x) -> 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``, elementwise."""
+    what = "a tensor from my_gelu_tanh"
     x = torch.linspace(-5.0, 5.0, 201).reshape(3, 67)
     x_before = x.clone()
-    got = _tensor(fn(x), "my_gelu_tanh")
-    expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
-    expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
-    want = F.gelu(x, approximate="tanh")
-    if not _close(got, want):
-        c = math.sqrt(2.0 / math.pi)
-        variants = [
-            ("that is the exact GELU (with erf); this exercise asks for GPT-2's tanh approximation",
-             F.gelu(x)),
-            ("the 0.044715 x³ term is missing inside the tanh: tanh(sqrt(2/pi) * (x + 0.044715 * x**3))",
-             0.5 * x * (1 + torch.tanh(c * x))),
-            ("the result is twice too large: multiply by 0.5", x * (1 + torch.tanh(c * (x + 0.044715 * x**3)))),
-            ("the constant in front is sqrt(2 / pi) ≈ 0.798, not sqrt(2 * pi) or 2 / pi",
-             0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * (x + 0.044715 * x**3)))),
-            ("the constant in front is sqrt(2 / pi) ≈ 0.798, not sqrt(2 * pi) or 2 / pi",
-             0.5 * x * (1 + torch.tanh(2 / math.pi * (x + 0.044715 * x**3)))),
-            ("the cubic term is 0.044715 * x**3 (x cubed), not x squared",
-             0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x**2)))),
-        ]
-        for hint, variant in variants:
-            expect(not _close(got, variant), hint)
-        expect_close(got, want, "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))")
+    got = expect_tensor(fn(x), what=what)
+    expect_unchanged(x, x_before)
+    _expect_shape_kept(got, x)
+    c = math.sqrt(2.0 / math.pi)
+    cubic = x + 0.044715 * x**3
+    constant = "the constant in front is sqrt(2 / pi) ≈ 0.798, not sqrt(2 * pi) or 2 / pi"
+    expect_close(got, F.gelu(x, approximate="tanh"),
+                 "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))", mistakes=[
+        ("that is the exact GELU (with erf); this exercise asks for GPT-2's tanh approximation",
+         F.gelu(x)),
+        ("the 0.044715 x³ term is missing inside the tanh: tanh(sqrt(2/pi) * (x + 0.044715 * "
+         "x**3))", 0.5 * x * (1 + torch.tanh(c * x))),
+        ("the result is twice too large: multiply by 0.5", x * (1 + torch.tanh(c * cubic))),
+        (constant, 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * cubic))),
+        (constant, 0.5 * x * (1 + torch.tanh(2 / math.pi * cubic))),
+        ("the cubic term is 0.044715 * x**3 (x cubed), not x squared",
+         0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x**2)))),
+    ])
     x64 = torch.linspace(-6.0, 6.0, 101, dtype=torch.float64)
-    got64 = _tensor(fn(x64), "my_gelu_tanh")
-    expect(got64.dtype == torch.float64, f"a float64 input should give float64 output, got {got64.dtype}")
-    expect_close(got64, F.gelu(x64, approximate="tanh"), "in float64 the values differ from PyTorch's tanh GELU",
-                 atol=1e-10, rtol=1e-10)
+    got64 = expect_tensor(fn(x64), what=what)
+    expect(got64.dtype == torch.float64,
+           f"a float64 input should give float64 output, got {got64.dtype}")
+    expect_close(got64, F.gelu(x64, approximate="tanh"),
+                 "in float64 the values differ from PyTorch's tanh GELU", atol=1e-10, rtol=1e-10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,8 +202,7 @@ def check_gelu_tanh(fn):
 
 def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 2):
     """A small ``cls`` block whose two LayerNorms differ (so using the wrong one shows)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with fresh_rng(seed):
         block = cls(d_model, n_head=n_head, norm=norm).eval()
         with torch.no_grad():
             for ln in (block.ln1, block.ln2):
@@ -212,10 +211,11 @@ def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 
     return block
 
 
-def _block_variants(block, x):
+def _block_mistakes(block, x):
     """(hint, output) for the usual mistakes in a block's forward pass."""
     attn, mlp, ln1, ln2 = block.attn, block.mlp, block.ln1, block.ln2
-    twice = "the second sublayer must use block.ln2; using block.ln1 twice is the bug in seeds 000 and 004"
+    twice = ("the second sublayer must use block.ln2; using block.ln1 twice is the bug in seeds "
+             "000 and 004")
     pre = x + attn(ln1(x))  # after the first pre-norm sublayer
     post = ln1(x + attn(x))  # after the first post-norm sublayer
     if block.norm == "pre":
@@ -224,19 +224,22 @@ def _block_variants(block, x):
         return [
             (twice, pre + mlp(ln1(pre))),
             ("with norm='pre' normalise each sublayer's input and add to the un-normalised x: "
-             "x = x + attn(ln1(x)), then x = x + mlp(ln2(x)); you normalised after the addition (post-norm)",
-             ln2(post + mlp(post))),
-            ("add each sublayer's output back to its input (the residual connection): x = x + attn(ln1(x))",
-             mlp(ln2(attn(ln1(x))))),
-            ("the residual adds to the original x, not to the normalised ln1(x)", on_normed + mlp(on_normed)),
-            ("the feed-forward sublayer needs its own residual: x = x + mlp(ln2(x))", mlp(ln2(pre))),
+             "x = x + attn(ln1(x)), then x = x + mlp(ln2(x)); you normalised after the addition "
+             "(post-norm)", ln2(post + mlp(post))),
+            ("add each sublayer's output back to its input (the residual connection): "
+             "x = x + attn(ln1(x))", mlp(ln2(attn(ln1(x))))),
+            ("the residual adds to the original x, not to the normalised ln1(x)",
+             on_normed + mlp(on_normed)),
+            ("the feed-forward sublayer needs its own residual: x = x + mlp(ln2(x))",
+             mlp(ln2(pre))),
         ]
     return [
         (twice, ln1(post + mlp(post))),
-        ("with norm='post' normalise after each addition: x = ln1(x + attn(x)), then x = ln2(x + mlp(x)); "
-         "you normalised the sublayers' inputs (pre-norm)", pre + mlp(ln2(pre))),
-        ("add each sublayer's output back to its input (the residual connection): x = ln1(x + attn(x))",
-         ln2(mlp(ln1(attn(x))))),
+        ("with norm='post' normalise after each addition: x = ln1(x + attn(x)), then "
+         "x = ln2(x + mlp(x)); you normalised the sublayers' inputs (pre-norm)",
+         pre + mlp(ln2(pre))),
+        ("add each sublayer's output back to its input (the residual connection): "
+         "x = ln1(x + attn(x))", ln2(mlp(ln1(attn(x))))),
         ("the feed-forward sublayer needs its own residual: x = ln2(x + mlp(x))", ln2(mlp(post))),
     ]
 
@@ -245,7 +248,7 @@ def _package_copy(block):
     """The package's TransformerBlock holding ``block``'s weights (the reference output)."""
     from transformer_course.block import TransformerBlock
 
-    with torch.random.fork_rng(devices=[]):
+    with fresh_rng():
         ref = TransformerBlock(block.d_model, n_head=block.attn.n_head, norm=block.norm).eval()
     ref.load_state_dict(block.state_dict())
     return ref
@@ -253,38 +256,43 @@ def _package_copy(block):
 
 @check("5.3", "TransformerBlock", reference="transformer_course.block:TransformerBlock")
 def check_transformer_block(cls):
-    """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the package's block."""
+    """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the
+    package's block."""
+    x = torch.randn(2, 5, 16, generator=_generator(54))
+    for seed, norm in enumerate(("pre", "post")):
+        with torch.no_grad():
+            _expect_block(_distinct_block(cls, norm, seed), x)
+
+
+def _expect_block(block, x: torch.Tensor) -> None:
+    """5.3 for one block: the whole sequence, with a padding mask, and token by token with a
+    cache."""
     from transformer_course.multihead import KVCache
 
-    x = torch.randn(2, 5, 16, generator=_generator(54))
+    what, norm = "a tensor from TransformerBlock.forward", block.norm
+    ref = _package_copy(block)
+    x_before = x.clone()
+    got = expect_tensor(block(x), what=what)
+    expect_unchanged(x, x_before, "do not change x in place (x += ...): the caller's tensor "
+                                  "changes; write x = x + ... instead")
+    _expect_shape_kept(got, x, what="the shape [B, T, C] =")
+    want = ref(x)
+    expect_close(got, want, f"with norm={norm!r} the output differs from the block's definition",
+                 mistakes=_block_mistakes(block, x))
     keep = torch.ones(2, 5, dtype=torch.bool)
     keep[0, :2] = False  # sequence 0 is left-padded with 2 pads
     pad_mask = keep[:, None, None, :]  # [B, 1, 1, T]
-    for seed, norm in enumerate(("pre", "post")):
-        block = _distinct_block(cls, norm, seed)
-        ref = _package_copy(block)
-        with torch.no_grad():
-            x_before = x.clone()
-            got = _tensor(block(x), "TransformerBlock.forward")
-            expect(torch.equal(x, x_before), "do not change x in place (x += ...): the caller's tensor changes; "
-                                             "write x = x + ... instead")
-            expect(tuple(got.shape) == tuple(x.shape), f"keep the shape [B, T, C] = {tuple(x.shape)}, got {tuple(got.shape)}")
-            want = ref(x)
-            if not _close(got, want):
-                for hint, variant in _block_variants(block, x):
-                    expect(not _close(got, variant), hint)
-                expect_close(got, want, f"with norm={norm!r} the output differs from the block's definition")
-            got_masked = _tensor(block(x, mask=pad_mask), "TransformerBlock.forward")
-            want_masked = ref(x, mask=pad_mask)
-            expect(_close(got_masked, want_masked) or not _close(got_masked, want),
-                   "the padding mask made no difference: pass mask=mask on to self.attn")
-            expect_close(got_masked, want_masked, f"with a padding mask (norm={norm!r}) the output differs")
-            cache = KVCache()
-            steps = [_tensor(block(x[:, t:t + 1], cache=cache), "TransformerBlock.forward") for t in range(x.shape[1])]
-            expect(cache.length == x.shape[1],
-                   "the KV cache stayed empty: pass cache=cache on to self.attn, so generation (chapter 07) can use it")
-            expect_close(torch.cat(steps, dim=1), want,
-                         f"token by token with a cache (norm={norm!r}) the output differs from the whole sequence at once")
+    got_masked = expect_tensor(block(x, mask=pad_mask), what=what)
+    expect_close(got_masked, ref(x, mask=pad_mask),
+                 f"with a padding mask (norm={norm!r}) the output differs", mistakes=[
+        ("the padding mask made no difference: pass mask=mask on to self.attn", want),
+    ])
+    cache = KVCache()
+    steps = [expect_tensor(block(x[:, t:t + 1], cache=cache), what=what) for t in range(x.shape[1])]
+    expect(cache.length == x.shape[1], "the KV cache stayed empty: pass cache=cache on to "
+                                       "self.attn, so generation (chapter 07) can use it")
+    expect_close(torch.cat(steps, dim=1), want, f"token by token with a cache (norm={norm!r}) the "
+                                                "output differs from the whole sequence at once")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,17 +309,21 @@ def check_predict_block_parameters(fn):
            f"return a whole number (int), got {type(got).__name__} {got!r}")
     got, C = int(got), 768
     want = block_parameter_count(C)
-    known = {
-        12 * C * C + 2 * C: "count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, and each LayerNorm's β)",
-        12 * C * C + 9 * C: "include the two LayerNorms: each has a gain γ and a bias β of C numbers",
-        12 * C * C: "count the biases and the two LayerNorms (γ and β, C numbers each) too",
-        11 * C * C + 12 * C + 2 * C: "attention has an output projection proj (C -> C, plus C biases) besides qkv",
-        6 * C * C + 7 * C + 4 * C: "the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C",
-        10 * C * C + 11 * C + 4 * C: "qkv maps C to 3C (queries, keys and values): 3C² weights, not C²",
-        12 * want: "that is GPT-2 small's 12 blocks together; the question asks for one block",
-    }
-    expect(got == want, known.get(got, f"not {got:,}: add up attention (qkv and proj), the feed-forward network (fc "
-                                       "and proj) and the two LayerNorms, weights and biases"))
+    expect(got == want, name_mistake(got, [
+        ("count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, and each "
+         "LayerNorm's β)", 12 * C * C + 2 * C),
+        ("include the two LayerNorms: each has a gain γ and a bias β of C numbers",
+         12 * C * C + 9 * C),
+        ("count the biases and the two LayerNorms (γ and β, C numbers each) too", 12 * C * C),
+        ("attention has an output projection proj (C -> C, plus C biases) besides qkv",
+         11 * C * C + 12 * C + 2 * C),
+        ("the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C",
+         6 * C * C + 7 * C + 4 * C),
+        ("qkv maps C to 3C (queries, keys and values): 3C² weights, not C²",
+         10 * C * C + 11 * C + 4 * C),
+        ("that is GPT-2 small's 12 blocks together; the question asks for one block", 12 * want),
+    ]) or f"not {got:,}: add up attention (qkv and proj), the feed-forward network (fc and proj) "
+          "and the two LayerNorms, weights and biases")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,8 +334,7 @@ def _gradient_stack(seed: int):
     """Four small layers of clearly different gains, so order and off-by-one mistakes show."""
     from torch import nn
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with fresh_rng(seed):
         layers = []
         for gain in (0.5, 2.0, 0.8, 1.5):
             linear = nn.Linear(8, 8)
@@ -333,58 +344,58 @@ def _gradient_stack(seed: int):
     return layers
 
 
-@check("5.5", "input_gradient_norms", reference="transformer_course.block:input_gradient_norms")
-def check_input_gradient_norms(fn):
-    """``fn(layers, x, grad_output) -> Tensor[len(layers)]``: norm of dL/d(input of each layer)."""
-    from transformer_course.block import input_gradient_norms
-
-    layers = _gradient_stack(55)
-    g = _generator(55)
-    x, grad_out = torch.randn(3, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
-    x_arg = x.clone()
-    got = _tensor(fn(layers, x_arg, grad_out.clone()), "input_gradient_norms")
-    expect(not x_arg.requires_grad,
-           "your code switched on requires_grad of the caller's x: work on a copy, x.detach().requires_grad_(True)")
-    expect(all(p.grad is None for layer in layers for p in layer.parameters()),
-           "the layers' parameters got a .grad: leave them untouched, with torch.autograd.grad(out, inputs, "
-           "grad_outputs=grad_output) instead of .backward()")
-    expect(got.ndim == 1 and got.numel() == len(layers),
-           f"return one number per layer: shape [{len(layers)}], got {tuple(got.shape)}")
-    expect(not got.requires_grad, "return the norms without autograd history (.detach())")
-    want = input_gradient_norms(layers, x, grad_out)
-    if not _close(got, want, atol=1e-4):
-        with torch.enable_grad():
-            outputs_side = torch.cat([input_gradient_norms(layers[1:], _through(layers[:1], x), grad_out), grad_out.norm()[None]])
-        variants = [
-            ("put the bottom layer first: entry 0 belongs to layers[0], the layer that receives x", want.flip(0)),
-            ("record the gradient at each layer's input, not its output: entry 0 is the gradient at x itself",
-             outputs_side),
-            ("start the backward pass from grad_output (torch.autograd.grad(out, inputs, grad_outputs=grad_output)), "
-             "not from out.sum()",
-             input_gradient_norms(layers, x, torch.ones_like(grad_out))),
-            ("return the norm of each gradient, not its square", want.pow(2)),
-        ]
-        for hint, variant in variants:
-            expect(not _close(got, variant, atol=1e-4), hint)
-        expect_close(got, want, "the gradient norms differ from the reference", atol=1e-4)
-    # a stack of transformer blocks works too, and a stack of one
-    from transformer_course.block import TransformerBlock
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(56)
-        blocks = [TransformerBlock(16, n_head=2) for _ in range(3)]
-    xb, gb = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
-    got = _tensor(fn(blocks, xb, gb), "input_gradient_norms").detach()
-    expect_close(got, input_gradient_norms(blocks, xb, gb),
-                 "on a stack of 3 TransformerBlocks the norms differ from the reference", atol=1e-4)
-    one = _tensor(fn(layers[:1], x, grad_out), "input_gradient_norms").detach()
-    expect_close(one, input_gradient_norms(layers[:1], x, grad_out), "a stack of one layer gives a wrong norm", atol=1e-4)
-
-
 def _through(layers, x):
     for layer in layers:
         x = layer(x)
     return x.detach()
+
+
+@check("5.5", "input_gradient_norms", reference="transformer_course.block:input_gradient_norms")
+def check_input_gradient_norms(fn):
+    """``fn(layers, x, grad_output) -> Tensor[len(layers)]``: norm of dL/d(input of each layer)."""
+    from transformer_course.block import TransformerBlock, input_gradient_norms
+
+    what = "a tensor from input_gradient_norms"
+    layers = _gradient_stack(55)
+    g = _generator(55)
+    x, grad_out = torch.randn(3, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
+    x_arg = x.clone()
+    got = expect_tensor(fn(layers, x_arg, grad_out.clone()), what=what)
+    expect(not x_arg.requires_grad, "your code switched on requires_grad of the caller's x: work "
+                                    "on a copy, x.detach().requires_grad_(True)")
+    expect(all(p.grad is None for layer in layers for p in layer.parameters()),
+           "the layers' parameters got a .grad: leave them untouched, with "
+           "torch.autograd.grad(out, inputs, grad_outputs=grad_output) instead of .backward()")
+    expect(got.ndim == 1 and got.numel() == len(layers),
+           f"return one number per layer: shape [{len(layers)}], got {tuple(got.shape)}")
+    expect(not got.requires_grad, "return the norms without autograd history (.detach())")
+    want = input_gradient_norms(layers, x, grad_out)
+
+    def at_outputs():  # the norms one layer up: the gradient at each output, grad_output's last
+        with torch.enable_grad():
+            above = input_gradient_norms(layers[1:], _through(layers[:1], x), grad_out)
+        return torch.cat([above, grad_out.norm()[None]])
+
+    expect_close(got, want, "the gradient norms differ from the reference", atol=1e-4, mistakes=[
+        ("put the bottom layer first: entry 0 belongs to layers[0], the layer that receives x",
+         want.flip(0)),
+        ("record the gradient at each layer's input, not its output: entry 0 is the gradient at "
+         "x itself", at_outputs),
+        ("start the backward pass from grad_output (torch.autograd.grad(out, inputs, "
+         "grad_outputs=grad_output)), not from out.sum()",
+         input_gradient_norms(layers, x, torch.ones_like(grad_out))),
+        ("return the norm of each gradient, not its square", want.pow(2)),
+    ])
+    # a stack of transformer blocks works too, and a stack of one
+    with fresh_rng(56):
+        blocks = [TransformerBlock(16, n_head=2) for _ in range(3)]
+    xb, gb = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
+    got = expect_tensor(fn(blocks, xb, gb), what=what).detach()
+    expect_close(got, input_gradient_norms(blocks, xb, gb),
+                 "on a stack of 3 TransformerBlocks the norms differ from the reference", atol=1e-4)
+    one = expect_tensor(fn(layers[:1], x, grad_out), what=what).detach()
+    expect_close(one, input_gradient_norms(layers[:1], x, grad_out),
+                 "a stack of one layer gives a wrong norm", atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -392,59 +403,60 @@ def _through(layers, x):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm (Zhang and Sennrich, 2019): x [..., C] over its root mean square, times weight [C]."""
+    """RMSNorm (Zhang and Sennrich, 2019): x [..., C] over its root mean square, times weight
+    [C]."""
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def _rms_variants(x, weight, eps):
+def _rms_mistakes(x, weight, eps):
     """(hint, output) for the usual mistakes in writing RMSNorm."""
     ms = x.pow(2).mean(-1, keepdim=True)
     centred = x - x.mean(-1, keepdim=True)
     return [
-        ("RMSNorm does not subtract the mean (that is LayerNorm): divide x itself by its root mean square",
+        ("RMSNorm does not subtract the mean (that is LayerNorm): divide x itself by its root "
+         "mean square",
          centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight),
-        ("eps belongs inside the square root: sqrt(mean(x²) + eps)", x / (ms.sqrt() + eps) * weight),
-        ("divide by the root of the mean square, not by the mean square itself", x / (ms + eps) * weight),
+        ("eps belongs inside the square root: sqrt(mean(x²) + eps)",
+         x / (ms.sqrt() + eps) * weight),
+        ("divide by the root of the mean square, not by the mean square itself",
+         x / (ms + eps) * weight),
         ("take the mean of the squares over the C channels (divide by C), not their sum",
          x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight),
         ("average over the last dimension (one token's C numbers), not over the batch",
          x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * weight),
-        ("the normalised values are right, but then multiply by weight (γ)", x * torch.rsqrt(ms + eps)),
+        ("the normalised values are right, but then multiply by weight (γ)",
+         x * torch.rsqrt(ms + eps)),
         ("the mean of the squares is not the square of the mean: square first, then average",
          x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * weight),
     ]
 
 
-@check("5.6", "my_rms_norm", reference="transformer_course.checks.block:rms_norm")
+@check("5.6", "my_rms_norm", reference=rms_norm)
 def check_rms_norm(fn):
     """``fn(x [..., C], weight [C], eps=1e-6) -> [..., C]``."""
+    what = "a tensor from my_rms_norm"
     g = _generator(56)
     x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
     weight = 1.0 + 0.5 * torch.randn(8, generator=g)
     x_before = x.clone()
-    got = _tensor(fn(x, weight), "my_rms_norm")
-    expect(torch.equal(x, x_before), "do not change x in place: compute a new tensor")
-    expect(tuple(got.shape) == tuple(x.shape), f"keep the input's shape {tuple(x.shape)}, got {tuple(got.shape)}")
-    want = rms_norm(x, weight)
-    if not _close(got, want):
-        for hint, variant in _rms_variants(x, weight, 1e-6):
-            expect(not _close(got, variant), hint)
-        expect_close(got, want, "the values differ from x / sqrt(mean(x²) + eps) * weight over the last dimension")
+    got = expect_tensor(fn(x, weight), what=what)
+    expect_unchanged(x, x_before)
+    _expect_shape_kept(got, x)
+    expect_close(got, rms_norm(x, weight), "the values differ from x / sqrt(mean(x²) + eps) * "
+                 "weight over the last dimension", mistakes=_rms_mistakes(x, weight, 1e-6))
     # a large eps makes its place visible, and shows whether the argument is used
-    got_eps = _tensor(fn(x, weight, eps=0.5), "my_rms_norm")
-    if not _close(got_eps, rms_norm(x, weight, eps=0.5)):
-        expect(not _close(got_eps, rms_norm(x, weight)), "with eps=0.5 nothing changed: use the eps argument")
-        for hint, variant in _rms_variants(x, weight, 0.5):
-            expect(not _close(got_eps, variant), hint)
-        expect_close(got_eps, rms_norm(x, weight, eps=0.5), "with eps=0.5 the values are wrong")
+    got_eps = expect_tensor(fn(x, weight, eps=0.5), what=what)
+    expect_close(got_eps, rms_norm(x, weight, eps=0.5), "with eps=0.5 the values are wrong",
+                 mistakes=[("with eps=0.5 nothing changed: use the eps argument",
+                            rms_norm(x, weight)), *_rms_mistakes(x, weight, 0.5)])
     # a token of zeros: eps keeps it finite (0, not NaN)
     zeros = torch.zeros(2, 8)
-    got_zeros = _tensor(fn(zeros, weight), "my_rms_norm")
-    expect(bool(torch.isfinite(got_zeros).all()), "a token of zeros gave NaN or inf: add eps inside the square root")
+    got_zeros = expect_tensor(fn(zeros, weight), what=what)
+    expect(bool(torch.isfinite(got_zeros).all()),
+           "a token of zeros gave NaN or inf: add eps inside the square root")
     expect_close(got_zeros, torch.zeros(2, 8), "a token of zeros must stay zeros")
     # the worked example and another width
     expect_close(fn(torch.tensor([[3.0, 4.0]]), torch.ones(2)), torch.tensor([[0.8485, 1.1314]]),
                  "the token (3, 4) should become (0.8485, 1.1314)", atol=1e-4)
     wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
-    expect_close(fn(wide, torch.ones(64)), rms_norm(wide, torch.ones(64)),
-                 "a [4, 64] input is normalised wrongly: work over the last dimension for any shape")
+    expect_close(fn(wide, torch.ones(64)), rms_norm(wide, torch.ones(64)), _WIDE)

@@ -1,15 +1,16 @@
-"""Checks for chapter 10's exercises (the modern decoder: RMSNorm, RoPE, grouped-query attention). Hand-written.
+"""Checks for chapter 10's exercises (the modern decoder: RMSNorm, RoPE, grouped-query attention).
+Hand-written.
 
-The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``share_kv_heads``) and the debug
-exercise (10.2 ``rope_frequencies``) have the package's ``modern.py`` as their reference, but each check
-computes the expected result its own way (complex numbers for the rotation, indexing for the head
-sharing). The reference of the extend exercise 10.6 (``_sliding_window_mask``) lives here: it is not
-part of the package's API.
+The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``share_kv_heads``) and the
+debug exercise (10.2 ``rope_frequencies``) have the package's ``modern.py`` as their reference, but
+each check computes the expected result its own way (complex numbers for the rotation, indexing for
+the head sharing). The reference of the extend exercise 10.6 (``_sliding_window_mask``) lives here:
+it is not part of the package's API.
 """
 
 import torch
 
-from . import check, expect, expect_close
+from ._core import check, expect, expect_close, expect_tensor, fresh_rng, name_mistake
 
 # ---------------------------------------------------------------- 10.1 build: RMSNorm
 
@@ -23,11 +24,13 @@ def _rms_norm(x, weight, eps, *, centre=False, eps_outside=False, total=False, g
     return y * weight if gain else y
 
 
-_RMS_MISTAKES = [
-    (dict(centre=True), "the mean is subtracted: that is LayerNorm; RMSNorm divides x itself by its root mean square"),
-    (dict(eps_outside=True), "eps must go inside the square root: sqrt(mean(x²) + eps)"),
-    (dict(total=True), "divide by the root of the *mean* of the squares (over the last dimension), not of their sum"),
-    (dict(gain=False), "the normalised row must be multiplied by the learned gain self.weight"),
+_RMS_MISTAKES = [  # (hint, the switch that makes _rms_norm commit it)
+    ("the mean is subtracted: that is LayerNorm; RMSNorm divides x itself by its root mean square",
+     dict(centre=True)),
+    ("eps must go inside the square root: sqrt(mean(x²) + eps)", dict(eps_outside=True)),
+    ("divide by the root of the *mean* of the squares (over the last dimension), not of their sum",
+     dict(total=True)),
+    ("the normalised row must be multiplied by the learned gain self.weight", dict(gain=False)),
 ]
 
 
@@ -36,24 +39,24 @@ def check_rms_norm(cls):
     """``cls(d_model, eps)`` with ``forward(x [..., C]) -> [..., C]``."""
     g = torch.Generator().manual_seed(10)
     for eps in (1e-6, 0.5):  # a large eps shows where it sits
-        with torch.random.fork_rng(devices=[]):
+        with fresh_rng():
             norm = cls(16, eps=eps)
         with torch.no_grad():
             norm.weight.copy_(1 + 0.3 * torch.randn(16, generator=g))
         x = 2 * torch.randn(2, 3, 16, generator=g) + 0.7  # a non-zero mean shows centring
         with torch.no_grad():
-            got = norm(x)
-        expect(isinstance(got, torch.Tensor), f"forward must return a tensor, got {type(got).__name__}")
-        expect(tuple(got.shape) == (2, 3, 16), f"the output keeps the input's shape (2, 3, 16), got {tuple(got.shape)}")
-        want = _rms_norm(x, norm.weight.detach(), eps)
-        for switch, hint in _RMS_MISTAKES:
-            wrong = _rms_norm(x, norm.weight.detach(), eps, **switch)
-            expect(not (torch.allclose(got, wrong, atol=1e-5) and not torch.allclose(wrong, want, atol=1e-5)), hint)
-        expect_close(got, want, f"the output differs from x / sqrt(mean(x²) + eps) * weight (eps={eps})", atol=1e-5)
+            got = expect_tensor(norm(x), what="a tensor from forward")
+        expect(tuple(got.shape) == (2, 3, 16),
+               f"the output keeps the input's shape (2, 3, 16), got {tuple(got.shape)}")
+        weight = norm.weight.detach()
+        expect_close(got, _rms_norm(x, weight, eps),
+                     f"the output differs from x / sqrt(mean(x²) + eps) * weight (eps={eps})",
+                     mistakes=[(hint, _rms_norm(x, weight, eps, **switch))
+                               for hint, switch in _RMS_MISTAKES])
     with torch.no_grad():
         one = norm(torch.tensor([1.0, 7.0, 1.0, 7.0] * 4))
     expect_close(one, _rms_norm(torch.tensor([1.0, 7.0, 1.0, 7.0] * 4), norm.weight.detach(), 0.5),
-                 "a single row [C] (no batch dimension) gives another result", atol=1e-5)
+                 "a single row [C] (no batch dimension) gives another result")
 
 
 # ---------------------------------------------------------------- 10.2 debug: rope_frequencies
@@ -63,19 +66,21 @@ def check_rms_norm(cls):
 def check_rope_frequencies(fn):
     """``fn(head_size, base) -> [head_size // 2]`` float32, entry i = base^(-2i/hs)."""
     for hs, base in ((64, 10000.0), (8, 10000.0), (16, 500000.0)):
-        got = fn(hs, base)
-        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
+        got = expect_tensor(fn(hs, base))
         expect(got.shape[-1] != hs, "one speed per *pair* of channels: hs // 2 numbers, not hs")
-        expect(tuple(got.shape) == (hs // 2,), f"expected shape ({hs // 2},) for hs={hs}, got {tuple(got.shape)}")
+        expect(tuple(got.shape) == (hs // 2,),
+               f"expected shape ({hs // 2},) for hs={hs}, got {tuple(got.shape)}")
         expect(got.dtype == torch.float32, f"return float32 speeds, got {got.dtype}")
         i = torch.arange(hs // 2, dtype=torch.float64)
-        want = base ** (-2 * i / hs)
-        expect(not torch.allclose(got.double(), base ** (-i / hs), rtol=1e-5),
-               "the exponent is i/hs: it must be 2i/hs (pair i holds channels 2i and 2i+1), so the slowest pair "
-               "turns about base times slower than the fastest, not sqrt(base)")
-        expect(not torch.allclose(got.double(), base ** (2 * i / hs), rtol=1e-5),
-               "the speeds grow with i: pair i turns by base^(-2i/hs), pair 0 fastest (1 radian per position)")
-        expect_close(got, want, f"the speeds differ from base^(-2i/hs) (hs={hs}, base={base})", atol=0, rtol=1e-5)
+        expect_close(got, base ** (-2 * i / hs),
+                     f"the speeds differ from base^(-2i/hs) (hs={hs}, base={base})",
+                     atol=0, rtol=1e-5, mistakes=[
+            ("the exponent is i/hs: it must be 2i/hs (pair i holds channels 2i and 2i+1), so the "
+             "slowest pair turns about base times slower than the fastest, not sqrt(base)",
+             base ** (-i / hs)),
+            ("the speeds grow with i: pair i turns by base^(-2i/hs), pair 0 fastest (1 radian per "
+             "position)", base ** (2 * i / hs)),
+        ])
 
 
 # ---------------------------------------------------------------- 10.3 build: rotate_halves
@@ -95,11 +100,13 @@ def _turn_halves(x, cos, sin, *, backwards=False, swapped=False, neighbours=Fals
     return torch.cat([first, second], dim=-1)
 
 
-_ROTATE_MISTAKES = [
-    (dict(neighbours=True), "neighbouring channels (2i, 2i+1) were paired: that is the paper's interleaved convention; "
-                            "split halves pairs channel i with channel i + hs/2"),
-    (dict(backwards=True), "the pairs turn backwards: (a, b) becomes (a cos - b sin, a sin + b cos)"),
-    (dict(swapped=True), "the halves are swapped: the first components (a cos - b sin) go in the first half"),
+_ROTATE_MISTAKES = [  # (hint, the switch that makes _turn_halves commit it)
+    ("neighbouring channels (2i, 2i+1) were paired: that is the paper's interleaved convention; "
+     "split halves pairs channel i with channel i + hs/2", dict(neighbours=True)),
+    ("the pairs turn backwards: (a, b) becomes (a cos - b sin, a sin + b cos)",
+     dict(backwards=True)),
+    ("the halves are swapped: the first components (a cos - b sin) go in the first half",
+     dict(swapped=True)),
 ]
 
 
@@ -112,32 +119,36 @@ def check_rotate_halves(fn):
         x = torch.randn(shape, generator=g)
         angles = 3 * torch.rand(T, hs // 2, generator=g)
         cos, sin = angles.cos(), angles.sin()
-        got = fn(x, cos, sin)
-        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
-        expect(tuple(got.shape) == shape, f"the output keeps x's shape {shape}, got {tuple(got.shape)}")
-        want = _turn_halves(x, cos, sin)
-        for switch, hint in _ROTATE_MISTAKES:
-            wrong = _turn_halves(x, cos, sin, **switch)
-            expect(not (torch.allclose(got, wrong, atol=1e-5) and not torch.allclose(wrong, want, atol=1e-5)), hint)
-        expect_close(got.norm(dim=-1), x.norm(dim=-1), "a rotation keeps every vector's length; yours changes it", atol=1e-4)
-        expect_close(got, want, f"the turned vectors differ from the reference (x of shape {shape})", atol=1e-5)
+        got = expect_tensor(fn(x, cos, sin))
+        expect(tuple(got.shape) == shape,
+               f"the output keeps x's shape {shape}, got {tuple(got.shape)}")
+        # each known mistake keeps the lengths too, and gets its own hint below
+        expect_close(got.norm(dim=-1), x.norm(dim=-1),
+                     "a rotation keeps every vector's length; yours changes it", atol=1e-4)
+        expect_close(got, _turn_halves(x, cos, sin),
+                     f"the turned vectors differ from the reference (x of shape {shape})",
+                     mistakes=[(hint, _turn_halves(x, cos, sin, **switch))
+                               for hint, switch in _ROTATE_MISTAKES])
 
 
-# ---------------------------------------------------------------- 10.4 predict: the KV cache's bytes
+# ---------------------------------------------------------------- 10.4 predict: the cache's bytes
 
 
 @check("10.4", "my_prediction")
 def check_predict_kv_bytes(fn):
-    """``fn() -> int``: bytes of the KV cache, 2 layers, 2 key/value heads of 16, 10 positions, float32."""
+    """``fn() -> int``: bytes of the KV cache, 2 layers, 2 key/value heads of 16, 10 positions,
+    float32."""
     got = fn()
-    expect(isinstance(got, int) and not isinstance(got, bool), f"return a whole number of bytes, got {got!r}")
+    expect(isinstance(got, int) and not isinstance(got, bool),
+           f"return a whole number of bytes, got {got!r}")
     right = 2 * 2 * 1 * 2 * 10 * 16 * 4
-    expect(got != right * 4, "the cache holds key/value heads (2), not query heads (8)")
-    expect(got != right // 2, "keys *and* values are cached: a factor of 2")
-    expect(got != right // 4, "that counts numbers: each float32 takes 4 bytes")
-    expect(got != right // 2 // 2, "keys and values (2), of each of the 2 layers (2)")
-    expect(got == right, f"{got} is not it: multiply keys and values, layers, batch, key/value heads, positions, "
-                         "head size and bytes per number")
+    expect(got == right, name_mistake(got, [
+        ("the cache holds key/value heads (2), not query heads (8)", right * 4),
+        ("keys *and* values are cached: a factor of 2", right // 2),
+        ("that counts numbers: each float32 takes 4 bytes", right // 4),
+        ("keys and values (2), of each of the 2 layers (2)", right // 2 // 2),
+    ]) or f"{got} is not it: multiply keys and values, layers, batch, key/value heads, positions, "
+          "head size and bytes per number")
 
 
 # ---------------------------------------------------------------- 10.5 build: share_kv_heads
@@ -145,23 +156,24 @@ def check_predict_kv_bytes(fn):
 
 @check("10.5", "share_kv_heads", reference="transformer_course.modern:share_kv_heads")
 def check_share_kv_heads(fn):
-    """``fn(kv [B, nkv, T, hs], n_head) -> [B, nh, T, hs]``, query head h reading head h // (nh // nkv)."""
+    """``fn(kv [B, nkv, T, hs], n_head) -> [B, nh, T, hs]``, query head h reading head
+    h // (nh // nkv)."""
     g = torch.Generator().manual_seed(12)
     for nkv, nh in ((2, 8), (1, 4), (3, 3), (4, 8)):
         kv = torch.randn(2, nkv, 5, 4, generator=g)
-        got = fn(kv, nh)
-        expect(isinstance(got, torch.Tensor), f"return a tensor, got {type(got).__name__}")
-        expect(tuple(got.shape) == (2, nh, 5, 4),
-               f"[B, nkv, T, hs] = (2, {nkv}, 5, 4) with n_head={nh} gives (2, {nh}, 5, 4), got {tuple(got.shape)}")
+        got = expect_tensor(fn(kv, nh))
+        expect(tuple(got.shape) == (2, nh, 5, 4), f"[B, nkv, T, hs] = (2, {nkv}, 5, 4) with "
+               f"n_head={nh} gives (2, {nh}, 5, 4), got {tuple(got.shape)}")
         want = kv[:, torch.arange(nh) // (nh // nkv)]
-        tiled = kv[:, torch.arange(nh) % nkv]
-        expect(not (torch.equal(got, tiled) and not torch.equal(tiled, want)),
-               "the key/value heads are tiled (0, 1, 0, 1, ...): consecutive query heads share one, so query head h "
-               "reads head h // (n_head // n_kv_head) (0, 0, 1, 1, ...); repeat tiles, repeat_interleave groups")
-        expect(torch.equal(got, want), f"query head h must read key/value head h // {nh // nkv} (nkv={nkv}, n_head={nh})")
+        expect(torch.equal(got, want), name_mistake(got, [
+            ("the key/value heads are tiled (0, 1, 0, 1, ...): consecutive query heads share one, "
+             "so query head h reads head h // (n_head // n_kv_head) (0, 0, 1, 1, ...); repeat "
+             "tiles, repeat_interleave groups", kv[:, torch.arange(nh) % nkv]),
+        ], want=want, atol=0, rtol=0)
+            or f"query head h must read key/value head h // {nh // nkv} (nkv={nkv}, n_head={nh})")
 
 
-# ---------------------------------------------------------------- 10.6 extend: the sliding-window mask
+# ---------------------------------------------------------------- 10.6 extend: a sliding window
 
 
 def _sliding_window_mask(T: int, window: int, past: int = 0) -> torch.Tensor:
@@ -175,13 +187,17 @@ def check_sliding_window_mask(fn):
     """``fn(T, window, past=0) -> bool [T, past + T]``."""
     for T, window, past in ((6, 3, 0), (1, 4, 9), (3, 2, 5), (5, 10, 0), (4, 1, 2)):
         got = fn(T, window, past)
-        expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool, "return a bool tensor (True = may attend)")
-        expect(tuple(got.shape) == (T, past + T), f"one row per new query and one column per key, cached ones "
-                                                  f"included: ({T}, {past + T}) for T={T}, past={past}, got {tuple(got.shape)}")
-        want = _sliding_window_mask(T, window, past)
-        expect(not torch.equal(got, _sliding_window_mask(T, window + 1, past)) or torch.equal(want, got),
-               "one key too many: the window counts the query itself, so distances 0 .. window-1")
-        expect(not torch.equal(got, _sliding_window_mask(T, window - 1, past)) or torch.equal(want, got),
-               "one key too few: a query sees itself and the window - 1 keys before it")
+        expect(isinstance(got, torch.Tensor) and got.dtype == torch.bool,
+               "return a bool tensor (True = may attend)")
+        expect(tuple(got.shape) == (T, past + T), "one row per new query and one column per key, "
+               f"cached ones included: ({T}, {past + T}) for T={T}, past={past}, got "
+               f"{tuple(got.shape)}")
         expect(not got.triu(past + 1).any(), "a query sees a later key: the mask must stay causal")
-        expect(torch.equal(got, want), f"the mask differs from the reference for T={T}, window={window}, past={past}")
+        want = _sliding_window_mask(T, window, past)
+        expect(torch.equal(got, want), name_mistake(got, [
+            ("one key too many: the window counts the query itself, so distances 0 .. window-1",
+             _sliding_window_mask(T, window + 1, past)),
+            ("one key too few: a query sees itself and the window - 1 keys before it",
+             _sliding_window_mask(T, window - 1, past)),
+        ], want=want, atol=0, rtol=0)
+            or f"the mask differs from the reference for T={T}, window={window}, past={past}")
