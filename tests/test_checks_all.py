@@ -12,7 +12,6 @@ import torch
 from check_helpers import run, stub, stub_class
 
 import transformer_course.checks as checks_package
-from transformer_course.checks._core import resolve_reference
 
 
 def _all_checks() -> list:
@@ -45,7 +44,7 @@ def test_every_exercise_has_one_check_and_each_module_one_chapter_in_order():
 
 @pytest.mark.parametrize("check_fn", CHECKS, ids=_name)
 def test_stub_is_not_done(check_fn):
-    reference = resolve_reference(check_fn.reference)
+    reference = check_fn.reference
     outcome = run(check_fn, stub_class(reference) if isinstance(reference, type) else stub)
     assert (outcome.status, outcome.exercise) == ("not done", check_fn.exercise), outcome.line()
     assert outcome.use is reference  # None for a check without a reference
@@ -56,7 +55,7 @@ def test_stub_is_not_done(check_fn):
 
 @pytest.mark.parametrize("check_fn", WITH_REFERENCE, ids=_name)
 def test_reference_passes_and_is_used(check_fn):
-    reference = resolve_reference(check_fn.reference)
+    reference = check_fn.reference
     torch.manual_seed(1234)
     expected = torch.rand(3)
     torch.manual_seed(1234)

@@ -1,5 +1,6 @@
 """The check machinery itself: one printed line, the right status, never an exception."""
 
+from transformer_course.attention import causal_mask
 from transformer_course.checks import RESULT_LINE, check, expect, expect_close, results
 
 
@@ -41,7 +42,7 @@ def test_quiet_prints_nothing(capsys):
     assert capsys.readouterr().out == ""
 
 
-@check("0.2", "causal_mask", reference="transformer_course.attention:causal_mask")
+@check("0.2", "causal_mask", reference=causal_mask)
 def check_mask_with_reference(fn):
     import torch
 
@@ -158,12 +159,8 @@ def test_fresh_rng_and_the_wrapper_leave_the_notebooks_random_numbers_alone():
     assert torch.equal(torch.rand(2), expected)
 
 
-def test_a_reference_may_be_the_object_or_its_name():
+def test_a_reference_is_the_object_itself():
     from transformer_course.attention import causal_mask
-    from transformer_course.checks._core import resolve_reference
-
-    assert resolve_reference("transformer_course.attention:causal_mask") is causal_mask
-    assert resolve_reference(causal_mask) is causal_mask
 
     @check("0.4", "causal_mask", reference=causal_mask)
     def check_object_reference(fn):

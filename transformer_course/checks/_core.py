@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import re
 import sys
 import traceback
@@ -183,18 +182,6 @@ def seeded_randn(*shape: int, seed: int, dtype=None):
 # ---------------------------------------------------------------- the wrapper
 
 
-def resolve_reference(reference):
-    """A check's reference as an object: ``"module:qualname"`` is imported when first needed (for
-    modules that may be restructured, whose names a check should not fix at import time)."""
-    if not isinstance(reference, str):
-        return reference
-    module, _, qualname = reference.partition(":")
-    obj = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def _notebook_rng_kept():
     """The learner's random state, restored when the check ends (no torch yet: nothing to keep)."""
     torch = sys.modules.get("torch")
@@ -229,16 +216,12 @@ def check(exercise: str, name: str, reference=None) -> Callable:
     - :class:`CheckFailed` -> the hint;
     - any other exception -> what was raised, and where in the learner's code.
 
-    ``reference`` is the package's implementation of the same thing: the object itself, or its
-    ``"module:qualname"`` (see :func:`resolve_reference`). With it, the outcome's ``use`` is what
+    ``reference`` is the package's implementation of the same thing (the object itself). With it, the outcome's ``use`` is what
     the rest of the chapter should run: the learner's candidate when it passed, the reference
     otherwise, and the printed line says which
     (``causal_mask = check_causal_mask(causal_mask).use``).
     """
-    if isinstance(reference, str):
-        short = reference.rpartition(":")[2]
-    else:
-        short = getattr(reference, "__name__", None)
+    short = getattr(reference, "__name__", None)
 
     def decorate(body: Callable) -> Callable:
         @functools.wraps(body)
@@ -246,7 +229,7 @@ def check(exercise: str, name: str, reference=None) -> Callable:
             status, message = _run_body(body, candidate, args, kwargs)
             use = None
             if reference is not None:
-                use = candidate if status == PASSED else resolve_reference(reference)
+                use = candidate if status == PASSED else reference
                 if status == PASSED:
                     message = "passed - the rest of the chapter uses yours"
                 else:

@@ -16,6 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import block as _lib
 from ._core import (
     check,
     expect,
@@ -104,7 +105,7 @@ def _params(ln):
     return ln.weight.detach(), None if ln.bias is None else ln.bias.detach()
 
 
-@check("5.1", "LayerNorm", reference="transformer_course.block:LayerNorm")
+@check("5.1", "LayerNorm", reference=_lib.LayerNorm)
 def check_layer_norm(cls):
     """``cls(C, eps, bias, fast=False)(x [..., C]) -> [..., C]``: the step-by-step formula."""
     what = "a tensor from LayerNorm(fast=False)"
@@ -254,7 +255,7 @@ def _package_copy(block):
     return ref
 
 
-@check("5.3", "TransformerBlock", reference="transformer_course.block:TransformerBlock")
+@check("5.3", "TransformerBlock", reference=_lib.TransformerBlock)
 def check_transformer_block(cls):
     """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the
     package's block."""
@@ -350,7 +351,7 @@ def _through(layers, x):
     return x.detach()
 
 
-@check("5.5", "input_gradient_norms", reference="transformer_course.block:input_gradient_norms")
+@check("5.5", "input_gradient_norms", reference=_lib.input_gradient_norms)
 def check_input_gradient_norms(fn):
     """``fn(layers, x, grad_output) -> Tensor[len(layers)]``: norm of dL/d(input of each layer)."""
     from transformer_course.block import TransformerBlock, input_gradient_norms

@@ -14,6 +14,7 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from .. import model as _lib
 from ..data import get_batch
 from ..training import lr_at, param_groups, train_step
 from ._core import (
@@ -44,7 +45,7 @@ def _small_gpt():
 
 
 # ---------------------------------------------------------------- 6.1 build: GPT.forward
-@check("6.1", "GPT.forward", reference="transformer_course.model:GPT")
+@check("6.1", "GPT.forward", reference=_lib.GPT)
 def check_gpt_forward(cls):
     """``cls.forward`` is run on a package ``GPT`` (so only the learner's forward is tested)."""
     from transformer_course.model import GPT

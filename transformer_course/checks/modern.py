@@ -10,6 +10,7 @@ it is not part of the package's API.
 
 import torch
 
+from .. import modern as _lib
 from ._core import check, expect, expect_close, expect_tensor, fresh_rng, name_mistake
 
 # ---------------------------------------------------------------- 10.1 build: RMSNorm
@@ -34,7 +35,7 @@ _RMS_MISTAKES = [  # (hint, the switch that makes _rms_norm commit it)
 ]
 
 
-@check("10.1", "RMSNorm", reference="transformer_course.modern:RMSNorm")
+@check("10.1", "RMSNorm", reference=_lib.RMSNorm)
 def check_rms_norm(cls):
     """``cls(d_model, eps)`` with ``forward(x [..., C]) -> [..., C]``."""
     g = torch.Generator().manual_seed(10)
@@ -62,7 +63,7 @@ def check_rms_norm(cls):
 # ---------------------------------------------------------------- 10.2 debug: rope_frequencies
 
 
-@check("10.2", "rope_frequencies", reference="transformer_course.modern:rope_frequencies")
+@check("10.2", "rope_frequencies", reference=_lib.rope_frequencies)
 def check_rope_frequencies(fn):
     """``fn(head_size, base) -> [head_size // 2]`` float32, entry i = base^(-2i/hs)."""
     for hs, base in ((64, 10000.0), (8, 10000.0), (16, 500000.0)):
@@ -110,7 +111,7 @@ _ROTATE_MISTAKES = [  # (hint, the switch that makes _turn_halves commit it)
 ]
 
 
-@check("10.3", "rotate_halves", reference="transformer_course.modern:rotate_halves")
+@check("10.3", "rotate_halves", reference=_lib.rotate_halves)
 def check_rotate_halves(fn):
     """``fn(x [..., T, hs], cos [T, hs/2], sin [T, hs/2]) -> [..., T, hs]``."""
     g = torch.Generator().manual_seed(11)
@@ -154,7 +155,7 @@ def check_predict_kv_bytes(fn):
 # ---------------------------------------------------------------- 10.5 build: share_kv_heads
 
 
-@check("10.5", "share_kv_heads", reference="transformer_course.modern:share_kv_heads")
+@check("10.5", "share_kv_heads", reference=_lib.share_kv_heads)
 def check_share_kv_heads(fn):
     """``fn(kv [B, nkv, T, hs], n_head) -> [B, nh, T, hs]``, query head h reading head
     h // (nh // nkv)."""

@@ -64,7 +64,7 @@ def _expect_other_sizes(fn, args, want, hint: str, seed: int) -> None:
 # ---------------------------------------------------------------- 4.1 split heads (build)
 
 
-@check("4.1", "split_heads", reference="transformer_course.multihead:split_heads")
+@check("4.1", "split_heads", reference=split_heads)
 def check_split_heads(fn):
     """``fn(x [B, T, C], n_head) -> [B, nh, T, hs]``, head h holding channels
     h*hs .. (h+1)*hs - 1."""
@@ -119,7 +119,7 @@ def check_predict_scores_shape(fn):
 # ---------------------------------------------------------------- 4.3 merge heads (build)
 
 
-@check("4.3", "merge_heads", reference="transformer_course.multihead:merge_heads")
+@check("4.3", "merge_heads", reference=merge_heads)
 def check_merge_heads(fn):
     """``fn(y [B, nh, T, hs]) -> [B, T, C]``, the inverse of split_heads."""
     y = torch.arange(12.0).view(1, 2, 3, 2)  # B=1, nh=2, T=3, hs=2
@@ -142,7 +142,7 @@ def check_merge_heads(fn):
 
 
 @check("4.4", "causal_mask_with_past",
-       reference="transformer_course.multihead:causal_mask_with_past")
+       reference=causal_mask_with_past)
 def check_causal_mask_with_past(fn):
     """``fn(T, past, device=None) -> Bool [T, past + T]``: new query t (position past + t) sees
     keys 0 .. past + t."""
