@@ -120,7 +120,8 @@ def measure(lengths=LENGTHS) -> list[dict]:
                     "ms": cpu_ms(lambda m=m, x=x: m(x)),
                     "peak_mib": peak_bytes(lambda m=m, x=x: m(x)) / 2**20,
                 })
-        print(f"T={T:5d}  " + "  ".join(f"{r['variant']} {r['ms']:8.2f} ms {r['peak_mib']:7.1f} MiB" for r in rows[-3:]))
+        print(f"T={T:5d}  " + "  ".join(f"{r['variant']} {r['ms']:8.2f} ms {r['peak_mib']:7.1f} MiB"
+                                        for r in rows[-3:]))
     return rows
 
 
@@ -133,12 +134,14 @@ def table(rows: list[dict], meta: dict) -> str:
         machine.markdown_line(meta["machine_info"]),
         "",
         f"Written by `benchmarks/bench_attention.py`. d_model {D_MODEL}, {N_HEAD} heads of "
-        f"{D_MODEL // N_HEAD}, batch {BATCH}, float32, causal, forward under `torch.no_grad`. Time: median CPU time of repeated calls, PyTorch on "
-        "one thread (the work done; wall time on this shared CPU swings with other programs). Memory: peak bytes "
-        "allocated during the call (PyTorch profiler), beyond inputs and parameters. **This machine's figures, "
-        "on a shared CPU: compare ratios within this table, not absolute numbers across machines.**",
+        f"{D_MODEL // N_HEAD}, batch {BATCH}, float32, causal, forward under `torch.no_grad`. Time: median CPU "
+        "time of repeated calls, PyTorch on one thread (the work done; wall time on this shared CPU swings with "
+        "other programs). Memory: peak bytes allocated during the call (PyTorch profiler), beyond inputs and "
+        "parameters. **This machine's figures, on a shared CPU: compare ratios within this table, not absolute "
+        "numbers across machines.**",
         "",
-        "| T | loop CPU ms | batched CPU ms | fused CPU ms | loop / fused | batched / fused | loop MiB | batched MiB | fused MiB | batched / fused memory |",
+        "| T | loop CPU ms | batched CPU ms | fused CPU ms | loop / fused | batched / fused | loop MiB | batched MiB | "
+        "fused MiB | batched / fused memory |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for T in lengths:

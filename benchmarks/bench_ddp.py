@@ -117,12 +117,14 @@ def main() -> None:
         "Scaling efficiency = tokens/s / (cores used x tokens/s of one process on one core): 1.0 is the "
         "physical limit, every core as fast as one alone; two processes also wait for each other in every "
         "all-reduce, and two threads split every matrix product.", "",
-        "| run | processes | cores | windows per step | tokens / s | vs 1 process, 1 thread | scaling efficiency | val loss at the end |",
+        "| run | processes | cores | windows per step | tokens / s | vs 1 process, 1 thread | scaling efficiency | "
+        "val loss at the end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['run']} | {r['processes']} | {r['cores']} | {r['windows_per_step']} | {r['tokens_per_s']:,.0f} | "
-                     f"{r['vs_1_process_1_thread']:.2f}x | {r['scaling_efficiency']:.2f} | {r['val_loss']:.3f} |")
+        lines.append(f"| {r['run']} | {r['processes']} | {r['cores']} | {r['windows_per_step']} | "
+                     f"{r['tokens_per_s']:,.0f} | {r['vs_1_process_1_thread']:.2f}x | {r['scaling_efficiency']:.2f} | "
+                     f"{r['val_loss']:.3f} |")
     lines += ["", "The two-process runs take twice the windows per step (the presets' default: the global batch grows "
               "with the number of processes), so at equal steps they have seen twice the data; `--global-batch` "
               "keeps it fixed instead (tests/test_distributed.py proves the two ways compute the same steps)."]

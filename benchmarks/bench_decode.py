@@ -144,9 +144,10 @@ def main() -> None:
         "**bound**: the read bandwidth divided by the bytes a decode step must read: every weight once (the tied "
         "LM head and token embedding are one matrix) and the KV cache at its mean length over the run. No fp32 "
         "decoder can be faster; a model whose weights fit in the CPU's caches (the tiny one) is read faster than "
-        "from memory, so for it the bound is no limit and per-step overhead sets the time. **ours**: `transformer_course.generate(model, prompt, n, temperature=0)`, the "
-        "plain model (chapter 07). **bf16**: `transformer_course.performance.bf16_weights(model)` (the appendix), "
-        "each position given fp32's own prefix, so one flip does not count the rest of the text as different.",
+        "from memory, so for it the bound is no limit and per-step overhead sets the time. **ours**: "
+        "`transformer_course.generate(model, prompt, n, temperature=0)`, the plain model (chapter 07). **bf16**: "
+        "`transformer_course.performance.bf16_weights(model)` (the appendix), each position given fp32's own "
+        "prefix, so one flip does not count the rest of the text as different.",
         "",
     ])
     (RESULTS / "decode.md").write_text(md, encoding="utf-8")

@@ -89,7 +89,8 @@ def run(n_new: int, repeats: int) -> str:
         "",
         f"## {n_new} new tokens (the text outgrows block_size)",
         "",
-        "| model | params | uncached tok/s | cached tok/s (sliding) | speed-up | uncached tok/s (crop_to=block/2) | cached tok/s (crop_to=block/2) | speed-up |",
+        "| model | params | uncached tok/s | cached tok/s (sliding) | speed-up | uncached tok/s (crop_to=block/2) | "
+        "cached tok/s (crop_to=block/2) | speed-up |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, params, t, _ in rows:

@@ -112,7 +112,8 @@ def synchronize(device: torch.device) -> None:
 def gpu_info(device: torch.device, peak_override: float | None) -> dict:
     """The GPU (or, in a smoke run, the CPU) and the bf16 peak MFU is taken against."""
     if device.type != "cuda":
-        return {"name": f"none ({device.type})", "peak_tflops": peak_override, "peak_source": "given" if peak_override else None}
+        return {"name": f"none ({device.type})", "peak_tflops": peak_override,
+                "peak_source": "given" if peak_override else None}
     props = torch.cuda.get_device_properties(device)
     found = next(((label, peak) for label, peak in PEAKS if label in props.name), (None, None))
     peak, source = (peak_override, "given with --peak-tflops") if peak_override else (
@@ -298,7 +299,8 @@ def bench_decoding(sizes: Sizes, device: torch.device) -> list[dict]:
 
             with torch.no_grad():
                 ours_tokens, hf_tokens = run_ours(), run_hf()  # also the warm-up of each
-                ours_s, hf_s = median_seconds(run_ours, device, sizes.repeats), median_seconds(run_hf, device, sizes.repeats)
+                ours_s, hf_s = (median_seconds(run_ours, device, sizes.repeats),
+                                median_seconds(run_hf, device, sizes.repeats))
             new = batch * sizes.new_tokens
             agree = (ours_tokens[:, sizes.prompt:] == hf_tokens[:, sizes.prompt:]).float().mean().item()
             rows.append({"dtype": str(dtype).removeprefix("torch."), "batch": batch, "prompt": sizes.prompt,
@@ -334,16 +336,18 @@ def write_report(out_dir: Path, smoke: bool, info: dict, gpu: dict, measured: fl
                   f"{m['n_layer']} layers, {m['n_head']} heads, d {m['d_model']}, block {m['block_size']}, "
                   f"vocabulary {m['vocab_size']}, dropout {m['dropout']}, biases {'on' if m['bias'] else 'off'} "
                   f"({training['parameters'] / 1e6:.2f} M parameters); batch {t['batch_size']} x {m['block_size']} = "
-                  f"{training['tokens_per_step']:,} tokens per step; bf16 autocast {'on' if training['bf16_autocast'] else 'off'}, "
+                  f"{training['tokens_per_step']:,} tokens per step; "
+                  f"bf16 autocast {'on' if training['bf16_autocast'] else 'off'}, "
                   f"torch.compile {'on' if t['compile'] else 'off'}. FLOPs per token: 6N + 12·L·T·d = "
                   f"{training['flops_per_token'] / 1e6:.1f} M (N without the position table; nanoGPT's count).", "",
-                  "| loop | tokens / s | ms / step | MFU (datasheet peak) | MFU (measured matmul) | vs nanoGPT's operations |",
+                  "| loop | tokens / s | ms / step | MFU (datasheet peak) | MFU (measured matmul) | "
+                  "vs nanoGPT's operations |",
                   "|---|---:|---:|---:|---:|---:|"]
         base = training["nanogpt_ops"]["tokens_per_s"]
         for name in LOOPS:
             r = training[name]
-            lines.append(f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.2f} | {_pct(r['mfu_datasheet'])} | "
-                         f"{_pct(r['mfu_measured'])} | {r['tokens_per_s'] / base:.2f}x |")
+            lines.append(f"| {r['label']} | {r['tokens_per_s']:,.0f} | {r['ms_per_step']:.2f} | "
+                         f"{_pct(r['mfu_datasheet'])} | {_pct(r['mfu_measured'])} | {r['tokens_per_s'] / base:.2f}x |")
         rounds = len(training["course_trainer"]["seconds"])
         ttl = "not reached" if run["time_to_target_s"] is None else f"{run['time_to_target_s']:.0f}"
         cut = run.get("extrapolated_recipe_wall_s")
@@ -353,7 +357,8 @@ def write_report(out_dir: Path, smoke: bool, info: dict, gpu: dict, measured: fl
                   "product is bf16 already.", "",
                   f"### One whole run: `train(model, ..., replace(TRAIN_PRESETS['small'], device=..., "
                   f"compile={t['compile']}))`", "",
-                  f"| final val loss | time to val {TARGET_LOSS} (s) | wall (s) | steps | tokens / s (whole run) | MFU (datasheet) |",
+                  f"| final val loss | time to val {TARGET_LOSS} (s) | wall (s) | steps | tokens / s (whole run) | "
+                  "MFU (datasheet) |",
                   "|---:|---:|---:|---:|---:|---:|",
                   f"| {run['final_val_loss']:.4f} | {ttl} | {run['wall_s']:.0f} | {run['steps']:,} | "
                   f"{run['tokens_per_s']:,.0f} | {_pct(run['mfu_datasheet'])} |", "",
@@ -374,11 +379,13 @@ def write_report(out_dir: Path, smoke: bool, info: dict, gpu: dict, measured: fl
                   "Random weights in GPT-2's layout (`make_hf_stand_in`, std 0.02), loaded into our GPT with "
                   f"`pretrained.from_pretrained`; a {d['prompt']}-token prompt, "
                   f"{d['new_tokens']} new tokens per sequence, median of the timed runs after a warm-up.", "",
-                  "| weights | batch | ours, tokens/s | HF, tokens/s | ours / HF | same tokens as HF | greedy choices equal |",
+                  "| weights | batch | ours, tokens/s | HF, tokens/s | ours / HF | same tokens as HF | "
+                  "greedy choices equal |",
                   "|---|---:|---:|---:|---:|:---:|---:|"]
         for r in decoding:
-            lines.append(f"| {r['dtype']} | {r['batch']} | {r['ours_tokens_per_s']:,.0f} | {r['hf_tokens_per_s']:,.0f} | "
-                         f"{r['vs_hf']:.2f}x | {'yes' if r['same_tokens'] else 'no'} | {r['agreement']:.1%} |")
+            lines.append(f"| {r['dtype']} | {r['batch']} | {r['ours_tokens_per_s']:,.0f} | "
+                         f"{r['hf_tokens_per_s']:,.0f} | {r['vs_hf']:.2f}x | {'yes' if r['same_tokens'] else 'no'} | "
+                         f"{r['agreement']:.1%} |")
         lines += ["", BF16_GREEDY_NOTE, ""]
     text = "\n".join(lines)
     out_dir.mkdir(parents=True, exist_ok=True)

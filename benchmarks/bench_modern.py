@@ -143,8 +143,9 @@ def write_report(runs: list[dict], args, load: tuple[float, float]) -> str:
                  "so a difference smaller than that is not evidence. " if len(seeds) > 1 else
                  "one seed, so the spread between seeds is unknown: small differences are not evidence. ")
               + f"These are {_fmt(runs[0]['parameters'])}-parameter models trained for under a minute on a shared CPU; "
-              "the papers that introduced these parts measured them on far larger models trained far longer. Steps differ between models because some are "
-              "slower per step on this CPU: the last column compares them at equal steps instead.", "",
+              "the papers that introduced these parts measured them on far larger models trained far longer. "
+              "Steps differ between models because some are slower per step on this CPU: the last column compares "
+              "them at equal steps instead.", "",
               "Validation loss by step (wall seconds), first seed:", ""]
     for m, (label, _) in MODELS.items():
         r = by[m, seeds[0]]

@@ -41,7 +41,8 @@ STEP_VARIANTS = {
     "nanogpt_ops": ("nanoGPT's operations: fused attention and LayerNorm, foreach AdamW, fp32",
                     {}, "foreach", False, None, False),
     "fused_fp32": ("fused attention, LayerNorm and AdamW, fp32", {}, "fused", False, None, False),
-    "default_1thread": ("the trainer's default (fp32) on one thread, as chapter 06 runs it", {}, "fused", False, 1, False),
+    "default_1thread": ("the trainer's default (fp32) on one thread, as chapter 06 runs it",
+                        {}, "fused", False, 1, False),
     "bf16": ("the same + bf16 autocast (opt-in; fast only with native bf16)", {}, "fused", False, None, True),
     "compiled": ("the same + bf16 + torch.compile", {}, "fused", True, None, True),
 }
@@ -94,7 +95,8 @@ def run_steps(name: str, steps: int, warmup: int) -> dict:
     cfg = TrainConfig(bf16=bf16)
     if optimizer_kind == "fused":
         optimizer = make_optimizer(model, cfg)
-    else:  # "loop": the plain reference implementation, one tensor at a time (PyTorch's default on a CPU); "foreach": the multi-tensor kernel
+    else:  # "loop": the plain reference implementation, one tensor at a time (PyTorch's default on a CPU);
+        # "foreach": the multi-tensor kernel
         optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.learning_rate,
                                       betas=(cfg.beta1, cfg.beta2), foreach=optimizer_kind == "foreach", fused=False)
     forward = torch.compile(model) if compile_ else model
@@ -156,7 +158,8 @@ def run_full(name: str) -> dict:
     cfg = replace(TRAIN_PRESETS[preset] if preset else TrainConfig(), progress=False, **overrides)
     history = train(model, train_data, val_data, cfg)
     return {"val_loss": history.val_loss[-1], "wall_s": history.wall_seconds, "tokens_per_s": history.tokens_per_second,
-            "time_to_target_s": history.time_to(TARGET_LOSS), "setup_s": time.perf_counter() - began - history.wall_seconds,
+            "time_to_target_s": history.time_to(TARGET_LOSS),
+            "setup_s": time.perf_counter() - began - history.wall_seconds,
             "rss_mb": _peak_rss_mb(), "val_curve": list(zip(history.eval_step, history.val_loss, strict=True)),
             "bf16": bool(cfg.bf16)}
 
@@ -191,16 +194,19 @@ def write_report(step_results: dict, run_results: dict, kernels: dict, load: tup
     lines += [f"| nanoGPT `train.py` itself (NOTES.md, quiet machine, another day) | 44-49 | "
               f"{_fmt_range(NANOGPT['tokens_per_s'])} | | | {_fmt_range(NANOGPT['rss_mb'])} |", "",
               "\"nanoGPT's operations\" is our model running exactly the kernels nanoGPT's `model.py` runs on a CPU "
-              "(float32; AdamW's multi-tensor foreach kernel, where nanoGPT's `train.py` on a CPU gets PyTorch's default, the per-tensor loop), measured in this same run: the in-run stand-in "
-              "for nanoGPT, since nanoGPT itself cannot be downloaded here.", ""]
+              "(float32; AdamW's multi-tensor foreach kernel, where nanoGPT's `train.py` on a CPU gets PyTorch's "
+              "default, the per-tensor loop), measured in this same run: the in-run stand-in for nanoGPT, since "
+              "nanoGPT itself cannot be downloaded here.", ""]
     if kernels:
-        m32, m16, a32, a16 = (kernels[k] for k in ("matmul_fp32_us", "matmul_bf16_us", "attention_fp32_us", "attention_bf16_us"))
+        m32, m16, a32, a16 = (kernels[k] for k in ("matmul_fp32_us", "matmul_bf16_us", "attention_fp32_us",
+                                                   "attention_bf16_us"))
         lines += ["## Why bf16 for the products but fp32 for attention", "",
                   f"One thread count as above ({kernels['threads']}); median of 200 calls.", "",
-                  "| kernel (shapes of the trained model) | fp32 (µs) | bf16 (µs) | bf16 speed-up |", "|---|---:|---:|---:|",
+                  "| kernel (shapes of the trained model) | fp32 (µs) | bf16 (µs) | bf16 speed-up |",
+                  "|---|---:|---:|---:|",
                   f"| matrix product [768, 128] x [128, 512] (mlp.fc) | {m32:.0f} | {m16:.0f} | {m32 / m16:.2f}x |",
-                  f"| fused causal attention, forward + backward, [12, 4, 64, 32] | {a32:.0f} | {a16:.0f} | {a32 / a16:.2f}x |",
-                  ""]
+                  f"| fused causal attention, forward + backward, [12, 4, 64, 32] | {a32:.0f} | {a16:.0f} | "
+                  f"{a32 / a16:.2f}x |", ""]
     if run_results:
         lines += ["## Full runs (wall time includes the evaluations: 20 batches of train and of val each time)", "",
                   f"| run | val loss | wall (s) | time to val {TARGET_LOSS:.2f} (s) | tokens / s | peak RSS (MB) |",
@@ -209,8 +215,9 @@ def write_report(step_results: dict, run_results: dict, kernels: dict, load: tup
             ttl = "not reached" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.0f}"
             lines.append(f"| {RUN_VARIANTS[name][0]} | {r['val_loss']:.3f} | {r['wall_s']:.0f} | {ttl} | "
                          f"{r['tokens_per_s']:,.0f} | {r['rss_mb']:.0f} |")
-        lines += [f"| nanoGPT's recipe with nanoGPT (NOTES.md, 1.1 MB text) | {_fmt_range(NANOGPT['val_loss'], digits=2)} | "
-                  f"{_fmt_range(NANOGPT['wall_s'])} | | {_fmt_range(NANOGPT['tokens_per_s'])} | {_fmt_range(NANOGPT['rss_mb'])} |", ""]
+        lines += ["| nanoGPT's recipe with nanoGPT (NOTES.md, 1.1 MB text) | "
+                  f"{_fmt_range(NANOGPT['val_loss'], digits=2)} | {_fmt_range(NANOGPT['wall_s'])} | | "
+                  f"{_fmt_range(NANOGPT['tokens_per_s'])} | {_fmt_range(NANOGPT['rss_mb'])} |", ""]
         for name, r in run_results.items():
             curve = ", ".join(f"{s}: {v:.3f}" for s, v in r["val_curve"])
             lines.append(f"- {RUN_VARIANTS[name][0]}: val loss by step: {curve}")
@@ -251,7 +258,8 @@ def main() -> None:
     for round_ in range(rounds):  # round-robin, so a busy minute on the machine hits every variant alike
         for name in STEP_VARIANTS:
             trials[name].append(_child("steps", name, steps, args.warmup))
-            print(f"round {round_ + 1}/{rounds}", name, {k: round(v, 1) for k, v in trials[name][-1].items()}, flush=True)
+            print(f"round {round_ + 1}/{rounds}", name, {k: round(v, 1) for k, v in trials[name][-1].items()},
+                  flush=True)
     # each variant's round with the median step time (its memory and warm-up as measured in that round)
     step_results = {name: sorted(ts, key=lambda r: r["step_ms"])[len(ts) // 2] | {"rounds": len(ts)}
                     for name, ts in trials.items()}

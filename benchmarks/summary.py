@@ -117,7 +117,8 @@ def decode_rows(path: Path, archived: bool) -> list[str]:
 def roofline_rows(path: Path) -> list[str]:
     """`bench_decode.py`'s table: decode tokens/s at batch 1 as a fraction of the memory-read bound, and vs HF."""
     rows = tables(path)[0]
-    found = re.search(r"read bandwidth measured in the same run: \*{0,2}([\d.]+ GB/s)", path.read_text(encoding="utf-8"))
+    found = re.search(r"read bandwidth measured in the same run: \*{0,2}([\d.]+ GB/s)",
+                      path.read_text(encoding="utf-8"))
     bandwidth = found.group(1) if found else "not recorded"
     out = []
     for start in ("tiny", "gpt2-124M"):
@@ -180,8 +181,8 @@ def other_rows() -> list[str]:
         two = _row(runs, "run", "2 processes (gloo)")
         nodes = _row(runs, "run", "2 nodes")
         threads = _row(runs, "run", "1 process, 2 threads")
-        rows.append(f"| Data-parallel training under torchrun, chapter 06's shapes, tokens/s vs 1 process on 1 thread | "
-                    f"{where('ddp.md')}2 gloo processes {two['vs 1 process, 1 thread']} (scaling efficiency "
+        rows.append("| Data-parallel training under torchrun, chapter 06's shapes, tokens/s vs 1 process on 1 thread "
+                    f"| {where('ddp.md')}2 gloo processes {two['vs 1 process, 1 thread']} (scaling efficiency "
                     f"{two['scaling efficiency']}); 2 loopback nodes {nodes['vs 1 process, 1 thread']}; 1 process on "
                     f"2 threads {threads['vs 1 process, 1 thread']} | `ddp.md` |")
     # a figure whose machine is unknown says only where to look

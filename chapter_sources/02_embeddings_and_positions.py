@@ -909,7 +909,8 @@ class InputEmbedding(nn.Module):
 
     def _check_ids(self, idx) -> None:
         if not isinstance(idx, torch.Tensor):
-            raise TypeError(f"idx must be a tensor of token ids [B, T], got {type(idx).__name__}: use torch.tensor(ids)")
+            raise TypeError(f"idx must be a tensor of token ids [B, T], got {type(idx).__name__}: "
+                            "use torch.tensor(ids)")
         if idx.dtype.is_floating_point or idx.dtype.is_complex or idx.dtype == torch.bool:
             raise TypeError(f"token ids must be integers, got dtype {idx.dtype}: convert with idx.long()")
         if idx.ndim != 2:

@@ -428,10 +428,12 @@ class KVCache:
         """Append k, v [B, nh, T_new, hs]; return all keys and values so far, [B, nh, L + T_new, hs]."""
         if not (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)) or k.ndim != 4 or k.shape != v.shape:
             shapes = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (k, v)]
-            raise ValueError(f"KVCache.update needs k and v of one shape [B, nh, T_new, hs], got {shapes[0]} and {shapes[1]}")
+            raise ValueError("KVCache.update needs k and v of one shape [B, nh, T_new, hs], "
+                             f"got {shapes[0]} and {shapes[1]}")
         B, nh, T_new, hs = k.shape
         L, need, old_k, old_v = self._length, self._length + T_new, self._k, self._v
-        if old_k is not None and (old_k.shape[0], old_k.shape[1], old_k.shape[3], old_k.dtype, old_k.device) != (B, nh, hs, k.dtype, k.device):
+        if old_k is not None and ((old_k.shape[0], old_k.shape[1], old_k.shape[3], old_k.dtype, old_k.device)
+                                  != (B, nh, hs, k.dtype, k.device)):
             raise ValueError(
                 f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old_k.dtype}, {old_k.device}) but got "
                 f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "

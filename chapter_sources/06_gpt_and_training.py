@@ -151,11 +151,12 @@ EVAL_SEED_OFFSET = 1  # evaluation batches come from seed cfg.seed + 1, not the 
 
 # %%
 #| export config
-_CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu"),
-            "normalization": ("layernorm", "rmsnorm"), "mlp": ("plain", "swiglu")}
+_CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"),
+            "activation": ("gelu", "gelu_tanh", "relu"), "normalization": ("layernorm", "rmsnorm"),
+            "mlp": ("plain", "swiglu")}
 
 
-class _Stored:
+class _DictFields:
     """`to_dict`: a dataclass as a JSON-able dict; `from_dict`: the inverse, which names what is wrong."""
 
     def to_dict(self) -> dict:
@@ -174,7 +175,7 @@ class _Stored:
 
 
 @dataclass
-class GPTConfig(_Stored):
+class GPTConfig(_DictFields):
     """Every architectural choice of a GPT: `vocab_size` V, `block_size` the longest context T, `n_layer`
     blocks, `n_head` heads of `d_model // n_head` channels, `d_model` C; `tie_weights` shares the token
     embedding with the LM head; `fast` uses PyTorch's fused kernels. Chapter 10's choices (defaults:
@@ -207,7 +208,8 @@ class GPTConfig(_Stored):
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         real_number(self.dropout, "GPTConfig.dropout", low=0.0, high=1.0, high_open=True)
-        real_number(self.eps, "GPTConfig.eps", low=0.0, low_open=True, hint="LayerNorm's guard against dividing by 0, e.g. 1e-5")
+        real_number(self.eps, "GPTConfig.eps", low=0.0, low_open=True,
+                    hint="LayerNorm's guard against dividing by 0, e.g. 1e-5")
         for name in ("bias", "tie_weights", "fast"):
             flag(getattr(self, name), f"GPTConfig.{name}")
         for name, allowed in _CHOICES.items():
@@ -703,7 +705,7 @@ print(f"V·C = {gpt2.vocab_size} x {gpt2.d_model} = {saved:,} parameters, {saved
 # %%
 #| export config
 @dataclass
-class TrainConfig(_Stored):
+class TrainConfig(_DictFields):
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
 
     max_iters: int = 2000  # optimizer steps; a resumed run continues the count
@@ -1034,7 +1036,7 @@ def estimate_loss(model, data: torch.Tensor, block_size: int, batch_size: int, i
 # %%
 #| export config
 @dataclass
-class History(_Stored):
+class History(_DictFields):
     """What happened in a run: one entry per step, one per evaluation, and the time it took."""
 
     tokens_per_step: int = 0  # tokens per optimizer step, all processes together
@@ -1091,7 +1093,8 @@ _NOT_IN_WEIGHTS = {"dropout", "fast"}  # fields that change neither the weights 
 def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
     """Fields (other than dropout and fast) in which two configs differ, as 'name (checkpoint a, model b)'."""
     return [f"{f.name} (checkpoint {getattr(saved, f.name)!r}, model {getattr(current, f.name)!r})"
-            for f in fields(GPTConfig) if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
+            for f in fields(GPTConfig)
+            if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
 
 
 def state_sha256(state) -> str:
@@ -1135,7 +1138,8 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
     state = {"format": CHECKPOINT_FORMAT, "model_config": model.cfg.to_dict(), "model": model.state_dict(),
              "optimizer": None if optimizer is None else optimizer.state_dict(),
              "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
-             "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
+             "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__,
+                                                          "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
     state["sha256"] = state_sha256(state)
     return atomic_save(state, path)
@@ -1173,13 +1177,15 @@ def _read(path: Path, map_location) -> dict:
                                   "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
                                   "it with save_checkpoint") from error
         detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read ({type(error).__name__}: "
-                              f"{detail[0][:120]}); delete it and train again, or use an older copy") from error
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read "
+                              f"({type(error).__name__}: {detail[0][:120]}); delete it and train again, "
+                              "or use an older copy") from error
     missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
     if missing:
         raise CheckpointError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
     if state["format"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; this version reads format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; "
+                              f"this version reads format {CHECKPOINT_FORMAT}")
     stored = state.pop("sha256", None)  # files saved before checksums have none
     if stored is not None and stored != state_sha256(state):
         raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "

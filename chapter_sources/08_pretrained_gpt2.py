@@ -415,7 +415,8 @@ def convert_hf_state_dict(hf_sd: Mapping[str, torch.Tensor], model: torch.nn.Mod
     tensors = {k.removeprefix(_PREFIX): v for k, v in hf_sd.items() if not k.endswith(_IGNORED_SUFFIXES)}
     head = tensors.pop("lm_head.weight", None)
     if unknown := sorted(set(tensors) - set(table)):
-        raise ValueError(f"unknown keys in the checkpoint (a GPT-2 with n_layer={L} has none of them): {_names(unknown)}")
+        raise ValueError(f"unknown keys in the checkpoint (a GPT-2 with n_layer={L} has none of them): "
+                         f"{_names(unknown)}")
     if missing := sorted(set(table) - set(tensors)):
         raise ValueError(f"missing keys in the checkpoint (a GPT-2 with n_layer={L} needs them): {_names(missing)}")
     target = model.state_dict()
@@ -503,7 +504,8 @@ def download_hf_gpt2(name: str = "gpt2", timeout: float = 2.0, cache_dir: str | 
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
     except ImportError as e:
-        raise ImportError("downloading GPT-2 needs huggingface_hub: pip install 'transformer-course[pretrained]'") from e
+        raise ImportError("downloading GPT-2 needs huggingface_hub: "
+                          "pip install 'transformer-course[pretrained]'") from e
     patterns = ["config.json", "model.safetensors", "model.safetensors.index.json", "model-*.safetensors"]
     try:
         return Path(snapshot_download(name, allow_patterns=patterns, cache_dir=cache_dir, local_files_only=True))

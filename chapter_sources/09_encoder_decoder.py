@@ -199,7 +199,8 @@ class CrossAttention(MultiHeadAttention):
         check_input(x, self.d_model, "CrossAttention")
         check_input(memory, self.d_model, "CrossAttention", name="memory")
         if x.shape[0] != memory.shape[0]:
-            raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: pair each target with its source")
+            raise ValueError(f"decoder batch {x.shape[0]} != encoder batch {memory.shape[0]}: "
+                             "pair each target with its source")
         ### BEGIN SOLUTION
         C = self.d_model
         w_q, w_kv = self.qkv.weight.split([C, 2 * C])  # (C, C), (2C, C)
@@ -256,7 +257,8 @@ class EncoderLayer(TransformerBlock):
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  norm: str = "post", activation: str = "relu", fast: bool = True, eps: float = 1e-5):
-        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation, fast=fast, eps=eps)
+        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation,
+                         fast=fast, eps=eps)
         self.attn = MultiHeadAttention(d_model, n_head, dropout=dropout, bias=bias, causal=False, fast=fast)
 
 
@@ -269,7 +271,8 @@ class DecoderLayer(TransformerBlock):
 
     def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  norm: str = "post", activation: str = "relu", fast: bool = True, eps: float = 1e-5):
-        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation, fast=fast, eps=eps)
+        super().__init__(d_model, n_head, dropout=dropout, bias=bias, norm=norm, activation=activation,
+                         fast=fast, eps=eps)
         self.ln_cross = LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
         self.cross_attn = CrossAttention(d_model, n_head, dropout=dropout, bias=bias, fast=fast)
 
@@ -419,7 +422,8 @@ class EncoderDecoder(nn.Module):
         """tgt [B, T] (target so far), memory [B, S, C] -> logits [B, T, V_tgt]."""
         if tgt.ndim == 2 and tgt.shape[1] > self.cfg.max_tgt_len:
             raise ValueError(f"target has {tgt.shape[1]} tokens but this model handles at most "
-                             f"max_tgt_len={self.cfg.max_tgt_len}: shorten it or build a model with a larger max_tgt_len")
+                             f"max_tgt_len={self.cfg.max_tgt_len}: "
+                             "shorten it or build a model with a larger max_tgt_len")
         if tgt.shape[0] != memory.shape[0]:
             raise ValueError(f"source batch has {memory.shape[0]} sequences but target batch has {tgt.shape[0]}: "
                              "they must pair up one to one")
@@ -539,7 +543,8 @@ def ordinal_suffix(day: int) -> str:
 
 TARGET_CHARS = "-0123456789"
 # every character any format can produce: digits, separators, month names, ordinal words and suffixes
-SOURCE_CHARS = "".join(sorted(set(" ,-/0123456789the of stndrdth" + "".join(MONTHS) + "".join(map(ordinal_word, range(1, 32))))))
+SOURCE_CHARS = "".join(sorted(set(" ,-/0123456789the of stndrdth" + "".join(MONTHS)
+                                  + "".join(map(ordinal_word, range(1, 32))))))
 
 FORMATS = {
     "words": lambda d: f"the {ordinal_word(d.day)} of {MONTHS[d.month - 1]} {d.year}",

@@ -210,6 +210,8 @@ class SwiGLU(nn.Module):
 # otherwise the rounding adds a little (C = 128 gives H = 344, not 341.3):
 
 # %%
+from transformer_course.block import FeedForward
+
 for C in (96, 128, 768):
     plain = sum(p.numel() for p in FeedForward(C, bias=False).parameters())
     gated = sum(p.numel() for p in SwiGLU(C).parameters())
@@ -742,7 +744,8 @@ def config_from_llama(hf: Mapping) -> GPTConfig:
         raise ValueError(f"hidden_act={hf['hidden_act']!r} is not supported: SwiGLU uses silu")
     C, nh = hf["hidden_size"], hf["num_attention_heads"]
     if hf.get("head_dim") not in (None, C // nh):
-        raise ValueError(f"head_dim={hf['head_dim']} is not supported: our heads have d_model // n_head = {C // nh} channels")
+        raise ValueError(f"head_dim={hf['head_dim']} is not supported: "
+                         f"our heads have d_model // n_head = {C // nh} channels")
     return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"],
                      n_layer=hf["num_hidden_layers"], n_head=nh, d_model=C, bias=False, positional="rope",
                      tie_weights=bool(hf.get("tie_word_embeddings", False)), eps=float(hf["rms_norm_eps"]),

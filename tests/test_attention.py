@@ -33,7 +33,8 @@ def test_causal_mask_is_lower_triangle(T):
             assert bool(m[i, j]) == (j <= i)
 
 
-@pytest.mark.parametrize("T, error, match", [(0, ValueError, "T must be a whole number >= 1, got 0"), (2.5, ValueError, "got 2.5: the sequence length")])
+@pytest.mark.parametrize("T, error, match", [(0, ValueError, "T must be a whole number >= 1, got 0"),
+                                             (2.5, ValueError, "got 2.5: the sequence length")])
 def test_causal_mask_rejects_bad_length(T, error, match):
     with pytest.raises(error, match=match):
         causal_mask(T)
@@ -55,8 +56,10 @@ V = torch.tensor(
 def test_horizon_row_unscaled_matches_seed():
     """Seed 000's softmax row and output come from the unscaled scores (scale=1)."""
     out, w = scaled_dot_product_attention(Q_HORIZON[None], K, V, scale=1.0)
-    assert torch.allclose(Q_HORIZON @ K.T, torch.tensor([0.4254, 0.7648, 0.3096, 0.7953, 0.8659, 0.9515], dtype=torch.float64), atol=5e-5)
-    assert torch.allclose(w[0], torch.tensor([0.1252, 0.1758, 0.1115, 0.1812, 0.1945, 0.2119], dtype=torch.float64), atol=5e-5)
+    assert torch.allclose(Q_HORIZON @ K.T, torch.tensor([0.4254, 0.7648, 0.3096, 0.7953, 0.8659, 0.9515],
+                                                        dtype=torch.float64), atol=5e-5)
+    assert torch.allclose(w[0], torch.tensor([0.1252, 0.1758, 0.1115, 0.1812, 0.1945, 0.2119], dtype=torch.float64),
+                          atol=5e-5)
     assert torch.allclose(out[0], torch.tensor([0.5862, 0.4673], dtype=torch.float64), atol=5e-5)
 
 
@@ -245,7 +248,8 @@ def _qkv(*shapes):
     "shapes, error, match",
     [
         (((2, 5, 4), (2, 5, 3), (2, 5, 4)), ValueError, r"same last dim d_k.*q \(2, 5, 4\) and k \(2, 5, 3\)"),
-        (((2, 5, 4), (2, 6, 4), (2, 5, 4)), ValueError, r"same number of positions T_k.*k \(2, 6, 4\) and v \(2, 5, 4\)"),
+        (((2, 5, 4), (2, 6, 4), (2, 5, 4)), ValueError,
+         r"same number of positions T_k.*k \(2, 6, 4\) and v \(2, 5, 4\)"),
         (((2, 5, 4), (3, 5, 4), (3, 5, 4)), ValueError, "batch dims .* do not broadcast"),
         (((4,), (5, 4), (5, 4)), ValueError, r"q needs at least 2 dims.*\(4,\)"),
     ],
@@ -281,9 +285,11 @@ def test_mask_wrong_shape(shape):
 
 def test_check_mask_names_the_axes_a_padding_mask_lacks():
     keep = torch.ones(2, 5, dtype=torch.bool)  # [B, T_k]
-    with pytest.raises(ValueError, match=r"\(2, 5, 5\); a key-padding mask \[B, T_k\] needs a query axis: mask\[:, None, :\]$"):
+    with pytest.raises(ValueError, match=r"\(2, 5, 5\); a key-padding mask \[B, T_k\] needs a query axis: "
+                                         r"mask\[:, None, :\]$"):
         check_mask(keep, (2, 5, 5))
-    with pytest.raises(ValueError, match=r"\(2, 4, 5, 5\); a key-padding mask \[B, T_k\] needs head and query axes: mask\[:, None, None, :\]$"):
+    with pytest.raises(ValueError, match=r"\(2, 4, 5, 5\); a key-padding mask \[B, T_k\] needs head and query axes: "
+                                         r"mask\[:, None, None, :\]$"):
         check_mask(keep, (2, 4, 5, 5))
     with pytest.raises(ValueError, match=r"does not broadcast to the scores' shape \[\.\.\., T_q, T_k\] = \(5, 5\)$"):
         check_mask(torch.ones(3, 5, dtype=torch.bool), (5, 5))  # no batch axis: no padding hint

@@ -126,6 +126,7 @@ def test_summary_reads_a_table_and_a_machine_line(tmp_path):
 
     md = tmp_path / "t.md"
     md.write_text("Machine: Intel(R) Xeon(R) Processor @ 2.80GHz (2 CPUs; AVX2 yes, AVX-512 no, AVX512-BF16 no, "
-                  "AMX no; native bf16 no, AVX2-class), 1 torch thread, torch 2.13\n\n| a | b |\n|---|--:|\n| x | **2x** |\n")
+                  "AMX no; native bf16 no, AVX2-class), 1 torch thread, torch 2.13\n\n"
+                  "| a | b |\n|---|--:|\n| x | **2x** |\n")
     assert summary.tables(md) == [[{"a": "x", "b": "2x"}]]
     assert summary.machine(md) == "Intel Xeon @ 2.80GHz (AVX2, no native bf16, 1 thread)"

@@ -205,7 +205,8 @@ def _torch_layer(block: TransformerBlock, n_head: int, activation: str) -> nn.Tr
              "self_attn.out_proj.weight": "attn.proj.weight", "self_attn.out_proj.bias": "attn.proj.bias",
              "linear1.weight": "mlp.fc.weight", "linear1.bias": "mlp.fc.bias",
              "linear2.weight": "mlp.proj.weight", "linear2.bias": "mlp.proj.bias",
-             "norm1.weight": "ln1.weight", "norm1.bias": "ln1.bias", "norm2.weight": "ln2.weight", "norm2.bias": "ln2.bias"}
+             "norm1.weight": "ln1.weight", "norm1.bias": "ln1.bias",
+             "norm2.weight": "ln2.weight", "norm2.bias": "ln2.bias"}
     ours = block.state_dict()
     layer.load_state_dict({theirs: ours[mine] for theirs, mine in pairs.items()})
     return layer.eval()
@@ -396,7 +397,8 @@ def test_wrong_width_is_named():
 
 
 def test_block_needs_a_batch_dimension():
-    with pytest.raises(ValueError, match=r"\[B, T >= 1, 32\], got \(5, 32\); add a batch dimension with x\.unsqueeze\(0\)"):
+    with pytest.raises(ValueError,
+                       match=r"\[B, T >= 1, 32\], got \(5, 32\); add a batch dimension with x\.unsqueeze\(0\)"):
         TransformerBlock(32, 4)(_x(5, 32))
 
 

@@ -125,7 +125,8 @@ def test_instructor_notebooks_grade_all_passed():
 @pytest.mark.parametrize("name", [p.name for p in CHAPTERS])
 def test_student_edition_runs_and_every_exercise_is_not_done(student_dir, name):
     """Each student notebook runs top to bottom; every check there reports "not done"."""
-    (grade,) = grade_notebooks([student_dir / name], timeout=1800, sandbox=not sandbox_problem())  # in student/chapters/
+    (grade,) = grade_notebooks([student_dir / name],  # in student/chapters/
+                               timeout=1800, sandbox=not sandbox_problem())
     assert not grade.error, format_table([grade])
     instructor = nbformat.read(ROOT / "chapters" / name, 4)
     assert len(grade.exercises) == sum(is_exercise_cell(c) for c in instructor.cells), format_table([grade])
@@ -165,7 +166,8 @@ def attention(q, k, v):
 
 def test_find_leaks_sees_a_renamed_reformatted_copy():
     """A planted leak: the same computation with other names and layout in a later demo cell."""
-    leak = "import math\nimport torch\ns = (a @ b.transpose(-2, -1)\n     / math.sqrt(a.shape[-1]))\nw = torch.softmax(s, dim=-1)\nout = w @ c"
+    leak = ("import math\nimport torch\ns = (a @ b.transpose(-2, -1)\n     / math.sqrt(a.shape[-1]))\n"
+            "w = torch.softmax(s, dim=-1)\nout = w @ c")
     instructor = _nb("import math\nimport torch", EXERCISE, leak)
     leaks = find_leaks(instructor, student_notebook(instructor))
     assert leaks == ["Exercise 3.3 (solution region at cell 1) is reproduced in student cell 2"]
@@ -177,7 +179,8 @@ def test_find_leaks_sees_a_renamed_reformatted_copy():
 
 def test_a_debug_exercise_may_show_the_bug_but_not_the_fix():
     debug = EXERCISE.replace("build", "debug").replace("#| export\n", "")
-    buggy = "def attention_with_a_bug(q, k, v):\n    scores = q @ k.transpose(-2, -1)\n    weights = torch.softmax(scores, dim=-1)\n    return weights @ v"
+    buggy = ("def attention_with_a_bug(q, k, v):\n    scores = q @ k.transpose(-2, -1)\n"
+             "    weights = torch.softmax(scores, dim=-1)\n    return weights @ v")
     nb = _nb("import math\nimport torch", debug, buggy)
     assert find_leaks(nb, student_notebook(nb)) == []
     fixed = buggy.replace("k.transpose(-2, -1)", "k.transpose(-2, -1) / math.sqrt(q.shape[-1])")
@@ -208,7 +211,8 @@ def test_student_edition_command_fails_on_a_leak(tmp_path):
     copy = "import math\nimport torch\nscores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n" \
         "w = torch.softmax(scores, dim=-1)\nprint(w @ v)"
     nbformat.write(_nb("import math\nimport torch", EXERCISE), chapters / "03_a.ipynb")
-    run = [sys.executable, "-m", "transformer_course", "student-edition", str(tmp_path / "out"), "--chapters", str(chapters)]
+    run = [sys.executable, "-m", "transformer_course", "student-edition", str(tmp_path / "out"),
+           "--chapters", str(chapters)]
     result = subprocess.run(run, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     nbformat.write(_nb("import math\nimport torch", EXERCISE, copy), chapters / "03_a.ipynb")
@@ -233,7 +237,8 @@ def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
     edited = out / "chapters" / "03_a.ipynb"
     edited.write_text(edited.read_text().replace("raise NotImplementedError", "return 42  #"))
     mine = edited.read_text()
-    with pytest.raises(FileExistsError, match=r"(?s)changed since the student edition wrote them.*03_a\.ipynb.*--force"):
+    with pytest.raises(FileExistsError,
+                       match=r"(?s)changed since the student edition wrote them.*03_a\.ipynb.*--force"):
         write_student_edition(out, chapters)
     assert edited.read_text() == mine
     run = [sys.executable, "-m", "transformer_course", "student-edition", str(out), "--chapters", str(chapters)]

@@ -82,7 +82,8 @@ def test_the_cache_is_hashed_once_per_file_version(tmp_path, monkeypatch, corpus
     monkeypatch.setenv(data.CACHE_ENV, str(tmp_path))
     load_shakespeare()
     hashed = []
-    monkeypatch.setattr(data, "corpus_sha256", lambda text: hashed.append(1) or hashlib.sha256(text.encode()).hexdigest())
+    monkeypatch.setattr(data, "corpus_sha256",
+                        lambda text: hashed.append(1) or hashlib.sha256(text.encode()).hexdigest())
     for _ in range(3):
         assert load_shakespeare() == corpus
     assert len(hashed) <= 1

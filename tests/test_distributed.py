@@ -99,7 +99,8 @@ def test_nproc_per_node_larger_than_the_machine_is_refused(monkeypatch):
     cores = parallel.usable_cpus()
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores + 1))
-    with pytest.raises(ValueError, match=rf"--nproc-per-node {cores + 1} .* has {cores}; use --nproc-per-node {cores} or fewer"):
+    with pytest.raises(ValueError,
+                       match=rf"--nproc-per-node {cores + 1} .* has {cores}; use --nproc-per-node {cores} or fewer"):
         parallel.start_from_environment("cpu")
     if not torch.cuda.is_available():
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
@@ -119,8 +120,8 @@ def _end(job: subprocess.Popen) -> None:
 def _job(command: list[str], timeout: float = 300, env: dict | None = None) -> tuple[int, str, str]:
     """Run a torchrun job (`env`: variables added to ENV); on timeout end it with all its workers (a hung
     job fails the test, not CI)."""
-    job = subprocess.Popen(command, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job = subprocess.Popen(command, cwd=ROOT, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = job.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -233,7 +234,8 @@ def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
 
 def test_global_batch_that_does_not_split_is_refused(tmp_path, capsys):
     assert cli.main(_cli_train(tmp_path / "run", "--global-batch", "30")[2:]) == 2
-    assert "--global-batch 30 does not split over 1 process(es) of batch 12: choose a multiple of 12" in capsys.readouterr().err
+    assert ("--global-batch 30 does not split over 1 process(es) of batch 12: choose a multiple of 12"
+            in capsys.readouterr().err)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tmp_path, capsys):

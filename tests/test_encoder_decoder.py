@@ -95,7 +95,8 @@ def _model(norm="post", **kw):
 
 
 @settings(max_examples=12, deadline=None)
-@given(n_real=st.integers(1, 8), n_pad=st.integers(1, 4), seed=st.integers(0, 2**16), norm=st.sampled_from(["pre", "post"]))
+@given(n_real=st.integers(1, 8), n_pad=st.integers(1, 4), seed=st.integers(0, 2**16),
+       norm=st.sampled_from(["pre", "post"]))
 def test_changing_padded_source_positions_changes_nothing(n_real, n_pad, seed, norm):
     model = _model(norm)
     g = torch.Generator().manual_seed(seed)

@@ -98,7 +98,8 @@ def test_it_strikes_at_its_count_of_its_point_only(fault):
     fault("raise:mid_csv=2")
     faults.reached("mid_save")  # another point: not counted
     faults.reached("mid_csv")  # the first
-    with pytest.raises(InjectedFault, match=rf"fault injected by {FAULT_ENV}=raise:mid_csv=2 \(occurrence 2 of mid_csv"):
+    with pytest.raises(InjectedFault,
+                       match=rf"fault injected by {FAULT_ENV}=raise:mid_csv=2 \(occurrence 2 of mid_csv"):
         faults.reached("mid_csv")
     faults.reached("mid_csv")  # the third: past it
 

@@ -132,7 +132,8 @@ def test_top_p_one_keeps_the_tail_despite_rounding():
 # ------------------------------------------------------------------ sampling frequencies
 @pytest.mark.parametrize(
     "settings_",
-    [dict(temperature=1.0), dict(temperature=0.7, top_k=4), dict(temperature=1.3, top_p=0.8), dict(temperature=0.9, top_k=5, top_p=0.9)],
+    [dict(temperature=1.0), dict(temperature=0.7, top_k=4), dict(temperature=1.3, top_p=0.8),
+     dict(temperature=0.9, top_k=5, top_p=0.9)],
 )
 def test_sampling_frequencies_match_probabilities(settings_):
     row = torch.tensor([[1.2, 0.1, 0.9, -0.4, 0.6, -1.5, 0.0, 0.3]])
@@ -155,7 +156,8 @@ def test_sampling_with_same_seed_is_reproducible():
 def test_sampling_order_is_temperature_then_top_k_then_top_p():
     logits = _rows(6, rows=2, vocab=20)
     t, k, p = 0.6, 8, 0.7
-    warped = hf.TopPLogitsWarper(p)(None, hf.TopKLogitsWarper(k)(None, hf.TemperatureLogitsWarper(t)(None, logits.clone())))
+    warped = hf.TopPLogitsWarper(p)(
+        None, hf.TopKLogitsWarper(k)(None, hf.TemperatureLogitsWarper(t)(None, logits.clone())))
     torch.testing.assert_close(next_token_probs(logits, t, k, p), torch.softmax(warped, -1), atol=1e-6, rtol=0)
 
 
@@ -266,7 +268,8 @@ def test_cache_changes_nothing_even_past_block_size(sampling, overrides):
     model = _model(**overrides)
     idx = _prompt()
     n = 3 * model.cfg.block_size  # far past block_size: the window slides and the cache is rebuilt
-    runs = [generate(model, idx, n, use_cache=c, generator=torch.Generator().manual_seed(4), **sampling) for c in (True, False)]
+    runs = [generate(model, idx, n, use_cache=c, generator=torch.Generator().manual_seed(4), **sampling)
+            for c in (True, False)]
     assert runs[0].shape == (2, 4 + n)
     assert torch.equal(runs[0], runs[1])
 
@@ -276,7 +279,8 @@ def test_cache_changes_nothing_with_crop_to(crop_to):
     model = _model(1)
     idx = _prompt(seed=1)
     runs = [
-        generate(model, idx, 40, temperature=1.0, use_cache=c, crop_to=crop_to, generator=torch.Generator().manual_seed(2))
+        generate(model, idx, 40, temperature=1.0, use_cache=c, crop_to=crop_to,
+                 generator=torch.Generator().manual_seed(2))
         for c in (True, False)
     ]
     assert torch.equal(*runs)
@@ -418,14 +422,18 @@ def test_generate_never_touches_the_global_random_state(use_cache):
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, temperature=-1), "got -1: 0 means greedy"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, top_k=0), "top_k must be"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, top_p=0), r"top_p must be a finite number > 0 and <= 1"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=99), r"eos_id must be a whole number >= 0 and <= 16 \(or None\)"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=99),
+         r"eos_id must be a whole number >= 0 and <= 16 \(or None\)"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, eos_id=True), "eos_id must be a whole number.*got True"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=0), "crop_to must be a whole number >= 1 and <= 12.*block_size=12"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=0),
+         "crop_to must be a whole number >= 1 and <= 12.*block_size=12"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, crop_to=13), "crop_to must be"),
         (lambda m: generate(m, torch.tensor([[1, 2]]), 3, use_cache="no"), "use_cache must be True or False"),
-        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, generator=7), r"generator must be a torch.Generator.*manual_seed"),
+        (lambda m: generate(m, torch.tensor([[1, 2]]), 3, generator=7),
+         r"generator must be a torch.Generator.*manual_seed"),
         # a model on another device (meta stands in for a GPU here; tests/test_gpu.py tries CUDA)
-        (lambda m: generate(m.to("meta"), torch.tensor([[1, 2]]), 3), r"the prompt is on cpu but the model on meta: .*idx\.to\('meta'\)"),
+        (lambda m: generate(m.to("meta"), torch.tensor([[1, 2]]), 3),
+         r"the prompt is on cpu but the model on meta: .*idx\.to\('meta'\)"),
         (lambda m: stream(m, torch.tensor([[1, 2]]), -2), "max_new_tokens"),  # raised at the call, not at next()
     ],
 )

@@ -43,6 +43,7 @@ from transformer_course.course_model import SAMPLE_PROMPT, load_course_model
 from transformer_course.encoder_decoder import EncoderDecoder, Seq2SeqConfig
 from transformer_course.generation import encode_prompt, generate
 from transformer_course.model import GPT
+from transformer_course.modern import build_gpt
 from transformer_course.multihead import MultiHeadAttention
 from transformer_course.runtime import DEVICE_ENV
 from transformer_course.training import autocast_for, train
@@ -95,7 +96,7 @@ def worst(first: dict[str, torch.Tensor], second: dict[str, torch.Tensor]) -> tu
 # ---------------------------------------------------------------- every module, forward and backward
 
 def _gpt(**change) -> GPT:
-    return GPT(GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=64, **change))
+    return build_gpt(GPTConfig(vocab_size=65, block_size=32, n_layer=2, n_head=4, d_model=64, **change))
 
 
 def _ids(generator: torch.Generator, high: int, *shape: int) -> torch.Tensor:
@@ -334,7 +335,8 @@ def test_greedy_tokens_of_the_course_model_equal_on_cpu_and_cuda():
     with full_fp32():
         gpu, cpu = course_model_greedy("cuda"), course_model_greedy("cpu")
     first = next((i for i, (a, b) in enumerate(zip(gpu, cpu, strict=True)) if a != b), None)
-    assert first is None, f"greedy tokens differ from position {first} on: CUDA {gpu[first:first + 5]}, CPU {cpu[first:first + 5]}"
+    assert first is None, (f"greedy tokens differ from position {first} on: CUDA {gpu[first:first + 5]}, "
+                           f"CPU {cpu[first:first + 5]}")
 
 
 @on_cuda
@@ -342,9 +344,11 @@ def test_generate_names_the_fix_for_a_prompt_or_generator_on_the_cpu():
     model = _gpt().to("cuda")
     with pytest.raises(ValueError, match=r"the prompt is on cpu but the model on cuda:0: .*idx\.to\('cuda:0'\)"):
         generate(model, torch.tensor([[1, 2]]), 3)
-    with pytest.raises(ValueError, match=r"the generator draws on cpu but the prompt is on cuda:0: .*torch\.Generator\('cuda'\)"):
+    with pytest.raises(ValueError, match=r"the generator draws on cpu but the prompt is on cuda:0: "
+                                         r".*torch\.Generator\('cuda'\)"):
         generate(model, torch.tensor([[1, 2]], device="cuda"), 3, generator=torch.Generator().manual_seed(0))
-    assert generate(model, torch.tensor([[1, 2]], device="cuda"), 3, generator=torch.Generator("cuda").manual_seed(0)).shape == (1, 5)
+    assert generate(model, torch.tensor([[1, 2]], device="cuda"), 3,
+                    generator=torch.Generator("cuda").manual_seed(0)).shape == (1, 5)
 
 
 @on_cuda
@@ -373,7 +377,8 @@ def checkpoint_across(device: str, other: str, data, tmp_path: Path) -> tuple[fl
         for (name, saved), (_, back) in zip(model.state_dict().items(), moved[where].state_dict().items(), strict=True):
             if not torch.equal(back.cpu(), saved.cpu()):
                 problems.append(f"{name} changed on its way to {where}")
-        states = [t for s in loaded.optimizer_state["state"].values() for t in s.values() if torch.is_tensor(t) and t.dim()]
+        states = [t for s in loaded.optimizer_state["state"].values() for t in s.values()
+                  if torch.is_tensor(t) and t.dim()]
         problems += [f"an optimizer tensor loaded onto {t.device}, not {where}" for t in states
                      if t.device.type != torch.device(where).type]
     idx = _ids(torch.Generator().manual_seed(6), vocab, 2, 32)
@@ -409,7 +414,8 @@ def test_data_parallel_training_runs_on_nccl(tmp_path):
                "transformer_course", "train", "--preset", "tiny", "--out", str(tmp_path / "run"), "--device", "cuda",
                "--max-iters", "40", "--eval-interval", "20"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
+                          env={**os.environ,
+                               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr[-3000:]
     history = json.loads((tmp_path / "run" / "history.json").read_text())
     assert history["eval_step"] == [0, 20, 40] and history["val_loss"][-1] < history["val_loss"][0]

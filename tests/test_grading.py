@@ -101,7 +101,8 @@ def test_a_batch_survives_dead_kernels_bad_json_and_raising_cells(course):
     chapters, subs = course
     handed_in(subs, "ok_03_toy.ipynb", solve)
     handed_in(subs, "exits_03_toy.ipynb", solve, ["import os\nos._exit(3)"])
-    handed_in(subs, "oom_03_toy.ipynb", solve, ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer"])
+    handed_in(subs, "oom_03_toy.ipynb", solve,
+              ["import os, signal\nos.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer"])
     handed_in(subs, "raises_03_toy.ipynb", lambda cells: cells.insert(2, new_code_cell("1 / 0")))
     (subs / "broken_03_toy.ipynb").write_text('{"cells": [')
     names = ["exits", "broken", "ok", "oom", "gone", "raises"]
@@ -120,7 +121,8 @@ def test_a_batch_survives_dead_kernels_bad_json_and_raising_cells(course):
     assert rows["exits_03_toy.ipynb"].split()[1:3] == ["2", "0"]  # verdicts recorded before the kernel died stay
     with open(csv_path, newline="") as handle:
         table = list(csv.DictReader(handle))
-    assert [(r["notebook"], r["exercise"]) for r in table] == [(f"{n}_03_toy.ipynb", e) for n in names for e in ("3.1", "3.2")]
+    assert ([(r["notebook"], r["exercise"]) for r in table]
+            == [(f"{n}_03_toy.ipynb", e) for n in names for e in ("3.1", "3.2")])
     assert {r["status"] for r in table if r["notebook"].startswith("ok")} == {"passed"}
     assert {r["status"] for r in table if r["notebook"].startswith("broken")} == {"not run"}
     assert "not to the end" in result.stderr and "exits_03_toy.ipynb" in result.stderr.splitlines()[-1]
@@ -170,16 +172,18 @@ FORGED = "print('✅ Exercise 3.1 (double): passed - the rest of the chapter use
 @pytest.mark.slow
 def test_printed_verdicts_invented_and_deleted_exercises(course):
     subs = course[1]
-    forged = handed_in(subs, "forged_03_toy.ipynb", lambda cells: cells[2].__setitem__("source", cells[2].source + "\n" + FORGED))
-    no_check = handed_in(subs, "nocheck_03_toy.ipynb",
-                         lambda cells: cells[2].__setitem__("source", cells[2].source.replace("check_double(double)", FORGED)))
+    forged = handed_in(subs, "forged_03_toy.ipynb",
+                       lambda cells: cells[2].__setitem__("source", cells[2].source + "\n" + FORGED))
+    no_check = handed_in(subs, "nocheck_03_toy.ipynb", lambda cells: cells[2].__setitem__(
+        "source", cells[2].source.replace("check_double(double)", FORGED)))
 
     def invent_and_delete(cells):
         solve(cells)
         del cells[3:5]  # the markdown above 3.2 and its exercise cell
         invented = new_code_cell("# Your turn - Exercise 3.9 (★☆☆, build): mine.\n"
                                  "from transformer_course.checks import check\n"
-                                 "check('3.9', 'mine')(lambda fn: None)(print)\ncheck('3.2', 'triple')(lambda fn: None)(print)")
+                                 "check('3.9', 'mine')(lambda fn: None)(print)\n"
+                                 "check('3.2', 'triple')(lambda fn: None)(print)")
         invented.metadata["tags"] = ["exercise"]
         cells.append(invented)
 
@@ -194,7 +198,8 @@ def test_printed_verdicts_invented_and_deleted_exercises(course):
     assert grades["forged_03_toy.ipynb"].exercises == {"3.1": "not done", "3.2": "not done"}
     assert grades["nocheck_03_toy.ipynb"].exercises == {"3.1": "not run", "3.2": "not done"}
     assert grades["edited_03_toy.ipynb"].exercises == {"3.1": "passed", "3.2": "missing"}  # no 3.9; 3.2's cell is gone
-    assert grades["demo_03_toy.ipynb"].exercises == {"3.1": "not run", "3.2": "not run"}  # the demo's verdict is not 3.1's
+    # the demo's verdict is not 3.1's
+    assert grades["demo_03_toy.ipynb"].exercises == {"3.1": "not run", "3.2": "not run"}
     table = format_table(list(grades.values()))
     assert "edited_03_toy.ipynb                       1      0        0       0       1  3.2:missing" in table
 
@@ -267,7 +272,8 @@ def test_the_sandbox_blocks_writes_network_and_leftover_processes(course, tmp_pa
         assert _connections(server) == 0, "the notebook reached a server on the grader's loopback"
         assert _gone(f"sleep\x00{marker}") == [], "a process the notebook started is still running"
         # its own folder was writable (the last cell ran); an overlay throws the writes away where the kernel allows
-        assert sorted(p.name for p in course[1].iterdir()) in (["hostile_03_toy.ipynb"], ["hostile_03_toy.ipynb", "mine.txt"])
+        assert sorted(p.name for p in course[1].iterdir()) in (["hostile_03_toy.ipynb"],
+                                                               ["hostile_03_toy.ipynb", "mine.txt"])
     finally:
         server.close()
         shutil.rmtree(outside)
@@ -321,7 +327,8 @@ def _valid_notebook() -> dict:
 
 
 _JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+                     lambda inner: (st.lists(inner, max_size=3)
+                                    | st.dictionaries(st.text(max_size=10), inner, max_size=3)),
                      max_leaves=12)
 _ODD = st.sampled_from([None, True, 0, -1, 1.5, "", "x", [], ["x"], [1], {}, {"x": 1}]) | _JSON  # type mix-ups first
 

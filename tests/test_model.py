@@ -159,10 +159,14 @@ def _hf_twin(cfg: GPTConfig):
         h = f"transformer.h.{i}."
         mapped |= {f"blocks.{i}.ln1.weight": sd[h + "ln_1.weight"], f"blocks.{i}.ln1.bias": sd[h + "ln_1.bias"],
                    f"blocks.{i}.ln2.weight": sd[h + "ln_2.weight"], f"blocks.{i}.ln2.bias": sd[h + "ln_2.bias"],
-                   f"blocks.{i}.attn.qkv.weight": sd[h + "attn.c_attn.weight"].T, f"blocks.{i}.attn.qkv.bias": sd[h + "attn.c_attn.bias"],
-                   f"blocks.{i}.attn.proj.weight": sd[h + "attn.c_proj.weight"].T, f"blocks.{i}.attn.proj.bias": sd[h + "attn.c_proj.bias"],
-                   f"blocks.{i}.mlp.fc.weight": sd[h + "mlp.c_fc.weight"].T, f"blocks.{i}.mlp.fc.bias": sd[h + "mlp.c_fc.bias"],
-                   f"blocks.{i}.mlp.proj.weight": sd[h + "mlp.c_proj.weight"].T, f"blocks.{i}.mlp.proj.bias": sd[h + "mlp.c_proj.bias"]}
+                   f"blocks.{i}.attn.qkv.weight": sd[h + "attn.c_attn.weight"].T,
+                   f"blocks.{i}.attn.qkv.bias": sd[h + "attn.c_attn.bias"],
+                   f"blocks.{i}.attn.proj.weight": sd[h + "attn.c_proj.weight"].T,
+                   f"blocks.{i}.attn.proj.bias": sd[h + "attn.c_proj.bias"],
+                   f"blocks.{i}.mlp.fc.weight": sd[h + "mlp.c_fc.weight"].T,
+                   f"blocks.{i}.mlp.fc.bias": sd[h + "mlp.c_fc.bias"],
+                   f"blocks.{i}.mlp.proj.weight": sd[h + "mlp.c_proj.weight"].T,
+                   f"blocks.{i}.mlp.proj.bias": sd[h + "mlp.c_proj.bias"]}
     ours.load_state_dict(mapped)
     return hf, ours
 
@@ -224,7 +228,8 @@ def test_fast_flag_reaches_every_layer_norm():
         assert len(norms) == 2 * 2 + 1 and all(m.fast is fast for m in norms)
 
 
-@pytest.mark.parametrize("overrides", [{"norm": "post"}, {"positional": "sinusoidal"}, {"activation": "relu", "bias": False}])
+@pytest.mark.parametrize("overrides", [{"norm": "post"}, {"positional": "sinusoidal"},
+                                       {"activation": "relu", "bias": False}])
 def test_variants_run_and_train(overrides):
     torch.manual_seed(0)
     model = GPT(small(**overrides))

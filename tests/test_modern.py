@@ -340,7 +340,8 @@ def test_llama_parity(stand_in):
     assert (logits - theirs.logits).abs().max() < 1e-5
     prompt = idx[:, :4]
     with torch.no_grad():
-        reference = stand_in.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
+        reference = stand_in.generate(prompt, max_new_tokens=16, do_sample=False,
+                                      attention_mask=torch.ones_like(prompt))
     assert torch.equal(generate(ours, prompt, 16, temperature=0), reference)
 
 

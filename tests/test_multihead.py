@@ -171,7 +171,8 @@ def test_kv_cache_with_capacity_allocates_once_and_can_still_grow():
     cache.update(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4))  # past the capacity: the room doubles
     assert cache.length == 9 and cache._k.shape[2] == 16 and torch.equal(cache.k[:, :, :8], past)
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match=r"capacity must be a whole number >= 1 \(or None\).*positions to make room"):
+        with pytest.raises(ValueError,
+                           match=r"capacity must be a whole number >= 1 \(or None\).*positions to make room"):
             KVCache(capacity=bad)
 
 

@@ -25,7 +25,8 @@ def test_the_other_configuration_differs_in_isa_threads_and_bf16_probe(monkeypat
         runtime.cpu_has_fast_bf16.cache_clear()
     here = torch.backends.cpu.get_cpu_capability()
     aten, onednn, mkl = other_cpu.CAPS.get(here, other_cpu.CAPS["AVX2"])
-    assert (env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["MKL_ENABLE_INSTRUCTIONS"]) == (aten, onednn, mkl)
+    assert ((env["ATEN_CPU_CAPABILITY"], env["ONEDNN_MAX_CPU_ISA"], env["MKL_ENABLE_INSTRUCTIONS"])
+            == (aten, onednn, mkl))
     assert env["OMP_NUM_THREADS"] == "2" and env["TRANSFORMER_COURSE_DEVICE"] == "cpu"
     assert env[runtime.FAST_BF16_ENV] == ("0" if native else "1")  # the probe's answer flipped
     assert f"PyTorch kernels {here}" in line and "2 threads" in line

@@ -124,7 +124,8 @@ def test_every_public_name_resolves_once_its_chapter_landed():
 
 
 def test_console_script_and_module_help():
-    out = subprocess.run([sys.executable, "-m", "transformer_course", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "transformer_course", "--help"], capture_output=True, text=True,
+                         check=True)
     assert "usage: transformer-course" in out.stdout and "train" in out.stdout
     script = Path(sys.executable).with_name("transformer-course")
     assert script.exists(), "console script not installed: pip install -e ."

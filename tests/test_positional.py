@@ -25,22 +25,38 @@ F64 = torch.float64
 # Seed 003's printed "Position Embedding Look-Up Table": rows = positions 0..15, columns 0-9 and 54-63.
 SEED_003_COLUMNS = list(range(10)) + list(range(54, 64))
 SEED_003_ROWS = [
-    "0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000",
-    "0.841471 0.540302 0.681561 0.731761 0.533168 0.846009 0.409309 0.912396 0.310984 0.950415 0.000422 1.000000 0.000316 1.000000 0.000237 1.000000 0.000178 1.000000 0.000133 1.000000",
-    "0.909297 -0.416147 0.997480 0.070948 0.902131 0.431463 0.746904 0.664932 0.591127 0.806578 0.000843 1.000000 0.000632 1.000000 0.000474 1.000000 0.000356 1.000000 0.000267 1.000000",
-    "0.141120 -0.989992 0.778273 -0.627927 0.993253 -0.115966 0.953635 0.300967 0.812649 0.582754 0.001265 0.999999 0.000949 1.000000 0.000711 1.000000 0.000533 1.000000 0.000400 1.000000",
-    "-0.756802 -0.653644 0.141539 -0.989933 0.778472 -0.627680 0.993281 -0.115730 0.953581 0.301137 0.001687 0.999999 0.001265 0.999999 0.000949 1.000000 0.000711 1.000000 0.000533 1.000000",
-    "-0.958924 0.283662 -0.571127 -0.820862 0.323935 -0.946079 0.858896 -0.512150 0.999947 -0.010342 0.002108 0.999998 0.001581 0.999999 0.001186 0.999999 0.000889 1.000000 0.000667 1.000000",
-    "-0.279415 0.960170 -0.977396 -0.211416 -0.230368 -0.973104 0.574026 -0.818837 0.947148 -0.320796 0.002530 0.999997 0.001897 0.999998 0.001423 0.999999 0.001067 0.999999 0.000800 1.000000",
-    "0.656987 0.753902 -0.859313 0.511449 -0.713721 -0.700430 0.188581 -0.982058 0.800422 -0.599437 0.002952 0.999996 0.002214 0.999998 0.001660 0.999999 0.001245 0.999999 0.000933 1.000000",
-    "0.989358 -0.145500 -0.280228 0.959933 -0.977262 -0.212036 -0.229904 -0.973213 0.574318 -0.818632 0.003374 0.999994 0.002530 0.999997 0.001897 0.999998 0.001423 0.999999 0.001067 0.999999",
-    "0.412118 -0.911130 0.449194 0.893434 -0.939824 0.341660 -0.608108 -0.793854 0.291259 -0.956644 0.003795 0.999993 0.002846 0.999996 0.002134 0.999998 0.001600 0.999999 0.001200 0.999999",
-    "-0.544021 -0.839072 0.937633 0.347628 -0.612937 0.790132 -0.879767 -0.475405 -0.020684 -0.999786 0.004217 0.999991 0.003162 0.999995 0.002371 0.999997 0.001778 0.999998 0.001334 0.999999",
-    "-0.999990 0.004426 0.923052 -0.384674 -0.097276 0.995257 -0.997283 -0.073661 -0.330575 -0.943780 0.004639 0.999989 0.003478 0.999994 0.002609 0.999997 0.001956 0.999998 0.001467 0.999999",
-    "-0.536573 0.843854 0.413275 -0.910606 0.448343 0.893862 -0.940067 0.340989 -0.607683 -0.794179 0.005060 0.999987 0.003795 0.999993 0.002846 0.999996 0.002134 0.999998 0.001600 0.999999",
-    "0.420167 0.907447 -0.318216 -0.948018 0.855881 0.517173 -0.718144 0.695895 -0.824528 -0.565821 0.005482 0.999985 0.004111 0.999992 0.003083 0.999995 0.002312 0.999997 0.001734 0.999998",
-    "0.990607 0.136737 -0.878990 -0.476839 0.999823 -0.018796 -0.370395 0.928874 -0.959605 -0.281349 0.005904 0.999983 0.004427 0.999990 0.003320 0.999995 0.002490 0.999997 0.001867 0.999998",
-    "0.650288 -0.759688 -0.968206 0.250154 0.835838 -0.548975 0.042249 0.999107 -0.999519 0.031022 0.006325 0.999980 0.004743 0.999989 0.003557 0.999994 0.002667 0.999996 0.002000 0.999998",
+    "0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 "
+    "0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000 0.000000 1.000000",
+    "0.841471 0.540302 0.681561 0.731761 0.533168 0.846009 0.409309 0.912396 0.310984 0.950415 "
+    "0.000422 1.000000 0.000316 1.000000 0.000237 1.000000 0.000178 1.000000 0.000133 1.000000",
+    "0.909297 -0.416147 0.997480 0.070948 0.902131 0.431463 0.746904 0.664932 0.591127 0.806578 "
+    "0.000843 1.000000 0.000632 1.000000 0.000474 1.000000 0.000356 1.000000 0.000267 1.000000",
+    "0.141120 -0.989992 0.778273 -0.627927 0.993253 -0.115966 0.953635 0.300967 0.812649 0.582754 "
+    "0.001265 0.999999 0.000949 1.000000 0.000711 1.000000 0.000533 1.000000 0.000400 1.000000",
+    "-0.756802 -0.653644 0.141539 -0.989933 0.778472 -0.627680 0.993281 -0.115730 0.953581 0.301137 "
+    "0.001687 0.999999 0.001265 0.999999 0.000949 1.000000 0.000711 1.000000 0.000533 1.000000",
+    "-0.958924 0.283662 -0.571127 -0.820862 0.323935 -0.946079 0.858896 -0.512150 0.999947 -0.010342 "
+    "0.002108 0.999998 0.001581 0.999999 0.001186 0.999999 0.000889 1.000000 0.000667 1.000000",
+    "-0.279415 0.960170 -0.977396 -0.211416 -0.230368 -0.973104 0.574026 -0.818837 0.947148 -0.320796 "
+    "0.002530 0.999997 0.001897 0.999998 0.001423 0.999999 0.001067 0.999999 0.000800 1.000000",
+    "0.656987 0.753902 -0.859313 0.511449 -0.713721 -0.700430 0.188581 -0.982058 0.800422 -0.599437 "
+    "0.002952 0.999996 0.002214 0.999998 0.001660 0.999999 0.001245 0.999999 0.000933 1.000000",
+    "0.989358 -0.145500 -0.280228 0.959933 -0.977262 -0.212036 -0.229904 -0.973213 0.574318 -0.818632 "
+    "0.003374 0.999994 0.002530 0.999997 0.001897 0.999998 0.001423 0.999999 0.001067 0.999999",
+    "0.412118 -0.911130 0.449194 0.893434 -0.939824 0.341660 -0.608108 -0.793854 0.291259 -0.956644 "
+    "0.003795 0.999993 0.002846 0.999996 0.002134 0.999998 0.001600 0.999999 0.001200 0.999999",
+    "-0.544021 -0.839072 0.937633 0.347628 -0.612937 0.790132 -0.879767 -0.475405 -0.020684 -0.999786 "
+    "0.004217 0.999991 0.003162 0.999995 0.002371 0.999997 0.001778 0.999998 0.001334 0.999999",
+    "-0.999990 0.004426 0.923052 -0.384674 -0.097276 0.995257 -0.997283 -0.073661 -0.330575 -0.943780 "
+    "0.004639 0.999989 0.003478 0.999994 0.002609 0.999997 0.001956 0.999998 0.001467 0.999999",
+    "-0.536573 0.843854 0.413275 -0.910606 0.448343 0.893862 -0.940067 0.340989 -0.607683 -0.794179 "
+    "0.005060 0.999987 0.003795 0.999993 0.002846 0.999996 0.002134 0.999998 0.001600 0.999999",
+    "0.420167 0.907447 -0.318216 -0.948018 0.855881 0.517173 -0.718144 0.695895 -0.824528 -0.565821 "
+    "0.005482 0.999985 0.004111 0.999992 0.003083 0.999995 0.002312 0.999997 0.001734 0.999998",
+    "0.990607 0.136737 -0.878990 -0.476839 0.999823 -0.018796 -0.370395 0.928874 -0.959605 -0.281349 "
+    "0.005904 0.999983 0.004427 0.999990 0.003320 0.999995 0.002490 0.999997 0.001867 0.999998",
+    "0.650288 -0.759688 -0.968206 0.250154 0.835838 -0.548975 0.042249 0.999107 -0.999519 0.031022 "
+    "0.006325 0.999980 0.004743 0.999989 0.003557 0.999994 0.002667 0.999996 0.002000 0.999998",
 ]
 
 
@@ -75,7 +91,8 @@ def test_hand_worked_values():
 
 @pytest.mark.parametrize(("n", "d"), [(1, 2), (16, 64), (50, 6), (200, 128)])
 def test_matches_math_module(n, d):
-    torch.testing.assert_close(sinusoidal_positional_encoding(n, d, dtype=F64), math_reference(n, d), atol=1e-12, rtol=0)
+    torch.testing.assert_close(sinusoidal_positional_encoding(n, d, dtype=F64), math_reference(n, d), atol=1e-12,
+                               rtol=0)
     torch.testing.assert_close(sinusoidal_positional_encoding(n, d), math_reference(n, d).float(), atol=1e-6, rtol=0)
 
 
@@ -128,7 +145,8 @@ def test_frequencies_and_wavelengths():
 
 def test_other_base():
     torch.testing.assert_close(
-        sinusoidal_positional_encoding(10, 8, base=500.0, dtype=F64), math_reference(10, 8, base=500.0), atol=1e-12, rtol=0
+        sinusoidal_positional_encoding(10, 8, base=500.0, dtype=F64), math_reference(10, 8, base=500.0),
+        atol=1e-12, rtol=0
     )
 
 
@@ -186,9 +204,12 @@ def test_every_position_has_a_distinct_code():
         (lambda: sinusoidal_positional_encoding(16, 63), ValueError, r"d_model must be even .* got 63.*such as 64"),
         (lambda: sinusoidal_positional_encoding(16, 0), ValueError, r"d_model must be a whole number >= 1, got 0"),
         (lambda: sinusoidal_positional_encoding(0, 64), ValueError, r"n_positions must be a whole number >= 1, got 0"),
-        (lambda: sinusoidal_positional_encoding(16.0, 64), ValueError, r"n_positions must be a whole number >= 1, got 16.0"),
-        (lambda: sinusoidal_positional_encoding(True, 64), ValueError, r"n_positions must be a whole number >= 1, got True"),
-        (lambda: sinusoidal_positional_encoding(16, 64, base=1.0), ValueError, r"base must be a finite number > 1.0, got 1.0: the paper uses 10000.0"),
+        (lambda: sinusoidal_positional_encoding(16.0, 64), ValueError,
+         r"n_positions must be a whole number >= 1, got 16.0"),
+        (lambda: sinusoidal_positional_encoding(True, 64), ValueError,
+         r"n_positions must be a whole number >= 1, got True"),
+        (lambda: sinusoidal_positional_encoding(16, 64, base=1.0), ValueError,
+         r"base must be a finite number > 1.0, got 1.0: the paper uses 10000.0"),
         (lambda: sinusoidal_positional_encoding(16, 64, base=float("inf")), ValueError, r"base must be"),
         (lambda: position_shift_matrix(1.5, 8), ValueError, r"offset must be a whole number, got 1.5"),
         (lambda: position_shift_matrix(2, 7), ValueError, r"d_model must be even"),
@@ -240,7 +261,8 @@ def test_forward_is_token_row_plus_position_row(kind):
 
 def test_seed_003_shapes():
     emb = InputEmbedding(100_277, 64, block_size=16)
-    batch = torch.tensor([[627, 1383, 88861, 279, 1989, 315, 25607, 16940, 65931, 323, 32097, 11, 584, 26458, 13520, 449]]).repeat(4, 1)
+    batch = torch.tensor(
+        [[627, 1383, 88861, 279, 1989, 315, 25607, 16940, 65931, 323, 32097, 11, 584, 26458, 13520, 449]]).repeat(4, 1)
     assert emb(batch).shape == (4, 16, 64)
 
 
@@ -304,16 +326,24 @@ def test_odd_width_is_fine_with_learned_positions():
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda e: e(torch.tensor([[3, 50]])), ValueError, r"token id 50 is outside the vocabulary: ids must be in 0\.\.49 \(vocab_size=50\).*vocab_size >= 51"),
+        (lambda e: e(torch.tensor([[3, 50]])), ValueError,
+         r"token id 50 is outside the vocabulary: ids must be in 0\.\.49 \(vocab_size=50\).*vocab_size >= 51"),
         (lambda e: e(torch.tensor([[-1, 2]])), ValueError, r"token id -1 is outside the vocabulary"),
-        (lambda e: e(torch.zeros(1, 13, dtype=torch.long)), ValueError, r"positions 0\.\.12 do not fit: this embedding holds positions 0\.\.11 \(block_size=12\).*idx\[:, -12:\]"),
-        (lambda e: e(torch.zeros(1, 3, dtype=torch.long), start_pos=10), ValueError, r"positions 10\.\.12 do not fit.*last 2 tokens"),
-        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=12), ValueError, r"positions 12\.\.12 do not fit.*fresh cache"),
-        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=-1), ValueError, r"start_pos must be a whole number >= 0, got -1"),
-        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=1.0), ValueError, r"start_pos must be a whole number >= 0, got 1.0"),
-        (lambda e: e(torch.zeros(5, dtype=torch.long)), ValueError, r"idx must have shape \[B, T\].*got \(5,\): add a batch dimension with idx\[None\]"),
+        (lambda e: e(torch.zeros(1, 13, dtype=torch.long)), ValueError,
+         r"positions 0\.\.12 do not fit: this embedding holds positions 0\.\.11 \(block_size=12\).*idx\[:, -12:\]"),
+        (lambda e: e(torch.zeros(1, 3, dtype=torch.long), start_pos=10), ValueError,
+         r"positions 10\.\.12 do not fit.*last 2 tokens"),
+        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=12), ValueError,
+         r"positions 12\.\.12 do not fit.*fresh cache"),
+        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=-1), ValueError,
+         r"start_pos must be a whole number >= 0, got -1"),
+        (lambda e: e(torch.zeros(1, 1, dtype=torch.long), start_pos=1.0), ValueError,
+         r"start_pos must be a whole number >= 0, got 1.0"),
+        (lambda e: e(torch.zeros(5, dtype=torch.long)), ValueError,
+         r"idx must have shape \[B, T\].*got \(5,\): add a batch dimension with idx\[None\]"),
         (lambda e: e(torch.zeros(1, 2, 3, dtype=torch.long)), ValueError, r"idx must have shape \[B, T\]"),
-        (lambda e: e(torch.zeros(1, 3)), TypeError, r"token ids must be integers, got dtype torch.float32: convert with idx.long\(\)"),
+        (lambda e: e(torch.zeros(1, 3)), TypeError,
+         r"token ids must be integers, got dtype torch.float32: convert with idx.long\(\)"),
         (lambda e: e([[1, 2]]), TypeError, r"idx must be a tensor of token ids"),
     ],
 )

@@ -234,7 +234,8 @@ def test_many_missing_keys_are_summarised(tensors):
 
 def test_wrong_shape_is_named(tensors):
     tensors["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(64, 128)
-    with pytest.raises(ValueError, match=r"h\.0\.mlp\.c_fc\.weight has shape \(64, 128\).*mlp\.fc\.weight needs \(256, 64\)"):
+    with pytest.raises(ValueError,
+                       match=r"h\.0\.mlp\.c_fc\.weight has shape \(64, 128\).*mlp\.fc\.weight needs \(256, 64\)"):
         P.convert_hf_state_dict(tensors, _model())
 
 

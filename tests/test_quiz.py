@@ -4,7 +4,8 @@ from transformer_course.quiz import Question, quiz
 
 
 def test_feedback_and_widget():
-    q = quiz([Question("2 + 2?", ["3", "4"], answer=1, explain="Count them."), Question("x?", ["a", "b", "c"], answer=2)])
+    q = quiz([Question("2 + 2?", ["3", "4"], answer=1, explain="Count them."),
+              Question("x?", ["a", "b", "c"], answer=2)])
     assert repr(q) == "Quick check: 2 questions"
     assert q.answer(0, 0) == "Not quite: the answer is '4'. Count them."
     assert q.answer(0, 1) == "Right. Count them."

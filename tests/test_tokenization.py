@@ -299,7 +299,8 @@ def test_get_encoding_errors(monkeypatch):
     monkeypatch.setattr(tiktoken, "get_encoding", offline)
     get_encoding.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match="downloads the 'gpt2' vocabulary on first use.*'cl100k_base', which works offline"):
+        with pytest.raises(RuntimeError,
+                           match="downloads the 'gpt2' vocabulary on first use.*'cl100k_base', which works offline"):
             get_encoding("gpt2")
     finally:
         get_encoding.cache_clear()
@@ -322,7 +323,8 @@ def test_gpt2_style_stand_in_round_trips_through_tiktoken(shakespeare):
     back = BPETokenizer.from_tiktoken(enc)
     assert back.merges == ours.merges and back.special_tokens == ours.special_tokens
     text = shakespeare[50_000:150_000] + ENDOFTEXT + STRESS
-    assert back.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all") == ours.encode(text, allowed_special="all")
+    assert (back.encode(text, allowed_special="all") == enc.encode(text, allowed_special="all")
+            == ours.encode(text, allowed_special="all"))
 
 
 
@@ -365,7 +367,8 @@ def test_ids_are_bounded_by_the_vocabulary(trained):
     assert BPETokenizer.from_dict({**d, "special_tokens": {ENDOFTEXT: last}}).vocab_size == last + 1
     with pytest.raises(ValueError, match="far past the vocabulary"):
         BPETokenizer.from_dict({**d, "special_tokens": {ENDOFTEXT: last + 1}})
-    with pytest.raises(ValueError, match=r"ids of bytes and merges must be 0\.\.598 with none missing; the largest is 10"):
+    with pytest.raises(ValueError,
+                       match=r"ids of bytes and merges must be 0\.\.598 with none missing; the largest is 10"):
         BPETokenizer.from_dict({**d, "merges": d["merges"][:-1] + [[*d["merges"][-1][:2], 10**12, "x"]]})
     with pytest.raises(ValueError, match="a special token id must be a whole number >= 0, got True"):
         BPETokenizer.from_dict({**d, "special_tokens": {ENDOFTEXT: True}})
@@ -377,7 +380,8 @@ def test_ids_are_bounded_by_the_vocabulary(trained):
     assert cl100k.vocab_size == 100_277 and max(cl100k.merges.values()) == 100_255
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 2**40) | st.floats(allow_nan=False) | st.text(max_size=8),
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2, 2**40) | st.floats(allow_nan=False)
+                    | st.text(max_size=8),
                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                     max_leaves=12)
 SMALL = BPETokenizer.train("to be or not to be, that is the question " * 3, 270, special_tokens=[ENDOFTEXT])
@@ -446,7 +450,8 @@ def _stream(tok, pieces, **kwargs) -> list[int]:
 
 @pytest.fixture(scope="module")
 def gpt2_style(shakespeare):
-    return BPETokenizer.train(shakespeare[:50_000], 400, pattern=GPT2_SPLIT_PATTERN, special_tokens=[ENDOFTEXT, "<|x|>"])
+    return BPETokenizer.train(shakespeare[:50_000], 400, pattern=GPT2_SPLIT_PATTERN,
+                              special_tokens=[ENDOFTEXT, "<|x|>"])
 
 
 # the places where a cut is delicate: contractions, runs of spaces and newlines before a word, numbers,

@@ -71,7 +71,8 @@ def data():
         ({"batch_size": -4}, "batch_size must be a whole number >= 1"),
         ({"max_iters": 1.5}, "max_iters must be a whole number >= 1"),
         ({"min_lr": 1.0}, "min_lr must be a finite number >= 0.0 and <= 0.001, got 1.0: the floor of the cosine"),
-        ({"warmup_iters": 100, "lr_decay_iters": 50}, "lr_decay_iters must be a whole number >= 101 .*warmup_iters=100"),
+        ({"warmup_iters": 100, "lr_decay_iters": 50},
+         "lr_decay_iters must be a whole number >= 101 .*warmup_iters=100"),
         ({"warmup_iters": -1}, "warmup_iters must be a whole number >= 0"),
         ({"beta2": 1.0}, "beta2 must be a finite number >= 0.0 and < 1.0"),
         ({"grad_clip": -1.0}, "grad_clip must be a finite number >= 0.0, got -1.0: 0 turns clipping off"),
@@ -308,7 +309,8 @@ def test_checkpoint_with_code_is_not_unpickled(tmp_path, capsys):
 def test_mismatched_config_names_the_fields(tmp_path, data):
     path = save_checkpoint(tmp_path / "m.pt", fresh())
     other = GPT(replace(CFG, n_layer=3, d_model=32))
-    with pytest.raises(ValueError, match=r"does not match the model: n_layer \(checkpoint 2, model 3\); d_model \(checkpoint 16, model 32\)"):
+    with pytest.raises(ValueError, match=r"does not match the model: n_layer \(checkpoint 2, model 3\); "
+                                         r"d_model \(checkpoint 16, model 32\)"):
         load_checkpoint(path, model=other)
     assert config_differences(CFG, replace(CFG, dropout=0.3, fast=False)) == []  # same weights, same function
     load_checkpoint(path, model=GPT(replace(CFG, dropout=0.3)))

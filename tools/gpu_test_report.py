@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{junit} is missing: pytest did not get as far as writing it (see its output above)", file=sys.stderr)
         return 1
     tests = read_junit(junit)
-    counts = {outcome: sum(t["outcome"] == outcome for t in tests) for outcome in ("passed", "failed", "error", "skipped")}
+    counts = {outcome: sum(t["outcome"] == outcome for t in tests)
+              for outcome in ("passed", "failed", "error", "skipped")}
     report = {**device_facts(), "counts": counts, "tests": tests}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")

@@ -118,11 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         running = {pool.submit(run_chapter, path, args.timeout): path for path in notebooks}
         for done in concurrent.futures.as_completed(running):
             r = results[running[done].stem] = done.result()
-            where = "" if r["passed"] else f": cell {r['error']['cell']}, {r['error']['ename']}: {r['error']['evalue'][:200]}"
+            where = ("" if r["passed"]
+                     else f": cell {r['error']['cell']}, {r['error']['ename']}: {r['error']['evalue'][:200]}")
             print(f"{'passed' if r['passed'] else 'FAILED'} {r['chapter']} in {r['seconds']:.0f} s{where}", flush=True)
             write()
     report = write()
-    print(f"{report['passed']} of {len(notebooks)} chapters ran on {args.device} without an error; written to {args.out}")
+    print(f"{report['passed']} of {len(notebooks)} chapters ran on {args.device} without an error; "
+          f"written to {args.out}")
     return 1 if report["failed"] or report["not_reached"] else 0
 
 

@@ -24,7 +24,8 @@ def whole_number(value, name: str, *, low: int | None = 1, high: int | None = No
     """``value`` if it is an ``int`` (not a ``bool``) in ``low..high`` (either bound may be ``None``)."""
     if value is None and none_ok:
         return None
-    bounds = " and ".join(b for b in (f">= {low}" if low is not None else "", f"<= {high}" if high is not None else "") if b)
+    bounds = " and ".join(b for b in (f">= {low}" if low is not None else "",
+                                      f"<= {high}" if high is not None else "") if b)
     must = "a whole number" + (f" {bounds}" if bounds else "") + (" (or None)" if none_ok else "")
     if isinstance(value, bool) or not isinstance(value, int):
         raise _fail(name, must, value, hint)

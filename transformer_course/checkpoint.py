@@ -38,7 +38,8 @@ _NOT_IN_WEIGHTS = {"dropout", "fast"}  # fields that change neither the weights 
 def config_differences(saved: GPTConfig, current: GPTConfig) -> list[str]:
     """Fields (other than dropout and fast) in which two configs differ, as 'name (checkpoint a, model b)'."""
     return [f"{f.name} (checkpoint {getattr(saved, f.name)!r}, model {getattr(current, f.name)!r})"
-            for f in fields(GPTConfig) if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
+            for f in fields(GPTConfig)
+            if f.name not in _NOT_IN_WEIGHTS and getattr(saved, f.name) != getattr(current, f.name)]
 
 
 def state_sha256(state) -> str:
@@ -82,7 +83,8 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
     state = {"format": CHECKPOINT_FORMAT, "model_config": model.cfg.to_dict(), "model": model.state_dict(),
              "optimizer": None if optimizer is None else optimizer.state_dict(),
              "train_config": None if train_config is None else train_config.to_dict(), "step": int(step), "rng": rng,
-             "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__, "state": tokenizer.to_dict()},
+             "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__,
+                                                          "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
     state["sha256"] = state_sha256(state)
     return atomic_save(state, path)
@@ -119,13 +121,15 @@ def _read(path: Path, map_location) -> dict:
                                   "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
                                   "it with save_checkpoint") from error
         detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read ({type(error).__name__}: "
-                              f"{detail[0][:120]}); delete it and train again, or use an older copy") from error
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read "
+                              f"({type(error).__name__}: {detail[0][:120]}); delete it and train again, "
+                              "or use an older copy") from error
     missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
     if missing:
         raise CheckpointError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
     if state["format"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; this version reads format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; "
+                              f"this version reads format {CHECKPOINT_FORMAT}")
     stored = state.pop("sha256", None)  # files saved before checksums have none
     if stored is not None and stored != state_sha256(state):
         raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "

@@ -21,11 +21,13 @@ def _positive_int(text: str) -> int:
 # ---------------------------------------------------------------- train (chapter 06)
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train a character-level GPT on Shakespeare (chapter 06)")
-    p.add_argument("--preset", default="tiny", help="model and training preset (transformer_course.config.PRESETS and TRAIN_PRESETS)")
+    p.add_argument("--preset", default="tiny",
+                   help="model and training preset (transformer_course.config.PRESETS and TRAIN_PRESETS)")
     p.add_argument("--out", required=True, help="directory for checkpoints and the loss history")
     p.add_argument("--max-iters", type=_positive_int, default=None, help="stop after this many steps")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
-    p.add_argument("--eval-interval", type=_positive_int, default=None, help="evaluate and checkpoint every this many steps")
+    p.add_argument("--eval-interval", type=_positive_int, default=None,
+                   help="evaluate and checkpoint every this many steps")
     p.add_argument("--eval-iters", type=_positive_int, default=None,
                    help="batches of the train and of the val split per evaluation (fewer: faster, noisier)")
     batch = p.add_mutually_exclusive_group()
@@ -194,7 +196,8 @@ def _run_generate(args) -> int:
     ckpt = load_checkpoint(args.checkpoint, map_location=device)
     tok, vocab = ckpt.tokenizer, ckpt.model.cfg.vocab_size
     if tok is None:
-        raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: save it with save_checkpoint(..., tokenizer=tok)")
+        raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: "
+                         "save it with save_checkpoint(..., tokenizer=tok)")
     if tok.vocab_size < vocab:
         raise ValueError(f"checkpoint {args.checkpoint}: its tokenizer knows {tok.vocab_size} tokens but the model "
                          f"samples from {vocab}, so it could pick ids the tokenizer cannot decode: save the checkpoint "

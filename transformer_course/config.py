@@ -13,11 +13,12 @@ from .arguments import check_heads, choice, flag, real_number, whole_number
 __all__ = ['GPTConfig', 'PRESETS', 'TrainConfig', 'History', 'TRAIN_PRESETS']
 
 
-_CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"), "activation": ("gelu", "gelu_tanh", "relu"),
-            "normalization": ("layernorm", "rmsnorm"), "mlp": ("plain", "swiglu")}
+_CHOICES = {"positional": ("learned", "sinusoidal", "rope"), "norm": ("pre", "post"),
+            "activation": ("gelu", "gelu_tanh", "relu"), "normalization": ("layernorm", "rmsnorm"),
+            "mlp": ("plain", "swiglu")}
 
 
-class _Stored:
+class _DictFields:
     """`to_dict`: a dataclass as a JSON-able dict; `from_dict`: the inverse, which names what is wrong."""
 
     def to_dict(self) -> dict:
@@ -36,7 +37,7 @@ class _Stored:
 
 
 @dataclass
-class GPTConfig(_Stored):
+class GPTConfig(_DictFields):
     """Every architectural choice of a GPT: `vocab_size` V, `block_size` the longest context T, `n_layer`
     blocks, `n_head` heads of `d_model // n_head` channels, `d_model` C; `tie_weights` shares the token
     embedding with the LM head; `fast` uses PyTorch's fused kernels. Chapter 10's choices (defaults:
@@ -69,7 +70,8 @@ class GPTConfig(_Stored):
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"the sinusoidal position code needs an even d_model (sin/cos pairs), got {self.d_model}")
         real_number(self.dropout, "GPTConfig.dropout", low=0.0, high=1.0, high_open=True)
-        real_number(self.eps, "GPTConfig.eps", low=0.0, low_open=True, hint="LayerNorm's guard against dividing by 0, e.g. 1e-5")
+        real_number(self.eps, "GPTConfig.eps", low=0.0, low_open=True,
+                    hint="LayerNorm's guard against dividing by 0, e.g. 1e-5")
         for name in ("bias", "tie_weights", "fast"):
             flag(getattr(self, name), f"GPTConfig.{name}")
         for name, allowed in _CHOICES.items():
@@ -124,7 +126,7 @@ PRESETS: dict[str, GPTConfig] = {
 
 
 @dataclass
-class TrainConfig(_Stored):
+class TrainConfig(_DictFields):
     """How to train (the model's shape lives in GPTConfig). Defaults: nanoGPT's CPU Shakespeare recipe."""
 
     max_iters: int = 2000  # optimizer steps; a resumed run continues the count
@@ -170,7 +172,7 @@ class TrainConfig(_Stored):
 
 
 @dataclass
-class History(_Stored):
+class History(_DictFields):
     """What happened in a run: one entry per step, one per evaluation, and the time it took."""
 
     tokens_per_step: int = 0  # tokens per optimizer step, all processes together

@@ -199,7 +199,8 @@ def train_val_split(data, frac: float = 0.9):
     return data[:n], data[n:]
 
 
-def get_batch(data: torch.Tensor, block_size: int, batch_size: int, generator: torch.Generator | None = None, device=None):
+def get_batch(data: torch.Tensor, block_size: int, batch_size: int, generator: torch.Generator | None = None,
+              device=None):
     """A random batch of training windows from a 1-D tensor of token ids.
 
     Returns ``(x, y)``, both LongTensor [batch_size, block_size], where ``y`` is ``x`` shifted one

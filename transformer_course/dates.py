@@ -42,7 +42,8 @@ def ordinal_suffix(day: int) -> str:
 
 TARGET_CHARS = "-0123456789"
 # every character any format can produce: digits, separators, month names, ordinal words and suffixes
-SOURCE_CHARS = "".join(sorted(set(" ,-/0123456789the of stndrdth" + "".join(MONTHS) + "".join(map(ordinal_word, range(1, 32))))))
+SOURCE_CHARS = "".join(sorted(set(" ,-/0123456789the of stndrdth" + "".join(MONTHS)
+                                  + "".join(map(ordinal_word, range(1, 32))))))
 
 FORMATS = {
     "words": lambda d: f"the {ordinal_word(d.day)} of {MONTHS[d.month - 1]} {d.year}",

@@ -13,7 +13,8 @@ import regex
 # Pre-split patterns exactly as tiktoken writes them (tiktoken_ext/openai_public.py): they cut text into
 # words, numbers, punctuation and whitespace so that no merge ever crosses those borders.
 GPT2_SPLIT_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
-GPT4_SPLIT_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+GPT4_SPLIT_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                      r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
 KNOWN_PATTERNS = (GPT2_SPLIT_PATTERN, GPT4_SPLIT_PATTERN, None)  # what a file may name without trust_pattern=True
 ENDOFTEXT = "<|endoftext|>"  # GPT-2's end-of-document token
 # In a text cut short, a match of either pattern that ends this many characters before the cut is the

@@ -137,13 +137,15 @@ class _TokenizerFiles:
         if not isinstance(d, dict) or d.get("format") != FORMAT:
             raise ValueError(f"not a saved BPETokenizer (expected 'format': {FORMAT!r})")
         if d.get("version") != FORMAT_VERSION:
-            raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; this code reads {FORMAT_VERSION}")
+            raise ValueError(f"BPETokenizer format version {d.get('version')!r} is not supported; "
+                             f"this code reads {FORMAT_VERSION}")
         if {"name", "pattern", "special_tokens", "byte_ids", "merges"} - d.keys() or not isinstance(d["merges"], list):
             raise ValueError("a saved BPETokenizer needs name, pattern, special_tokens, byte_ids and merges (a list)")
         if not flag(trust_pattern, "trust_pattern") and d["pattern"] not in presplit.KNOWN_PATTERNS:
             raise ValueError("the file's pre-split pattern is not GPT-2's, GPT-4's or None; an unknown regex can take "
                              "forever on a short text. If you made this file, load it with trust_pattern=True")
-        if any(not isinstance(m, list) or len(m) != 4 or not all(isinstance(i, int) for i in m[:3]) for m in d["merges"]):
+        if any(not isinstance(m, list) or len(m) != 4 or not all(isinstance(i, int) for i in m[:3])
+               for m in d["merges"]):
             raise ValueError("each merge must be a list [left id, right id, new id, text]")
         merges = {(m[0], m[1]): m[2] for m in d["merges"]}  # the text in m[3] is for people only
         if len(merges) != len(d["merges"]):
@@ -154,8 +156,9 @@ class _TokenizerFiles:
         """Write readable JSON, one merge per line; atomically (a temporary file, then a rename)."""
         d = self.to_dict()
         merges = d.pop("merges")
-        lines = ["{", *(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in d.items()), '  "merges": [',
-                 ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in merges), "  ]", "}"]
+        lines = ["{", *(f"  {json.dumps(k)}: {json.dumps(v, ensure_ascii=False)}," for k, v in d.items()),
+                 '  "merges": [', ",\n".join("    " + json.dumps(m, ensure_ascii=False) for m in merges),
+                 "  ]", "}"]
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=os.path.dirname(os.path.abspath(path)),
                                          suffix=".tmp", delete=False) as f:
             f.write("\n".join(lines) + "\n")
@@ -213,8 +216,8 @@ class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
     ``to_tiktoken``/``from_tiktoken``).
     """
 
-    def __init__(self, merges: dict, pattern: str | None = presplit.GPT4_SPLIT_PATTERN, special_tokens: dict | None = None,
-                 byte_ids: Sequence[int] | None = None, name: str = "bpe"):
+    def __init__(self, merges: dict, pattern: str | None = presplit.GPT4_SPLIT_PATTERN,
+                 special_tokens: dict | None = None, byte_ids: Sequence[int] | None = None, name: str = "bpe"):
         byte_ids = list(range(256)) if byte_ids is None else list(byte_ids) if isinstance(byte_ids, Sequence) else []
         if not isinstance(merges, dict) or len({whole_number(i, "a byte id", low=0) for i in byte_ids}) != 256:
             raise ValueError("merges must be a dict (left id, right id) -> new id, and byte_ids 256 distinct ids, "
@@ -312,13 +315,15 @@ class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
     def _allowed(self, text: str, allowed_special) -> set[str]:
         """The special tokens to encode as their ids; raises if ``text`` holds any other."""
         if isinstance(allowed_special, str) and allowed_special not in ("all", "none"):
-            raise TypeError(f"allowed_special must be 'all', 'none' or a set of strings; for one token write {{{allowed_special!r}}}")
+            raise TypeError("allowed_special must be 'all', 'none' or a set of strings; "
+                            f"for one token write {{{allowed_special!r}}}")
         if allowed_special in ("all", "none"):
             allowed = set(self.special_tokens) if allowed_special == "all" else set()
         else:
             allowed = set(allowed_special)
             if allowed - self.special_tokens.keys():
-                raise ValueError(f"not special tokens of this tokenizer: {sorted(allowed - self.special_tokens.keys())}")
+                raise ValueError("not special tokens of this tokenizer: "
+                                 f"{sorted(allowed - self.special_tokens.keys())}")
         found = [s for s in self.special_tokens if s not in allowed and s in text]
         if found:
             raise ValueError(f"the text contains the special token {found[0]!r}: pass allowed_special={{{found[0]!r}}}"

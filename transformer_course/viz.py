@@ -48,7 +48,8 @@ def plot_heatmap(
     return ax
 
 
-def plot_attention(weights, tokens_q: Sequence[str], tokens_k: Sequence[str] | None = None, ax=None, *, title=None, annotate=False):
+def plot_attention(weights, tokens_q: Sequence[str], tokens_k: Sequence[str] | None = None, ax=None, *, title=None,
+                   annotate=False):
     """Attention weights [T_q, T_k] as a heatmap: rows are queries (who looks), columns keys (looked at)."""
     ax = plot_heatmap(
         weights,

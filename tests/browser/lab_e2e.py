@@ -86,11 +86,13 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 # JS helpers evaluated in the page; `window.jupyterapp` exists thanks to expose_app_in_browser
-JS_MODEL = "() => { const w = window.jupyterapp.shell.currentWidget; return w && w.context ? w.context.model.toJSON() : null; }"
+JS_MODEL = ("() => { const w = window.jupyterapp.shell.currentWidget; "
+            "return w && w.context ? w.context.model.toJSON() : null; }")
 JS_KERNEL = """() => { const w = window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
   return k ? k.status : 'none'; }"""
-JS_BUSY_CELLS = "() => Array.from(document.querySelectorAll('.jp-InputPrompt')).filter(e => e.textContent.includes('*')).length"
+JS_BUSY_CELLS = ("() => Array.from(document.querySelectorAll('.jp-InputPrompt'))"
+                 ".filter(e => e.textContent.includes('*')).length")
 # mark cell `i` of the open notebook (its DOM node) so that a locator can find it
 JS_MARK_CELL = """i => { document.querySelectorAll('[data-e2e-cell]').forEach(e => e.removeAttribute('data-e2e-cell'));
   window.jupyterapp.shell.currentWidget.content.widgets[i].node.setAttribute('data-e2e-cell', String(i)); }"""
@@ -170,7 +172,8 @@ def prepare_workspace(tmp: Path, student_from: Path | None = None) -> Path:
     """A scratch copy of chapters/ (next to links to what chapters read by relative path); with
     ``student_from``, the student edition of the chapters there in ``student/`` (as a teacher hands it out)."""
     work = tmp / "course"
-    shutil.copytree(ROOT / "chapters", work / "chapters", ignore=shutil.ignore_patterns("src", ".ipynb_checkpoints", "checkpoints"))
+    shutil.copytree(ROOT / "chapters", work / "chapters",
+                    ignore=shutil.ignore_patterns("src", ".ipynb_checkpoints", "checkpoints"))
     for name in ("benchmarks", "docs"):
         if (ROOT / name).exists():
             (work / name).symlink_to(ROOT / name)
@@ -249,7 +252,8 @@ class Abort(BaseException):
 def _abort(signum, _frame):
     signal.alarm(0)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # let the clean-up finish
-    raise Abort("browser test exceeded --total-timeout" if signum == signal.SIGALRM else f"stopped by {signal.Signals(signum).name}")
+    raise Abort("browser test exceeded --total-timeout" if signum == signal.SIGALRM
+                else f"stopped by {signal.Signals(signum).name}")
 
 
 def die_with_parent(parent: int) -> None:
@@ -306,12 +310,14 @@ def wait_until_run(page, name: str, deadline: float, cells=None, after: int = 0)
         if done and page.evaluate(JS_BUSY_CELLS) == 0 and page.evaluate(JS_KERNEL) == "idle":
             return model
     pending = sum((c.get("execution_count") or 0) <= after for c in code_cells or [])
-    raise ChapterFailure(f"{name}: kernel did not finish in time " + (f"({pending} cells not run)" if pending else "(still busy)"))
+    raise ChapterFailure(f"{name}: kernel did not finish in time "
+                         + (f"({pending} cells not run)" if pending else "(still busy)"))
 
 
 def run_all(page, name: str, timeout: float) -> dict:
     """Clear outputs, run every cell, wait (``timeout`` s) for the kernel; return the notebook model as JSON."""
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && window.jupyterapp.shell.currentWidget.context", timeout=60_000)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget "
+                           "&& window.jupyterapp.shell.currentWidget.context", timeout=60_000)
     page.wait_for_function(f"() => ({JS_KERNEL})() === 'idle'", timeout=120_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs')")
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
@@ -467,7 +473,8 @@ def run_exercise(page, name: str, exercise: int, check: int, deadline: float) ->
     model = wait_until_run(page, name, deadline, cells=[exercise, check], after=after)
     lines = check_lines(model["cells"][check])
     if len(lines) != 1:
-        raise ChapterFailure(f"{name}: the check cell {check} printed {len(lines)} verdict lines: {printed(model['cells'][check])!r}")
+        raise ChapterFailure(f"{name}: the check cell {check} printed {len(lines)} verdict lines: "
+                             f"{printed(model['cells'][check])!r}")
     return lines[0]
 
 
@@ -496,7 +503,8 @@ def solve_in_browser(page, name: str, model: dict, answer: Answer, timeout: floa
     wrong = run_exercise(page, name, exercise, check, deadline)
     hint = wrong["message"].split(f" - {carries_on}")[0].strip()
     if wrong["icon"] != "❌" or not hint or carries_on not in wrong["message"]:
-        raise ChapterFailure(f"{name}: a wrong {answer.name} gave {wrong.group(0)!r}, not '❌ ...: <hint> - {carries_on}'")
+        raise ChapterFailure(f"{name}: a wrong {answer.name} gave {wrong.group(0)!r}, "
+                             f"not '❌ ...: <hint> - {carries_on}'")
     cell_locator(page, check).scroll_into_view_if_needed()
     page.screenshot(path=str(out / f"{screenshot_stem(name)}-wrong.png"))
 
@@ -507,15 +515,18 @@ def solve_in_browser(page, name: str, model: dict, answer: Answer, timeout: floa
 
     # Shift+Enter left the cell after the check cell selected: Run > Run Selected Cell and All Below
     if page.evaluate(JS_ACTIVE_CELL) != check + 1:
-        raise ChapterFailure(f"{name}: after Shift+Enter in the check cell, cell {page.evaluate(JS_ACTIVE_CELL)} is selected, not {check + 1}")
+        raise ChapterFailure(f"{name}: after Shift+Enter in the check cell, cell {page.evaluate(JS_ACTIVE_CELL)} "
+                             f"is selected, not {check + 1}")
     after = last_count(page.evaluate(JS_MODEL))
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-below')")
     model = wait_until_run(page, name, deadline, cells=range(check + 1, len(cells)), after=after)
     uses = [i for i in range(check + 1, len(cells)) if answer.marker in printed(model["cells"][i])]
     if not uses:
-        raise ChapterFailure(f"{name}: no cell after the check printed {answer.marker!r}: the chapter does not run the learner's {answer.name}")
+        raise ChapterFailure(f"{name}: no cell after the check printed {answer.marker!r}: "
+                             f"the chapter does not run the learner's {answer.name}")
     cell_locator(page, uses[0]).scroll_into_view_if_needed()
-    return (f"{answer.name}: wrong answer '{wrong['icon']} {hint[:60]}', right answer '{right['icon']} {right['message']}', "
+    return (f"{answer.name}: wrong answer '{wrong['icon']} {hint[:60]}', "
+            f"right answer '{right['icon']} {right['message']}', "
             f"used by {len(uses)} later cells (first: cell {uses[0]})")
 
 
@@ -615,7 +626,8 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
     threads = []
     try:
         for k, group in enumerate(groups, 1):
-            print(f"[{k}] {len(group)} chapter{'s' if len(group) > 1 else ''} (cost {sum(map(item_cost, group)):g}): {' '.join(group)}", flush=True)
+            print(f"[{k}] {len(group)} chapter{'s' if len(group) > 1 else ''} "
+                  f"(cost {sum(map(item_cost, group)):g}): {' '.join(group)}", flush=True)
             cmd = [
                 sys.executable, str(Path(__file__).resolve()), "--jobs", "1", "--child-of", str(os.getpid()),
                 "--chapter-timeout", str(args.chapter_timeout), "--total-timeout", str(child_timeout),
@@ -664,7 +676,8 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
         if p.returncode:
             missing = [n for n in group if n not in reported]
             failures.append(f"job {k}: exit code {p.returncode}")
-            print(f"FAIL job {k}: exit code {p.returncode}" + (f"; no verdict for {' '.join(missing)}" if missing else ""), flush=True)
+            print(f"FAIL job {k}: exit code {p.returncode}"
+                  + (f"; no verdict for {' '.join(missing)}" if missing else ""), flush=True)
     print(f"browser test: {len(passed)}/{len(notebooks)} chapters passed in {time.monotonic() - start:.0f} s "
           f"with {len(groups)} jobs; screenshots in {out}", flush=True)
     return 1 if failures or len(passed) < len(notebooks) else 0
@@ -673,14 +686,16 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter notebooks to run, student/NAME.ipynb for a student "
-                        "edition (default: every chapter, and the student edition of " + " and ".join(STUDENT_CHAPTERS) + ")")
+                        "edition (default: every chapter, and the student edition of "
+                        + " and ".join(STUDENT_CHAPTERS) + ")")
     parser.add_argument("--jobs", type=int, default=2, help="chapters run at the same time, each group in its own "
                         "JupyterLab and Chromium (default 2; 1 runs them one after another in this process)")
     parser.add_argument("--chapter-timeout", type=float, default=600, help="seconds per chapter")
     parser.add_argument("--total-timeout", type=float, default=2700, help="seconds for the whole run")
     parser.add_argument("--out", default=str(ROOT / "build" / "browser"), help="where screenshots go")
     parser.add_argument("--lab-log", help="JupyterLab's log file (default: OUT/jupyter-lab.log)")
-    parser.add_argument("--student-from", type=lambda p: Path(p).resolve(), help="build the student edition from the chapter notebooks "
+    parser.add_argument("--student-from", type=lambda p: Path(p).resolve(),
+                        help="build the student edition from the chapter notebooks "
                         "in this folder (default: the course's chapters/)")
     parser.add_argument("--child-of", type=int, help=argparse.SUPPRESS)  # set by --jobs for its children
     args = parser.parse_args(argv)
@@ -689,7 +704,8 @@ def main(argv=None) -> int:
 
     ensure_chromium()
     notebooks = [item_name(p) for p in args.chapters] or [
-        *sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")), *(STUDENT + n for n in STUDENT_CHAPTERS)]
+        *sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")),
+        *(STUDENT + n for n in STUDENT_CHAPTERS)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = min(args.jobs, len(notebooks))
@@ -755,7 +771,8 @@ def run_here(args, notebooks: list[str], out: Path) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         stop(lab)
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"browser test: {passed}/{len(notebooks)} chapters passed in {time.monotonic() - start:.0f} s; screenshots in {out}", flush=True)
+    print(f"browser test: {passed}/{len(notebooks)} chapters passed in {time.monotonic() - start:.0f} s; "
+          f"screenshots in {out}", flush=True)
     return 1 if failures or passed < len(notebooks) else 0
 
 

@@ -216,9 +216,9 @@ def check(exercise: str, name: str, reference=None) -> Callable:
     - :class:`CheckFailed` -> the hint;
     - any other exception -> what was raised, and where in the learner's code.
 
-    ``reference`` is the package's implementation of the same thing (the object itself). With it, the outcome's ``use`` is what
-    the rest of the chapter should run: the learner's candidate when it passed, the reference
-    otherwise, and the printed line says which
+    ``reference`` is the package's implementation of the same thing (the object itself). With
+    it, the outcome's ``use`` is what the rest of the chapter should run: the learner's candidate
+    when it passed, the reference otherwise, and the printed line says which
     (``causal_mask = check_causal_mask(causal_mask).use``).
     """
     short = getattr(reference, "__name__", None)

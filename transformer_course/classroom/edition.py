@@ -98,7 +98,8 @@ def read_manifest(out_dir) -> dict[str, str]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return {k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(data, dict) else {}
+    return ({k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
+            if isinstance(data, dict) else {})
 
 
 def _write_manifest(out_dir: Path, manifest: dict[str, str]) -> None:
@@ -204,5 +205,6 @@ def run_student_edition_command(args) -> int:
         for leak in leaks:
             print(f"  {leak}", file=sys.stderr)
         return 1
-    print(f"{len(written)} chapters; solutions removed, checks kept. Open them with: jupyter lab {Path(args.out_dir) / 'chapters'}")
+    print(f"{len(written)} chapters; solutions removed, checks kept. "
+          f"Open them with: jupyter lab {Path(args.out_dir) / 'chapters'}")
     return 0

@@ -1,4 +1,5 @@
-"""Grading handed-in notebooks: which exercises passed, failed, are not done, were not run or are missing (hand-written).
+"""Grading handed-in notebooks (hand-written): which exercises passed, failed, are not done, were not
+run or are missing.
 
 Used by ``transformer-course grade``. Each notebook is read by a loader that never raises (a file that
 is not a notebook becomes a row that says so), matched to its chapter by file name
@@ -59,7 +60,8 @@ def _cell(value, index: int) -> dict:
     if not isinstance(metadata, dict):
         raise ValueError(f"cell {index + 1} has metadata that is not an object")
     outputs = value.get("outputs")
-    return {"cell_type": kind, "source": source, "metadata": metadata, "outputs": outputs if isinstance(outputs, list) else []}
+    return {"cell_type": kind, "source": source, "metadata": metadata,
+            "outputs": outputs if isinstance(outputs, list) else []}
 
 
 def read_submission(path) -> Submission:
@@ -146,7 +148,8 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
                                             "e.g. alice_03_single_head_attention.ipynb")
     if not execute:
         return grade_cells(path.name, submission.cells, expected, stored_verdicts(submission.cells))
-    code = [(i, c["source"]) for i, c in enumerate(submission.cells) if c["cell_type"] == "code" and c["source"].strip()]
+    code = [(i, c["source"]) for i, c in enumerate(submission.cells)
+            if c["cell_type"] == "code" and c["source"].strip()]
     answer = run_cells(code, path.resolve().parent, timeout, sandbox, expected)
     return grade_cells(path.name, submission.cells, expected, answer.get("records", []), answer.get("error", ""))
 

@@ -15,8 +15,9 @@ notebook stopped early: a cell raised, the kernel died (``os._exit``, out of mem
 The sandbox (``unshare`` from util-linux, no root needed) wraps that command in new user, mount,
 network and PID namespaces: every mount is read-only except the notebook's folder (an overlay whose
 writes are thrown away, or the folder itself where overlays are not allowed) and fresh, empty
-``/tmp``, ``/var/tmp`` and ``/dev/shm`` (where the folder lies under one, its tree stays, read-only); the only network is an empty loopback; the kernel runs as
-``nobody`` without capabilities; and when the run ends every process it started is killed with it.
+``/tmp``, ``/var/tmp`` and ``/dev/shm`` (where the folder lies under one, its tree stays, read-only);
+the only network is an empty loopback; the kernel runs as ``nobody`` without capabilities; and when the
+run ends every process it started is killed with it.
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def execute(cells, folder: str, timeout: float, expected) -> dict:
             answer["cells_run"] += 1
             content = reply.get("content", {})
             if content.get("status") != "ok":  # a failed cell returns no expressions: ask again
-                answer["error"] = f"{where} raised {content.get('ename', 'an error')}: {content.get('evalue', '')}"[:400]
+                answer["error"] = (f"{where} raised {content.get('ename', 'an error')}: "
+                                   f"{content.get('evalue', '')}")[:400]
                 msg_id = kc.execute("", silent=True, store_history=False, user_expressions=records)
                 try:
                     reply = _wait_reply(km, kc, msg_id, time.monotonic() + 30)
@@ -334,7 +336,8 @@ def main(argv: list[str]) -> int:
     if "result_fd" in request:
         os.set_inheritable(request["result_fd"], False)  # the kernel never holds the answer's pipe
     try:
-        answer = execute([tuple(c) for c in request["cells"]], request["folder"], request["timeout"], request["expected"])
+        answer = execute([tuple(c) for c in request["cells"]], request["folder"], request["timeout"],
+                         request["expected"])
     except Exception as error:  # report, do not crash the batch
         answer = {"records": [], "error": f"grading failed: {type(error).__name__}: {error}", "cells_run": 0}
     with os.fdopen(request["result_fd"], "wb") if "result_fd" in request else open(request["result_file"], "wb") as out:
