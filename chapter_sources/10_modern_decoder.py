@@ -548,6 +548,8 @@ print(f"teaching path's weights: {list(teaching(x).shape)} output, {list(teachin
 # counts the bytes of the tensors it holds.
 
 # %%
+from transformer_course.modern import build_gpt  # section 5 writes it; the package's copy until then
+
 for n_kv in (8, 2, 1):
     cfg = GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=8, d_model=128, bias=False,
                     positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=n_kv)
@@ -965,7 +967,7 @@ bad_calls = {
     "odd head size with RoPE": lambda: GPTConfig(65, 64, 2, n_head=4, d_model=36, positional="rope"),
     "post-norm with modern parts": lambda: GPTConfig(65, 64, 2, 4, 64, norm="post", normalization="rmsnorm"),
     "past the rotary table": lambda: RotaryEmbedding(8, 16)(torch.zeros(1, 1, 4, 8), start=14),
-    "wrong width into RMSNorm": lambda: RMSNorm(8)(torch.zeros(2, 6)),
+    "chapter 06's GPT alone, with RMSNorm": lambda: GPT(GPTConfig(65, 64, 2, 4, 64, normalization="rmsnorm")),
 }
 for name, call in bad_calls.items():
     try:
