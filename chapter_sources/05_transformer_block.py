@@ -988,10 +988,11 @@ print("post-norm ends within 0.1 of the frequency-only loss:", abs(final_loss["p
 def plot_stack_gradients(variant, depth, ax=None):
     norms = stack_gradients(variant, depth)
     ax = ax or plt.subplots(figsize=(6, 3))[1]
-    ax.semilogy(range(depth), norms.clamp_min(1e-30), marker="o", ms=3)
+    ax.semilogy(range(depth), norms.clamp_min(1e-30), marker="o", ms=3, label="‖dL/dx‖ at the block's input")
     ax.set_xlabel("block (0 = bottom)")
-    ax.set_ylabel("relative gradient norm")
+    ax.set_ylabel("relative gradient norm (log)")
     ax.set_title(f"{depth} blocks: {variant}")
+    ax.legend(fontsize=8)
     return norms
 
 def gradient_explorer():

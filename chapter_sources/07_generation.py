@@ -871,8 +871,9 @@ def show_generation(prompt_text, temperature=0.8, top_k=0, top_p=1.0, seed=0, le
     with torch.no_grad():
         top = next_token_probs(model(idx[:, -cfg.block_size:], last_only=True)[0][:, -1], **knobs)[0].topk(10)
     labels = [{"\n": "\\n", " ": "space"}.get(c, c) for c in map(tok.decode, ([i] for i in top.indices.tolist()))]
-    plt.figure(figsize=(7, 2.2)).gca().bar(labels, top.values.numpy())
-    plt.title("the likeliest next characters after the prompt")
+    ax = plt.figure(figsize=(7, 2.2)).gca()
+    ax.bar(labels, top.values.numpy())
+    ax.set(title="the likeliest next characters after the prompt", xlabel="next character", ylabel="probability")
     plt.show()
     return list(zip(labels, [round(v, 4) for v in top.values.tolist()], strict=True))
 

@@ -935,7 +935,10 @@ if ablation is not None:
             by_step.plot(r["eval_step"][1:], r["val_curve"][1:], **kw)
     by_time.set(xlabel="wall time (s)", ylabel="validation loss (nats)", title="Equal wall time")
     by_step.set(xlabel="step", title="The same runs by step")
+    for style, seed in zip(("-", "--"), ("first seed", "second seed"), strict=False):
+        by_step.plot([], [], color="grey", ls=style, label=seed)  # what solid and dashed mean
     by_time.legend(fontsize=8)
+    by_step.legend(fontsize=8)
     plt.show()
 
 # %% [markdown]
