@@ -484,10 +484,20 @@ def current_world() -> World:
 
 # %%
 #| export parallel
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RUN_ID")
+
+
 def launched_by_torchrun() -> bool:
-    """Whether `torchrun` (or a launcher that sets the same variables) started this process."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    return all(name in os.environ for name in names)
+    """Whether `torchrun` started this process (all of its variables are set; none: a job of one). Some
+    of them without the others, say left in a shell, raise a ValueError naming them: joining a job that
+    does not exist would wait for peers until the collective timeout."""
+    found = [name for name in TORCHRUN_VARIABLES if name in os.environ]
+    if found and len(found) < len(TORCHRUN_VARIABLES):
+        missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+        raise ValueError(f"{', '.join(found)} set but {', '.join(missing)} not: this process was not started "
+                         f"by torchrun; start it with torchrun, or unset the rest (unset {' '.join(found)})")
+    return bool(found)
 
 
 def usable_cpus() -> int:

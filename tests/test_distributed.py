@@ -108,6 +108,36 @@ def test_nproc_per_node_larger_than_the_machine_is_refused(monkeypatch):
             parallel.start_from_environment("mps")
 
 
+def test_some_of_torchruns_variables_without_torchrun_are_refused_naming_them(monkeypatch):
+    for name in parallel.TORCHRUN_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert parallel.launched_by_torchrun() is False  # none: a job of one
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(ValueError, match=r"RANK, WORLD_SIZE set but LOCAL_RANK, .*TORCHELASTIC_RUN_ID not: this "
+                                         r"process was not started by torchrun; .*\(unset RANK WORLD_SIZE\)"):
+        parallel.launched_by_torchrun()
+    for name in parallel.TORCHRUN_VARIABLES:  # all of them, as torchrun sets them
+        monkeypatch.setenv(name, "1")
+    assert parallel.launched_by_torchrun() is True
+
+
+@pytest.mark.slow
+def test_the_train_command_with_a_leftover_world_size_stops_at_once_with_one_line(tmp_path):
+    """WORLD_SIZE=2 left in a shell used to make `train` wait ten minutes for a peer that never came."""
+    env = {k: v for k, v in ENV.items() if k not in parallel.TORCHRUN_VARIABLES}
+    env |= {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599"}
+    done = subprocess.run([sys.executable, "-m", "transformer_course", "train", "--preset", "tiny", "--max-iters",
+                           "1", "--out", str(tmp_path / "run")], env=env, capture_output=True, text=True,
+                          timeout=300)  # a hang guard only: the refusal comes before any process group
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "transformer-course train (rank 0): error: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, "
+        "MASTER_PORT set but TORCHELASTIC_RUN_ID not")
+    assert not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------ two processes under torchrun
 def _end(job: subprocess.Popen) -> None:
     """Kill a torchrun job that is still running, its workers first (killing torchrun alone orphans them)."""

@@ -285,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable or unwritable files, full disks
         import os
 
-        rank = f" (rank {os.environ['RANK']})" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+        many = "RANK" in os.environ and os.environ.get("WORLD_SIZE", "1") != "1"
+        rank = f" (rank {os.environ['RANK']})" if many else ""
         print(f"transformer-course {args.command}{rank}: error: {error}", file=sys.stderr)
         return 2
 

@@ -40,8 +40,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 
 __all__ = [
-    'COLLECTIVE_TIMEOUT', 'World', 'current_world', 'launched_by_torchrun', 'usable_cpus',
-    'start_from_environment', 'stop', 'train',
+    'COLLECTIVE_TIMEOUT', 'World', 'current_world', 'TORCHRUN_VARIABLES', 'launched_by_torchrun',
+    'usable_cpus', 'start_from_environment', 'stop', 'train',
 ]
 
 
@@ -124,10 +124,20 @@ def current_world() -> World:
     return faults.watch(World(dist.get_rank(), dist.get_world_size(), device))
 
 
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                      "TORCHELASTIC_RUN_ID")
+
+
 def launched_by_torchrun() -> bool:
-    """Whether `torchrun` (or a launcher that sets the same variables) started this process."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    return all(name in os.environ for name in names)
+    """Whether `torchrun` started this process (all of its variables are set; none: a job of one). Some
+    of them without the others, say left in a shell, raise a ValueError naming them: joining a job that
+    does not exist would wait for peers until the collective timeout."""
+    found = [name for name in TORCHRUN_VARIABLES if name in os.environ]
+    if found and len(found) < len(TORCHRUN_VARIABLES):
+        missing = [name for name in TORCHRUN_VARIABLES if name not in os.environ]
+        raise ValueError(f"{', '.join(found)} set but {', '.join(missing)} not: this process was not started "
+                         f"by torchrun; start it with torchrun, or unset the rest (unset {' '.join(found)})")
+    return bool(found)
 
 
 def usable_cpus() -> int:
