@@ -388,3 +388,12 @@ def test_llama_state_dict_errors(stand_in):
     tied = config_from_llama({**stand_in.config.to_dict(), "tie_word_embeddings": True})
     with pytest.raises(ValueError, match="lm_head.weight differs from embed_tokens.weight"):
         convert_llama_state_dict(stand_in.state_dict(), tied)
+
+
+def test_the_configs_swiglu_width_is_chapter_10s_rule():
+    """GPTConfig.hidden_width (chapter 06, which may not import chapter 10) restates swiglu_hidden's rule."""
+    for C in (8, 30, 64, 96, 100, 128, 768, 4096):
+        cfg = GPTConfig(65, 16, 1, 2, C, mlp="swiglu")
+        assert cfg.hidden_width == swiglu_hidden(C) == SwiGLU(C).d_ff
+    assert GPTConfig(65, 16, 1, 2, 32, mlp="swiglu", d_ff=50).hidden_width == 50
+    assert GPTConfig(65, 16, 1, 2, 32).hidden_width == 128
