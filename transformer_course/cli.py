@@ -38,12 +38,24 @@ def _add_train(sub) -> None:
                        help="windows per optimizer step over all processes, kept fixed whatever the number of "
                             "processes (gradient accumulation makes up the rest); a multiple of the preset's batch "
                             "size times the number of processes")
+    p.add_argument("--learning-rate", type=_learning_rate, default=None,
+                   help="peak learning rate (default: the preset's); the floor of its cosine keeps its ratio to it")
     p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default=None, help="cpu, cuda or mps (default: best available)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best available)")
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast on the CPU too (faster only on CPUs with AVX512-BF16 or AMX; "
                         "a CUDA GPU uses bf16 without this flag)")
     p.set_defaults(handler=_cmd_train)
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, such as 3e-4, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, such as 3e-4, got {text}")
+    return value
 
 
 def _check_out_folder(out, needed_bytes: int) -> None:
@@ -73,14 +85,30 @@ def _cmd_train(args) -> int:
     """`transformer-course train`: train a preset on Shakespeare, checkpointing into args.out; resume if
     a checkpoint is there. Under `torchrun` every process runs this: they join one process group and
     train data-parallel (transformer_course.parallel, appendix 90), rank 0 alone writing and printing.
-    Without torchrun it is a job of one: `parallel.train` then computes chapter 06's `train`."""
+    Without torchrun it is a job of one: `parallel.train` then computes chapter 06's `train`.
+    Ctrl-C ends it with one line (where it stopped, the checkpoint kept) and exit status 130 (128 + SIGINT)."""
+    from pathlib import Path
+
     from . import parallel
 
-    if not parallel.launched_by_torchrun():
-        return _train(args, parallel.World())
+    try:
+        if not parallel.launched_by_torchrun():
+            return _train(args, parallel.World())
+        return _train_under_torchrun(args)
+    except KeyboardInterrupt as stop:
+        checkpoint = Path(args.out) / "checkpoint.pt"
+        where = f"stopped at step {stop.step}" if isinstance(stop, parallel.TrainingInterrupted) else "stopped"
+        kept = f"checkpoint at {checkpoint}" if checkpoint.exists() else "no checkpoint written yet"
+        print(f"transformer-course train: {where}; {kept}; run the same command to resume", file=sys.stderr)
+        return 130
+
+
+def _train_under_torchrun(args) -> int:
     from torch.distributed.elastic.multiprocessing.errors import (
         record,  # the failing rank's traceback in torchrun's report
     )
+
+    from . import parallel
 
     world, args.device = parallel.start_from_environment(args.device)
     try:
@@ -91,26 +119,40 @@ def _cmd_train(args) -> int:
 
 def _train(args, world) -> int:
     """The train command in one process of `world` (one process of one outside torchrun).
-    The out folder is checked before the data is loaded."""
+    The device and the out folder are checked before the data is loaded; rank 0 holds the folder's lock
+    for the whole run, so a second run with the same --out is refused at once."""
+    from contextlib import nullcontext
+    from pathlib import Path
+
+    from .config import PRESETS, TRAIN_PRESETS
+    from .model import count_parameters
+    from .runtime import folder_lock, pick_device
+
+    if args.preset not in TRAIN_PRESETS:
+        raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
+    pick_device(args.device)  # one that does not exist is said now, not as a damaged checkpoint later
+    out = Path(args.out)
+    # weights and AdamW's two running averages, in float32, for the old and the new file
+    _check_out_folder(out, 2 * 3 * 4 * count_parameters(PRESETS[args.preset]))
+    with folder_lock(out, f"--out {out}") if world.is_main else nullcontext():
+        return _train_in(args, world, out)
+
+
+def _train_in(args, world, out) -> int:
+    """The train command's run, its checks passed."""
     import json
     from dataclasses import replace
-    from pathlib import Path
 
     from . import faults
     from .checkpoint import load_checkpoint
     from .config import PRESETS, TRAIN_PRESETS
     from .data import load_shakespeare, train_val_split
-    from .model import GPT, count_parameters
+    from .model import GPT
     from .parallel import train  # chapter 06's loop on every process of `world` (appendix 90)
     from .runtime import pick_device, seed_everything
     from .tokenization import CharTokenizer
     from .training import encode_corpus
 
-    if args.preset not in TRAIN_PRESETS:
-        raise ValueError(f"unknown preset {args.preset!r}; choose one of {', '.join(sorted(TRAIN_PRESETS))}")
-    out = Path(args.out)
-    # weights and AdamW's two running averages, in float32, for the old and the new file
-    _check_out_folder(out, 2 * 3 * 4 * count_parameters(PRESETS[args.preset]))
     checkpoint = out / "checkpoint.pt"
     text = load_shakespeare()
     tokenizer = CharTokenizer.from_text(text)
@@ -123,7 +165,11 @@ def _train(args, world) -> int:
     for name in ("max_iters", "eval_interval", "eval_iters", "grad_accum"):
         if getattr(args, name):
             overrides[name] = getattr(args, name)
-    cfg = replace(TRAIN_PRESETS[args.preset], **overrides)
+    preset = TRAIN_PRESETS[args.preset]
+    if args.learning_rate:  # the cosine's floor keeps its ratio to the peak
+        overrides |= {"learning_rate": args.learning_rate,
+                      "min_lr": preset.min_lr * args.learning_rate / preset.learning_rate}
+    cfg = replace(preset, **overrides)
     if args.global_batch:
         per_step = cfg.batch_size * world.size  # one micro-batch on every process
         if args.global_batch % per_step:

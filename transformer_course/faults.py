@@ -7,8 +7,9 @@ process, on first use, and holds one fault::
     ACTION:POINT=N[:rank=R][:round=K][:others=wait]     e.g.  kill:after_checkpoint=2:rank=1:round=0
 
 - ``ACTION``: ``kill`` (the process sends itself SIGKILL: no cleanup, no flushing, as a power cut or the
-  OOM killer) or ``raise`` (an ``InjectedFault``, a ``RuntimeError``, which the code's own error handling
-  sees).
+  OOM killer), ``raise`` (an ``InjectedFault``, a ``RuntimeError``, which the code's own error handling
+  sees), ``interrupt`` (a ``KeyboardInterrupt``, what Ctrl-C raises) or ``nan`` (``step`` only: the step's
+  loss becomes NaN on that rank, and so its mean over the ranks, as in a run that diverged).
 - ``POINT=N``: the N-th time (from 1) this process reaches the point. A resumed or restarted run is a new
   process and counts from 1 again.
 
@@ -45,12 +46,12 @@ import threading
 from dataclasses import dataclass
 
 FAULT_ENV = "TRANSFORMER_COURSE_FAULT"
-ACTIONS = ("kill", "raise")
+ACTIONS = ("kill", "raise", "interrupt", "nan")
 POINTS = ("start", "step", "eval", "after_checkpoint", "mid_save", "after_grade", "mid_csv")
 WORLD_POINTS = ("step", "eval", "after_checkpoint")  # counted on the World parallel.train asks
 SYNTAX = (f"ACTION:POINT=N[:rank=R][:round=K][:others=wait] with ACTION one of {', '.join(ACTIONS)}, POINT one "
           f"of {', '.join(POINTS)}, N >= 1, R >= 0 and K >= 0 whole numbers, others=wait only with rank=R "
-          "(e.g. kill:after_checkpoint=2:rank=1:round=0)")
+          "(e.g. kill:after_checkpoint=2:rank=1:round=0); nan only at step")
 
 
 class InjectedFault(RuntimeError):
@@ -105,6 +106,8 @@ def parse(text: str) -> Fault:
         raise refuse(f"{points[0]} counts from 1 (its first occurrence), got 0")
     if "others" in values and "rank" not in values:
         raise refuse("others=wait needs rank=R, the rank that fails while the others wait")
+    if action == "nan" and points[0] != "step":
+        raise refuse(f"nan makes a step's loss NaN: its point is step, not {points[0]}")
     return Fault(action, points[0], values[points[0]], values.get("rank"), values.get("round"), "others" in values)
 
 
@@ -133,24 +136,29 @@ def _wait_to_be_ended() -> None:
     threading.Event().wait()
 
 
-def reached(point: str, partial=None) -> None:
-    """Mark one occurrence of `point`; fail or die here if it is the one the armed fault names.
-    `partial`: the open temporary file being written, cut to half its length before the fault strikes."""
+def reached(point: str, partial=None) -> bool:
+    """Mark one occurrence of `point`; fail or die here if it is the one the armed fault names (True:
+    the ``nan`` fault's, whose caller makes its value NaN). `partial`: the open temporary file being
+    written, cut to half its length before the fault strikes."""
     fault = armed()
     if fault is None or fault.point != point:
-        return
+        return False
     _counts[point] = seen = _counts.get(point, 0) + 1
     if seen != fault.count or fault.round not in (None, _here("TORCHELASTIC_RESTART_COUNT")):
-        return
+        return False
     if fault.rank not in (None, _here("RANK")):
         if fault.others_wait:
             _wait_to_be_ended()
-        return
+        return False
+    if fault.action == "nan":
+        return True
     if partial is not None:
         partial.flush()
         os.ftruncate(partial.fileno(), os.fstat(partial.fileno()).st_size // 2)
     if fault.action == "kill":
         os.kill(os.getpid(), getattr(signal, "SIGKILL", signal.SIGTERM))  # Windows: TerminateProcess
+    if fault.action == "interrupt":
+        raise KeyboardInterrupt(f"fault injected by {FAULT_ENV}={fault} (as Ctrl-C)")
     raise InjectedFault(f"fault injected by {FAULT_ENV}={fault} (occurrence {seen} of {point} in this process)")
 
 
@@ -170,8 +178,7 @@ def _watching(world_class: type) -> type:
 
     class WatchedWorld(world_class):
         def mean(self, value: float) -> float:  # train: once per step, with the step's loss
-            reached("step")
-            return super().mean(value)
+            return super().mean(float("nan") if reached("step") else value)
 
         def sum(self, value: float) -> float:  # train: twice per evaluation, the train split first
             _counts["sum"] = _counts.get("sum", 0) + 1

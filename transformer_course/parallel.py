@@ -10,9 +10,11 @@ from __future__ import annotations
 # one-process loop, where they mean nothing; the copy costs the loop's skeleton (about 30 lines),
 # and here every line that differs shows what data parallelism changes. With one process it draws
 # the same random numbers as chapter 06's `train`, and gives the same losses.
+import math
 import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -41,7 +43,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 
 __all__ = [
     'COLLECTIVE_TIMEOUT', 'World', 'current_world', 'TORCHRUN_VARIABLES', 'launched_by_torchrun',
-    'usable_cpus', 'start_from_environment', 'stop', 'train',
+    'usable_cpus', 'start_from_environment', 'stop', 'TrainingDiverged', 'TrainingInterrupted',
+    'train',
 ]
 
 
@@ -228,6 +231,26 @@ def _step(world: World, stepper, optimizer, batch, cfg: TrainConfig, device) -> 
     return world.mean(loss)
 
 
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite: training stopped before a checkpoint took the broken weights."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train`, at `step` (the steps done); the last checkpoint written is whole."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped at step {step}")
+        self.step = step
+
+
+def _check_finite(loss: float, step: int, what: str, path) -> None:
+    """Raise `TrainingDiverged` if `loss` is NaN or infinite (every rank sees the same mean)."""
+    if not math.isfinite(loss):
+        kept = f"the last checkpoint, {path}, is kept as it was" if path and Path(path).exists() else "no checkpoint"
+        raise TrainingDiverged(f"training diverged at step {step}: the {what} is {loss}; {kept}. Try a lower learning "
+                               "rate (TrainConfig.learning_rate, --learning-rate), resuming from that checkpoint")
+
+
 def _save(world: World, path, model: GPT, optimizer, batches: torch.Generator, **fields) -> None:
     """Rank 0 writes the checkpoint (if `path`), with every rank's CPU random state; every rank
     takes part in the gather, and none goes on (or returns) before the file is on disk."""
@@ -243,7 +266,8 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
           tokenizer=None) -> History:
     """Chapter 06's `train` on every rank of the job (outside torchrun a job of one, with chapter
     06's numbers): each rank steps on its rows of every global batch; gradients (DDP), losses and
-    evaluations are averaged over the ranks; rank 0 alone writes and shows the progress bar."""
+    evaluations are averaged over the ranks; rank 0 alone writes and shows the progress bar.
+    Raises `TrainingDiverged` at a loss that is not finite, `TrainingInterrupted` at Ctrl-C."""
     from tqdm.auto import tqdm
 
     cfg, world = cfg or TrainConfig(), current_world()
@@ -265,6 +289,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
     def evaluate() -> None:
         splits = (train_data, val_data)
         train_loss, val_loss = _evaluate(world, forward, splits, model.cfg.block_size, cfg, device)
+        _check_finite(train_loss + val_loss, step, "evaluated loss", checkpoint_path)
         history.train_loss.append(train_loss)
         history.val_loss.append(val_loss)
         history.eval_step.append(step)
@@ -275,27 +300,33 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
 
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
                disable=not (cfg.progress and world.is_main))
-    while step < cfg.max_iters:
-        if step % cfg.eval_interval == 0 and step not in history.eval_step:
+    try:
+        while step < cfg.max_iters:
+            if step % cfg.eval_interval == 0 and step not in history.eval_step:
+                evaluate()
+            # the ranks' clocks differ: all stop at one step, or one would wait for the others forever
+            if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
+                break
+            tick, lr = _now(device), lr_at(step, cfg)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            # one global batch from the sampler every rank shares; each rank steps on its rows
+            batch = get_batch(train_data, model.cfg.block_size, global_rows, generator=batches,
+                              device=device)
+            loss = _step(world, stepper, optimizer, batch, cfg, device)
+            _check_finite(loss, step, "training loss", checkpoint_path)
+            history.loss.append(loss)
+            history.step.append(step)
+            history.lr.append(lr)
+            history.train_seconds += _now(device) - tick
+            step += 1
+            bar.update(1)
+        if step not in history.eval_step:
             evaluate()
-        # the ranks' clocks differ: all stop at one step, or one would wait for the others forever
-        if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
-            break
-        tick, lr = _now(device), lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        # one global batch from the sampler every rank shares; each rank steps on its rows
-        batch = get_batch(train_data, model.cfg.block_size, global_rows, generator=batches,
-                          device=device)
-        history.loss.append(_step(world, stepper, optimizer, batch, cfg, device))
-        history.step.append(step)
-        history.lr.append(lr)
-        history.train_seconds += _now(device) - tick
-        step += 1
-        bar.update(1)
-    if step not in history.eval_step:
-        evaluate()
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(step) from None
+    finally:
+        bar.close()  # its last line before any message
     history.wall_seconds = base + _now(device) - began
-    bar.close()
     model.eval()
     return history

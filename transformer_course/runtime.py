@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import glob
@@ -64,7 +65,20 @@ def pick_device(preferred: str | None = None) -> torch.device:
         raise RuntimeError(f"device {choice!r} was asked for but CUDA is not available here; use 'cpu'")
     if kind == "mps" and not _mps_available():
         raise RuntimeError(f"device {choice!r} was asked for but MPS is not available here; use 'cpu'")
-    return torch.device(choice)
+    try:
+        device = torch.device(choice)
+    except RuntimeError:  # "cuda:x", "cpu:-1"
+        raise ValueError(f"{choice!r} is not a device name: write cpu, cuda, cuda:N or mps") from None
+    # an index past the last device would fail later and elsewhere (torch.load calls it a damaged file)
+    if device.index is not None and device.index >= (torch.cuda.device_count() if kind == "cuda" else 1):
+        raise RuntimeError(f"device {choice!r} does not exist; this machine has {', '.join(available_devices())}")
+    return torch.device("cpu") if kind == "cpu" else device  # the CPU is one device: "cpu:0" is "cpu"
+
+
+def available_devices() -> list[str]:
+    """The devices here, as ``pick_device`` takes them: cpu, then cuda:0 ... cuda:N-1, then mps."""
+    cuda = [f"cuda:{i}" for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    return ["cpu", *cuda, *(["mps"] if _mps_available() else [])]
 
 
 FAST_BF16_ENV = "TRANSFORMER_COURSE_FAST_BF16"
@@ -126,3 +140,32 @@ def atomic_save(obj, path) -> Path:
                           "free some space or write elsewhere. The previous file, if any, is unchanged") from error
         raise
     return path
+
+
+LOCK_NAME = ".lock"  # beside the checkpoints of a `transformer-course train --out` folder
+
+
+@contextlib.contextmanager
+def folder_lock(folder, what: str = "folder"):
+    """Hold an exclusive lock on `folder` (``fcntl.flock`` on its file ``.lock``, which then holds this
+    process's id) until the block ends, or until the process dies: the system releases it then, so a killed
+    run leaves no stale lock. A second holder is refused at once with a ``RuntimeError`` naming the first
+    one's PID. Where ``fcntl`` is missing (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    fd = os.open(Path(folder) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise RuntimeError(f"{what} is in use by another run (PID {holder}), and two runs writing one "
+                               "folder destroy each other's checkpoints: wait for that run to end (or stop it), "
+                               "or choose another folder") from None
+        os.pwrite(fd, f"{os.getpid():<20}\n".encode(), 0)  # one width: no truncation, no half-written id
+        yield
+    finally:
+        os.close(fd)  # releases the lock
