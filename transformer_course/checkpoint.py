@@ -6,6 +6,7 @@ from __future__ import annotations
 # Checkpoints (checkpoint.py): all a run needs to continue exactly, written atomically with a SHA-256,
 # read with weights_only=True, refused with a `CheckpointError` that says why.
 import hashlib
+import math
 import re
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -130,6 +131,10 @@ def _read(path: Path, map_location) -> dict:
     if state["format"] != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; "
                               f"this version reads format {CHECKPOINT_FORMAT}")
+    # a view repeating a few stored numbers (stride 0) would be expanded by the checksum: refused first
+    if strided := next((name for name, t in _tensors(state) if not t.is_contiguous()), None):
+        raise CheckpointError(f"checkpoint {path}: its entry {strided} is a strided view (a few stored numbers "
+                              "repeated), which save_checkpoint never writes")
     stored = state.pop("sha256", None)  # files saved before checksums have none
     if stored is not None and stored != state_sha256(state):
         raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "
@@ -139,15 +144,101 @@ def _read(path: Path, map_location) -> dict:
     return state
 
 
+def _tensors(value, name: str = ""):
+    """(entry name, tensor) for every tensor inside `value`'s dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict | list | tuple):
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            yield from _tensors(item, f"{name}[{key!r}]" if name else str(key))
+
+
 def _check_size(config: GPTConfig, weights: dict, max_parameters: int | None) -> None:
-    """Refuse a config larger than the tensors stored with it, or than `max_parameters`, before building it."""
+    """Refuse a config larger than the numbers stored with it, or than `max_parameters`, before building it."""
     wanted = count_parameters(config)
     if max_parameters is not None and wanted > max_parameters:
         raise ValueError(f"its config asks for a model of {wanted:,} parameters, more than max_parameters="
                          f"{max_parameters:,}; pass max_parameters=None to load it anyway")
-    held = sum(t.numel() for t in weights.values())
-    if held < wanted:
+    # the bytes each storage really holds, once per storage (tied weights share one), not numel()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size()
+                for t in weights.values()}
+    if (held := sum(storages.values())) < wanted:
         raise ValueError(f"its config asks for {wanted:,} parameters but the file holds {held:,} numbers")
+
+
+_ADAMW_NEVER = ("amsgrad", "maximize", "capturable", "differentiable")  # make_optimizer leaves these False
+
+
+def _check_resume(state: dict, model: nn.Module) -> None:
+    """Refuse (naming the entry) what a resume would hand to AdamW, the history or the random generators
+    unless it is what save_checkpoint writes for `model`: AdamW's fused kernel trusts every shape."""
+    def need(ok, entry: str, what: str) -> None:
+        if not ok:
+            raise ValueError(f"its entry {entry} must be {what}")
+
+    number, history = (int, float), state.get("history")
+    lists = {"step": ("step", "loss", "lr"), "eval_step": ("eval_step", "train_loss", "val_loss", "eval_seconds")}
+    for first, keys in lists.items() if history is not None else ():
+        for key in keys:
+            values, kind = getattr(history, key), int if key.endswith("step") else number
+            need(isinstance(values, list) and len(values) == len(getattr(history, first))
+                 and all(isinstance(v, kind) and not isinstance(v, bool) for v in values), f"history[{key!r}]",
+                 f"a list of {'whole numbers' if kind is int else 'numbers'} as long as history[{first!r}]")
+    for key in ("tokens_per_step", "train_seconds", "wall_seconds") if history is not None else ():
+        value = getattr(history, key)
+        need(isinstance(value, number) and not isinstance(value, bool) and 0 <= value < math.inf,
+             f"history[{key!r}]", "a finite number >= 0")
+    for key, value in state.get("rng", {}).items():
+        need(key in ("torch", "batch", "ranks", "cuda"), f"rng[{key!r}]", "one of torch, batch, ranks, cuda")
+        for i, saved in enumerate(value if key in ("ranks", "cuda") and isinstance(value, list) else [value]):
+            need(isinstance(saved, torch.Tensor) and saved.dtype == torch.uint8 and saved.dim() == 1, f"rng[{key!r}]",
+                 "a generator state (a 1-D uint8 tensor)")
+            try:
+                if key != "cuda":
+                    torch.Generator().set_state(saved.cpu())
+                elif torch.cuda.is_available():
+                    need(saved.shape == torch.cuda.get_rng_state(i).shape, f"rng['cuda'][{i}]", "a GPU's state")
+            except (RuntimeError, IndexError):  # another size, or more GPUs than this machine has
+                need(False, f"rng[{key!r}]", "a state of this PyTorch's generator")
+    if (optimizer := state.get("optimizer")) is None:
+        return
+    from .training import param_groups  # make_optimizer's groups (training imports this module)
+
+    groups = [g["params"] for g in param_groups(model, 0.0)]
+    need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+         and isinstance(saved := optimizer.get("param_groups"), list) and len(saved) == len(groups)
+         and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(params)
+                 for g, params in zip(saved, groups, strict=True)),
+         "optimizer", f"AdamW's state, {len(groups)} param_groups of {' and '.join(map(str, map(len, groups)))} "
+         "parameters")
+    ids = [i for g in saved for i in g["params"]]
+    need(all(type(i) is int for i in ids) and len(set(ids)) == len(ids), "optimizer['param_groups']",
+         "lists of distinct parameter numbers")
+    for i, g in enumerate(saved):
+        entry = f"optimizer['param_groups'][{i}]"
+        for key, high in (("lr", math.inf), ("eps", 1.0), ("weight_decay", math.inf)):
+            need(isinstance(g.get(key), number) and 0 <= g[key] < high, f"{entry}[{key!r}]",
+                 f"a number in [0, {high})")
+        need(isinstance(g.get("betas"), tuple | list) and len(g["betas"]) == 2
+             and all(isinstance(b, number) and 0 <= b < 1 for b in g["betas"]), f"{entry}['betas']",
+             "two numbers in [0, 1)")
+        for flag in (*_ADAMW_NEVER, "foreach", "fused", "decoupled_weight_decay"):
+            allowed = (False,) if flag in _ADAMW_NEVER else (True, False, None)
+            need(any(g.get(flag, False) is a for a in allowed), f"{entry}[{flag!r}]", " or ".join(map(str, allowed)))
+    parameter = dict(zip(ids, (p for params in groups for p in params), strict=True))
+    for i, entry in optimizer["state"].items():
+        name = f"optimizer['state'][{i!r}]"
+        need(i in parameter and isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}, name,
+             "AdamW's step, exp_avg and exp_avg_sq of a parameter of its param_groups")
+        p, step = parameter[i], entry["step"]
+        need(isinstance(step, torch.Tensor) and step.shape == () and step.dtype == torch.float32
+             and 0 <= step.item() < math.inf, f"{name}['step']", "a number >= 0 in a float32 tensor of shape ()")
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = entry[key]
+            need(isinstance(t, torch.Tensor) and t.shape == p.shape and t.dtype == p.dtype, f"{name}[{key!r}]",
+                 f"a {p.dtype} tensor of its parameter's shape {tuple(p.shape)}")
+            need(bool(torch.isfinite(t).all()) and (key == "exp_avg" or bool((t >= 0).all())), f"{name}[{key!r}]",
+                 "finite" + (" and >= 0" if key == "exp_avg_sq" else ""))
 
 
 def _tokenizer_from(entry):
@@ -191,5 +282,9 @@ def load_checkpoint(path, model=None, map_location="cpu", *,
         model.load_state_dict(state["model"])
     except RuntimeError as error:
         raise CheckpointError(f"checkpoint {path} holds weights that do not fit its config: {error}") from error
+    try:
+        _check_resume({**state, "history": history}, model)
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path} cannot be resumed from: {error}") from error
     return Checkpoint(model=model.eval(), config=config, step=step, optimizer_state=state.get("optimizer"),
                       train_config=train_config, rng=rng, tokenizer=tokenizer, history=history)
