@@ -73,7 +73,7 @@ import regex
 
 from transformer_course import presplit
 from transformer_course.arguments import flag, whole_number
-from transformer_course.bpe import apply_merges, train_merges
+from transformer_course.bpe import SHORT_CHUNK, apply_merges, apply_merges_heap, train_merges
 
 FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
 
@@ -675,7 +675,7 @@ print({sample_vocab[i].decode(): i for i in (sample_merges[(111, 114)], sample_m
 # **Your turn - Exercise 1.5 (★★☆, debug).** Write `apply_merges` so that it gives the same ids as
 # the replay, still looking up only the pairs the chunk contains (the check hands you a merge table
 # that refuses to be walked through, as a table of 100,000 merges should be). The tokenizer in
-# section 8 encodes every chunk with your `apply_merges`.
+# section 8 encodes every chunk with your `apply_merges` (every chunk of ordinary length: see below).
 
 # %%
 #| export bpe
@@ -703,6 +703,62 @@ apply_merges = check_apply_merges(apply_merges).use
 assert all(apply_merges(list(c), sample_merges) == replay(list(c)) for c in sample_chunks)
 print(f"apply_merges agrees with training on all {len(sample_chunks):,} distinct chunks;",
       "' or' ->", [sample_vocab[i].decode() for i in apply_merges(list(b" or"), sample_merges)])
+
+# %% [markdown]
+# Your `apply_merges` looks at every pair of the chunk before each merge. A chunk holds a few bytes, so
+# that costs nothing; but one chunk can be long (a word of 30,000 letters with no space, a file with
+# `pattern=None`), and then each of its thousands of merges walks all its pairs again: quadratic.
+# Fast tokenizers keep the candidates in a **heap** of (rank, position) over a **doubly linked list**
+# of the parts. A merge joins a part with the next one and creates at most two new pairs (with the
+# neighbours on either side), which go into the heap; an entry whose pair has changed since it went in
+# is stale and skipped when it comes out. Equal ranks come out leftmost first, as in your loop, so the
+# ids are the same. The tokenizer of section 8 keeps your `apply_merges` for chunks of up to
+# `SHORT_CHUNK` bytes and uses `apply_merges_heap` for longer ones.
+
+# %%
+#| export bpe
+SHORT_CHUNK = 64  # BPETokenizer hands longer chunks to apply_merges_heap (apply_merges is quadratic in the length)
+
+
+def apply_merges_heap(ids: Sequence[int], merges: dict) -> list[int]:
+    """``apply_merges`` in O(n log n) for a chunk of n ids: the same result, for long chunks.
+
+    Candidate pairs wait in a heap of (rank, position); the parts form a doubly linked list. Each merge
+    pushes at most two new pairs, and an entry whose pair changed since it was pushed is skipped, so
+    ``merges.get`` is called at most 6n times.
+    """
+    ids = list(ids)
+    after = [*range(1, len(ids)), _NO_POSITION]  # after[i]: the part that follows part i
+    before = [_NO_POSITION, *range(len(ids) - 1)]
+    heap = [(rank, i) for i, pair in enumerate(pairwise(ids)) if (rank := merges.get(pair)) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = after[i]
+        if j == _NO_POSITION or merges.get((ids[i], ids[j])) != rank:
+            continue  # stale: part i was merged away or one of the two parts has changed
+        ids[i], after[i], after[j] = rank, after[j], _NO_POSITION  # part j joins part i
+        if after[i] != _NO_POSITION:
+            before[after[i]] = i
+        for left in (before[i], i):  # the two new pairs: (before, i) and (i, after)
+            if left != _NO_POSITION and after[left] != _NO_POSITION:
+                new = merges.get((ids[left], ids[after[left]]))
+                if new is not None:
+                    heapq.heappush(heap, (new, left))
+    out, i = [], 0 if ids else _NO_POSITION
+    while i != _NO_POSITION:
+        out.append(ids[i])
+        i = after[i]
+    return out
+
+# %%
+import random  # noqa: E402
+
+assert all(apply_merges_heap(list(c), sample_merges) == apply_merges(list(c), sample_merges) for c in sample_chunks)
+long_word = bytes(random.Random(0).choices(b"abcdefghijklmnopqrstuvwxyz", k=5_000))
+same = apply_merges_heap(list(long_word), sample_merges) == apply_merges(list(long_word), sample_merges)
+print(f"apply_merges_heap agrees with apply_merges on all {len(sample_chunks):,} chunks and on a "
+      f"{len(long_word):,}-letter word: {same}")
 
 # %% [markdown]
 # ## 7. Pre-splitting: where merges may not cross
@@ -795,7 +851,7 @@ print(split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 # - `pattern` for pre-splitting and `special_tokens` (string -> id).
 #
 # Encoding a chunk maps its bytes to their ids and hands them to `apply_merges` (yours, when it
-# passed 1.5). A chunk that is already a whole token becomes that token at once; tiktoken takes the
+# passed 1.5), or to `apply_merges_heap` when it is longer than `SHORT_CHUNK` bytes. A chunk that is already a whole token becomes that token at once; tiktoken takes the
 # same shortcut, and we need identical ids. A cache remembers chunks already encoded, because words
 # repeat. `vocab_size` is the largest id + 1: the number of rows an embedding table needs.
 
@@ -998,7 +1054,8 @@ class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
         if data in self._id_of_bytes:  # the chunk is one token (tiktoken's shortcut too)
             ids = [self._id_of_bytes[data]]
         else:
-            ids = apply_merges([self.byte_ids[b] for b in data], self.merges)
+            ids = [self.byte_ids[b] for b in data]
+            ids = apply_merges(ids, self.merges) if len(ids) <= SHORT_CHUNK else apply_merges_heap(ids, self.merges)
         if len(self._cache) < 200_000:
             self._cache[chunk] = ids
         return ids
@@ -1541,6 +1598,6 @@ quiz([
 # `from_dict`, `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`,
 # `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`, `KNOWN_PATTERNS`, `SPECIAL_ID_ROOM`.
 # **To `transformer_course.bpe`:** `get_pair_counts`, `merge_pair`, `train_merges_simple`,
-# `train_merges`, `apply_merges`.
+# `train_merges`, `apply_merges`, `apply_merges_heap`, `SHORT_CHUNK`.
 #
 # Next, chapter 02 turns these ids into vectors.

@@ -17,7 +17,10 @@ from .arguments import flag, whole_number
 _NO_POSITION = -1  # in train_merges' linked lists: no neighbour there, or a position merged away
 
 
-__all__ = ['get_pair_counts', 'merge_pair', 'train_merges_simple', 'train_merges', 'apply_merges']
+__all__ = [
+    'get_pair_counts', 'merge_pair', 'train_merges_simple', 'train_merges', 'apply_merges',
+    'SHORT_CHUNK', 'apply_merges_heap',
+]
 
 
 def get_pair_counts(ids: Sequence[int], counts: dict | None = None, weight: int = 1) -> dict:
@@ -147,3 +150,38 @@ def apply_merges(ids: Sequence[int], merges: dict) -> list[int]:
             break
         ids = merge_pair(ids, pair, merges[pair])
     return ids
+
+
+SHORT_CHUNK = 64  # BPETokenizer hands longer chunks to apply_merges_heap (apply_merges is quadratic in the length)
+
+
+def apply_merges_heap(ids: Sequence[int], merges: dict) -> list[int]:
+    """``apply_merges`` in O(n log n) for a chunk of n ids: the same result, for long chunks.
+
+    Candidate pairs wait in a heap of (rank, position); the parts form a doubly linked list. Each merge
+    pushes at most two new pairs, and an entry whose pair changed since it was pushed is skipped, so
+    ``merges.get`` is called at most 6n times.
+    """
+    ids = list(ids)
+    after = [*range(1, len(ids)), _NO_POSITION]  # after[i]: the part that follows part i
+    before = [_NO_POSITION, *range(len(ids) - 1)]
+    heap = [(rank, i) for i, pair in enumerate(pairwise(ids)) if (rank := merges.get(pair)) is not None]
+    heapq.heapify(heap)
+    while heap:
+        rank, i = heapq.heappop(heap)
+        j = after[i]
+        if j == _NO_POSITION or merges.get((ids[i], ids[j])) != rank:
+            continue  # stale: part i was merged away or one of the two parts has changed
+        ids[i], after[i], after[j] = rank, after[j], _NO_POSITION  # part j joins part i
+        if after[i] != _NO_POSITION:
+            before[after[i]] = i
+        for left in (before[i], i):  # the two new pairs: (before, i) and (i, after)
+            if left != _NO_POSITION and after[left] != _NO_POSITION:
+                new = merges.get((ids[left], ids[after[left]]))
+                if new is not None:
+                    heapq.heappush(heap, (new, left))
+    out, i = [], 0 if ids else _NO_POSITION
+    while i != _NO_POSITION:
+        out.append(ids[i])
+        i = after[i]
+    return out

@@ -23,7 +23,7 @@ import regex
 
 from . import presplit
 from .arguments import flag, whole_number
-from .bpe import apply_merges, train_merges
+from .bpe import SHORT_CHUNK, apply_merges, apply_merges_heap, train_merges
 
 FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
 
@@ -300,7 +300,8 @@ class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
         if data in self._id_of_bytes:  # the chunk is one token (tiktoken's shortcut too)
             ids = [self._id_of_bytes[data]]
         else:
-            ids = apply_merges([self.byte_ids[b] for b in data], self.merges)
+            ids = [self.byte_ids[b] for b in data]
+            ids = apply_merges(ids, self.merges) if len(ids) <= SHORT_CHUNK else apply_merges_heap(ids, self.merges)
         if len(self._cache) < 200_000:
             self._cache[chunk] = ids
         return ids
