@@ -1,9 +1,11 @@
 """Benchmark chapter 01's BPE: training (incremental pair counts against a full recount before every
 merge, with GPT-4's pre-split pattern and without one), encoding throughput (the pure-Python teaching
-encoder against its tiktoken form) and streaming encoding of a file (its memory peak).
+encoder against its tiktoken form), streaming encoding of a file (its memory peak) and one long word
+(the chapter's plain apply_merges loop against apply_merges_heap, which BPETokenizer uses for long chunks).
 
     .venv/bin/python benchmarks/bench_bpe.py            # writes benchmarks/results/bpe.md
     .venv/bin/python benchmarks/bench_bpe.py --quick    # smaller sizes, prints only
+    .venv/bin/python benchmarks/bench_bpe.py --long-word    # only the long-word table, rewritten in bpe.md
 
 Timings on a shared machine are noisy: read the ratios, which are measured within one run. Both
 trainers must learn the same merges (checked here too); the tests check it on more inputs.
@@ -12,6 +14,7 @@ trainers must learn the same merges (checked here too); the tests check it on mo
 from __future__ import annotations
 
 import argparse
+import random
 import tempfile
 import time
 import tracemalloc
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import machine
 
+from transformer_course.bpe import apply_merges
 from transformer_course.data import load_shakespeare
 from transformer_course.presplit import GPT4_SPLIT_PATTERN
 from transformer_course.tokenization import BPETokenizer, get_encoding
@@ -85,10 +89,64 @@ def bench_stream(tokenizer: BPETokenizer, text: str, folder: Path) -> dict:
             "whole_s": whole_s, "whole_peak": whole_peak}
 
 
+LONG_WORD_TITLE = "## One long word: random lower-case letters, one pre-split chunk (cl100k_base's merges)"
+PLAIN_LIMIT = 40_000  # the plain loop is quadratic: 1M letters would take hours, so it runs on the short word only
+
+
+def bench_long_word(sizes=(32_000, 1_000_000)) -> list[dict]:
+    """``encode`` of one word of n random letters: the plain loop (what encode ran before issue 40), the heap
+    (``BPETokenizer.encode`` now, a fresh cache) and tiktoken; all three must give the same ids."""
+    ours, enc = BPETokenizer.from_tiktoken("cl100k_base"), get_encoding("cl100k_base")
+    rows = []
+    for n in sizes:
+        word = "".join(random.Random(n).choices("abcdefghijklmnopqrstuvwxyz", k=n))
+        start = time.perf_counter()
+        heap = ours.encode(word)
+        heap_s = time.perf_counter() - start
+        ours._cache.clear()
+        rust_s, rust = best_of(lambda word=word: enc.encode(word), repeats=3)
+        plain_s = None
+        if n <= PLAIN_LIMIT:
+            start = time.perf_counter()
+            plain = apply_merges([ours.byte_ids[b] for b in word.encode()], ours.merges)
+            plain_s = time.perf_counter() - start
+            assert plain == heap
+        assert heap == rust, f"heap and tiktoken differ on {n:,} letters"
+        rows.append({"n": n, "tokens": len(heap), "plain_s": plain_s, "heap_s": heap_s, "rust_s": rust_s})
+        print(f"long word {n:,}: plain {plain_s if plain_s is None else round(plain_s, 2)} s, "
+              f"heap {heap_s:.3f} s, tiktoken {rust_s:.4f} s")
+    return rows
+
+
+def long_word_lines(rows: list[dict]) -> list[str]:
+    lines = [LONG_WORD_TITLE, "", f"{machine.markdown_line()}", "",
+             "| letters | tokens | plain `apply_merges` loop, before issue 40 (s) "
+             "| `encode` with `apply_merges_heap` (s) | tiktoken (s) |", "|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        plain = f"{r['plain_s']:.1f}" if r["plain_s"] is not None else "not run (quadratic: hours)"
+        lines.append(f"| {r['n']:,} | {r['tokens']:,} | {plain} | {r['heap_s']:.2f} | {r['rust_s']:.3f} |")
+    lines += ["", "Identical ids from all encoders that ran (checked by the benchmark). One run each for the Python "
+              "encoders, best of 3 for tiktoken; the `encode` time includes pre-splitting.", ""]
+    return lines
+
+
+def write_long_word_only() -> None:
+    """Replace (or append) the long-word section of bpe.md, keeping the rest of the file."""
+    lines = long_word_lines(bench_long_word())
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
+    head = text.split(LONG_WORD_TITLE)[0].rstrip("\n")
+    RESULTS.write_text(head + "\n\n" + "\n".join(lines), encoding="utf-8")
+    print(f"wrote the long-word section of {RESULTS}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="100 KB and vocabulary 512; print, do not write")
+    parser.add_argument("--long-word", action="store_true", help="only the long-word table (rewritten in bpe.md)")
     args = parser.parse_args()
+    if args.long_word:
+        write_long_word_only()
+        return
     corpus = load_shakespeare()
     size, vocab = (100_000, 512) if args.quick else (1_000_000, 1024)
     text = corpus[:size]
@@ -154,6 +212,7 @@ def main() -> None:
               f"| `encode_stream(file)` | {stream['stream_peak'] / 1e6:.2f} | {stream['stream_s']:.1f} |", "",
               "Identical ids (checked by the benchmark). The chunk cache was filled first; tracemalloc slows both.",
               ""]
+    lines += long_word_lines(bench_long_word())
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text("\n".join(lines), encoding="utf-8")
     print(f"wrote {RESULTS}")
