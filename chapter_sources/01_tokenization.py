@@ -72,7 +72,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import regex
 
 from transformer_course import presplit
-from transformer_course.arguments import flag, whole_number
+from transformer_course.arguments import flag, read_json, whole_number
 from transformer_course.bpe import SHORT_CHUNK, apply_merges, apply_merges_heap, train_merges
 
 FORMAT, FORMAT_VERSION = "transformer-course-bpe", 1  # the header of a saved BPETokenizer
@@ -858,6 +858,11 @@ print(split_special("the end.<|endoftext|>A new play", [ENDOFTEXT]))
 # %%
 #| export
 SPECIAL_ID_ROOM = 1024  # special ids may leave this many ids unused after the merges (cl100k_base leaves 16)
+# What a merge table may build (checked from the lengths, before any token is made): each merge can double a
+# token, so 34 merges in a file would ask for 16 GB. cl100k_base's longest token has 128 bytes, all its tokens
+# together about 0.7 MB.
+MAX_TOKEN_BYTES, MAX_VOCAB_BYTES = 1 << 16, 1 << 26
+MAX_FILE_DEPTH = 8  # how deeply a tokenizer file's JSON may nest (a saved BPETokenizer nests 3 levels)
 _STREAM_BLOCK = 1 << 14  # characters encode_stream reads per step
 
 # %% [markdown]
@@ -914,13 +919,13 @@ class _TokenizerFiles:
 
     @classmethod
     def load(cls, path, trust_pattern: bool = False) -> "BPETokenizer":
-        """A tokenizer saved with ``save`` (see ``from_dict`` for ``trust_pattern``)."""
-        with open(path, encoding="utf-8") as f:
-            try:
-                d = json.load(f)
-            except ValueError as e:  # invalid JSON or invalid UTF-8
-                raise ValueError(f"{path} is not a saved BPETokenizer (invalid JSON: {e})") from None
-        return cls.from_dict(d, trust_pattern)
+        """A tokenizer saved with ``save`` (see ``from_dict`` for ``trust_pattern``); every problem is a
+        ValueError that names the file (its JSON may nest ``MAX_FILE_DEPTH`` levels)."""
+        d = read_json(path, "a saved BPETokenizer", MAX_FILE_DEPTH)
+        try:
+            return cls.from_dict(d, trust_pattern)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 # %%
@@ -977,11 +982,17 @@ class BPETokenizer(_TokenizerFiles, _TiktokenBridge):
             raise ValueError("merges must be a dict (left id, right id) -> new id, and byte_ids 256 distinct ids, "
                              "one per byte value")
         self.vocab = {i: bytes([b]) for b, i in enumerate(byte_ids)}  # id -> bytes
-        self.merges = {}
+        self.merges, total = {}, 256
         checked = [tuple(whole_number(i, "a merge id", low=0) for i in (*pair, new)) for pair, new in merges.items()]
         for a, b, new in sorted(checked, key=lambda m: m[2]):  # parts before wholes
             if a not in self.vocab or b not in self.vocab or new in self.vocab:
                 raise ValueError(f"merge ({a}, {b}) -> {new} uses an unknown id or reuses an existing one")
+            size = len(self.vocab[a]) + len(self.vocab[b])
+            total += size
+            if size > MAX_TOKEN_BYTES or total > MAX_VOCAB_BYTES:
+                raise ValueError(f"merge ({a}, {b}) -> {new} builds a token of {size:,} bytes (all tokens so far: "
+                                 f"{total:,}); the limits are MAX_TOKEN_BYTES = {MAX_TOKEN_BYTES:,} per token and "
+                                 f"MAX_VOCAB_BYTES = {MAX_VOCAB_BYTES:,} in all: is this file corrupted?")
             self.merges[(a, b)] = new
             self.vocab[new] = self.vocab[a] + self.vocab[b]
         if max(self.vocab) != len(self.vocab) - 1:
@@ -1590,13 +1601,14 @@ quiz([
 #   bytes of an unfinished character until the rest arrives.
 # - Our pure-Python encoder reproduces tiktoken's `cl100k_base` ids exactly, and `to_tiktoken()`
 #   gives our own tokenizer Rust speed with identical ids.
-# - A tokenizer file is untrusted data: ids must fit the vocabulary and the pattern must be a known
-#   one. `encode_stream` encodes a file of any size in flat memory, with the same ids as `encode`.
+# - A tokenizer file is untrusted data: ids must fit the vocabulary, the pattern must be a known
+#   one, and the length of the tokens its merges build is bounded before any is made. `encode_stream` encodes a file of any size in flat memory, with the same ids as `encode`.
 #
 # **Exported to `transformer_course.tokenization`:** `CharTokenizer`, `BPETokenizer` (`train`,
 # `encode`, `encode_ordinary`, `encode_stream`, `decode`, `decode_bytes`, `save`, `load`, `to_dict`,
 # `from_dict`, `to_tiktoken`, `from_tiktoken`), `get_encoding`, `tokenizer_from_dict`,
-# `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`, `KNOWN_PATTERNS`, `SPECIAL_ID_ROOM`.
+# `GPT2_SPLIT_PATTERN`, `GPT4_SPLIT_PATTERN`, `ENDOFTEXT`, `KNOWN_PATTERNS`, `SPECIAL_ID_ROOM`,
+# `MAX_TOKEN_BYTES`, `MAX_VOCAB_BYTES`, `MAX_FILE_DEPTH`.
 # **To `transformer_course.bpe`:** `get_pair_counts`, `merge_pair`, `train_merges_simple`,
 # `train_merges`, `apply_merges`, `apply_merges_heap`, `SHORT_CHUNK`.
 #

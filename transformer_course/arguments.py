@@ -9,10 +9,15 @@ string is never taken for a flag (``bias="no"`` would otherwise count as true).
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Iterable
 
-__all__ = ["choice", "flag", "whole_number", "real_number", "check_heads"]
+__all__ = ["choice", "flag", "whole_number", "real_number", "check_heads", "json_depth", "read_json"]
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*+"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
 
 
 def _fail(name: str, must: str, value, hint: str) -> ValueError:
@@ -86,3 +91,34 @@ def check_heads(d_model, n_head, n_kv_head=None, prefix: str = "") -> tuple[int,
         raise ValueError(f"n_head={nh} is not divisible by n_kv_head={nkv}: each key/value head serves "
                          f"n_head // n_kv_head query heads; choose n_kv_head among {fits}")
     return C, nh, nkv
+
+
+def json_depth(text: str) -> int:
+    """How deeply the arrays and objects of JSON ``text`` nest (0: a number or a string), found without
+    parsing: the brackets outside strings, counted. Exact for valid JSON."""
+    depth = deepest = 0
+    for c in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if c in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def read_json(path, what: str, max_depth: int = 16):
+    """The JSON value in the file ``path``, read as untrusted data: a ``ValueError`` that names the file
+    when it is not UTF-8 or not JSON, or nests deeper than ``max_depth`` (checked before parsing: Python's
+    parser would die with a RecursionError). ``what`` says what the file should be ("a saved
+    BPETokenizer"). A file that does not exist raises ``FileNotFoundError``, which names it."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not {what} (not UTF-8 text: {e.reason} at byte {e.start})") from None
+    depth = json_depth(text)
+    if depth > max_depth:
+        raise ValueError(f"{path} is not {what}: its JSON nests {depth} levels deep, and at most {max_depth} "
+                         "are accepted (is this file corrupted?)")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{path} is not {what} (invalid JSON: {e})") from None
