@@ -616,13 +616,17 @@ for layer in (0, cfg.n_layer - 1):
 # %%
 #| export
 @torch.no_grad()
-def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop_to) -> Iterator[torch.Tensor]:
-    """The loop behind ``stream``: yields LongTensor [B] once per new token."""
+def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop_to,
+           never=None) -> Iterator[torch.Tensor]:
+    """The loop behind ``stream``: yields LongTensor [B] once per new token; ids where ``never`` [V] is True
+    are never sampled."""
     block, made = model.cfg.block_size, 0
     finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
         nonlocal finished  # logits [B, V] -> tokens [B]; finished rows get eos_id
+        if never is not None:
+            logits = logits.masked_fill(never, float("-inf"))
         nxt = sample_next(logits, *knobs, generator=generator)
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)
@@ -652,17 +656,38 @@ def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop
 # The two entry points: `stream` yields one token per row and step, `generate` collects them. `stream`
 # checks the request before any work starts, so a mistake gets a message that names it rather than an
 # error from deep inside the model. Without a `generator` it makes a fresh one seeded with 0: the same
-# text every call; pass your own for others.
+# text every call; pass your own for others. `allowed=tokenizer` keeps the draw to ids the tokenizer can
+# decode: a model's vocabulary can be larger than its tokenizer's, and a BPE's special tokens can leave ids
+# unused (`cl100k_base` leaves 16), rows the model was never trained to avoid.
 
 # %%
 #| export
+def _never_sampled(allowed, vocab: int, device) -> torch.Tensor | None:
+    """``stream``'s ``allowed`` (a tokenizer, the ids it can decode, or None) -> bool [V], True where an id
+    must never be sampled: ids past the tokenizer, and ids a BPE's special tokens leave unused."""
+    if allowed is None:
+        return None
+    if hasattr(allowed, "vocab_size"):  # a tokenizer: a BPETokenizer decodes its vocab and its specials
+        table, specials = getattr(allowed, "vocab", None), getattr(allowed, "special_tokens", None)
+        ok = isinstance(table, dict) and isinstance(specials, dict)
+        allowed = [*table, *specials.values()] if ok else range(allowed.vocab_size)
+    ids = [whole_number(i, "an allowed token id", low=0) for i in allowed]
+    never = torch.ones(vocab, dtype=torch.bool)
+    never[[i for i in ids if i < vocab]] = False
+    if bool(never.all()):
+        raise ValueError(f"none of the allowed ids is in the model's vocabulary 0..{vocab - 1}: "
+                         "is this the model's tokenizer?")
+    return never.to(device)
+
+
 def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
            top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
-           eos_id: int | None = None, *, crop_to: int | None = None) -> Iterator[torch.Tensor]:
+           eos_id: int | None = None, *, crop_to: int | None = None, allowed=None) -> Iterator[torch.Tensor]:
     """Yield the next token of every prompt in idx [B, T], a LongTensor [B] per step, until ``max_new_tokens``
     or until every row has produced ``eos_id`` (finished rows are padded with it). A context longer than
     block_size is cropped to its last ``crop_to`` tokens. ``use_cache`` changes the cost, never the tokens;
-    ``generator=None`` means a fresh one seeded with 0."""
+    ``generator=None`` means a fresh one seeded with 0. ``allowed`` (the tokenizer, or the ids it can decode):
+    no other id is ever sampled (its logit is -inf), so every token decodes."""
     check_sampling(temperature, top_k, top_p)
     if not isinstance(idx, torch.Tensor) or idx.dtype != torch.long or idx.dim() != 2:
         raise ValueError(f"idx must be a LongTensor of token ids, 2-D [B, T], got {type(idx).__name__} "
@@ -690,15 +715,19 @@ def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1
     whole_number(eos_id, "eos_id", low=0, high=vocab - 1, none_ok=True)
     crop_to = whole_number(block if crop_to is None else crop_to, "crop_to", high=block,
                            hint=f"the tokens kept when the context outgrows block_size={block}")
-    return _steps(model, idx, max_new_tokens, (temperature, top_k, top_p), use_cache, generator, eos_id, crop_to)
+    never = _never_sampled(allowed, vocab, idx.device)
+    return _steps(model, idx, max_new_tokens, (temperature, top_k, top_p), use_cache, generator, eos_id, crop_to,
+                  never)
 
 # %%
 #| export
 def generate(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, use_cache: bool = True, generator: torch.Generator | None = None,
-             eos_id: int | None = None, *, crop_to: int | None = None) -> torch.Tensor:
-    """Continue the prompts idx [B, T]: LongTensor [B, T + new], new <= max_new_tokens (``stream``'s tokens)."""
-    steps = stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id, crop_to=crop_to)
+             eos_id: int | None = None, *, crop_to: int | None = None, allowed=None) -> torch.Tensor:
+    """Continue the prompts idx [B, T]: LongTensor [B, T + new], new <= max_new_tokens (``stream``'s tokens;
+    ``allowed``: the tokenizer, so that only ids it can decode are sampled)."""
+    steps = stream(model, idx, max_new_tokens, temperature, top_k, top_p, use_cache, generator, eos_id,
+                   crop_to=crop_to, allowed=allowed)
     return torch.cat([idx, *(step[:, None] for step in steps)], dim=1)
 
 # %% [markdown]
