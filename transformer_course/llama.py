@@ -8,7 +8,6 @@ from __future__ import annotations
 # grouped-query attention, no biases. Its tensors are `nn.Linear` weights [out, in] like ours, so the
 # loader renames and copies; it refuses, naming the option, what our model does not compute: rope
 # scaling, biases, another activation, a head size other than d_model // n_head, other architectures.
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -125,21 +124,24 @@ def convert_llama_state_dict(state: Mapping[str, torch.Tensor], cfg: GPTConfig) 
 
 def load_hf_llama(source) -> GPT:
     """Our `GPT`, in eval mode, holding a Hugging Face Llama: a `LlamaForCausalLM` object, or a local
-    folder with config.json and model.safetensors (or pytorch_model.bin)."""
+    folder with config.json and model.safetensors (or pytorch_model.bin). A folder that cannot be loaded
+    raises chapter 08's `HFCheckpointError` (a ValueError) naming the file and the key or field."""
     if isinstance(source, (str, os.PathLike)):
-        from .pretrained import read_hf_state_dict
+        from . import pretrained as hf
 
         folder = Path(source)
-        if not (folder / "config.json").is_file():
-            raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
-        hf_cfg, state = json.loads((folder / "config.json").read_text()), read_hf_state_dict(folder)
-    elif hasattr(source, "config") and hasattr(source, "state_dict"):
-        hf_cfg, state = source.config.to_dict(), source.state_dict()
-    else:
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "intermediate_size", "max_position_embeddings", "head_dim")
+        cfg = hf.hf_config(config_from_llama, hf.read_hf_config(folder, sizes), folder)
+        hf.check_hf_fits(build_gpt, cfg, folder)  # before reading or allocating anything
+        state, model = hf.read_hf_state_dict(folder), build_gpt(cfg)
+        hf.load_hf_weights(model, lambda: convert_llama_state_dict(state, cfg), folder)
+        return model.eval()
+    if not (hasattr(source, "config") and hasattr(source, "state_dict")):
         raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
-    cfg = config_from_llama(hf_cfg)
+    cfg = config_from_llama(source.config.to_dict())
     model = build_gpt(cfg)
-    model.load_state_dict(convert_llama_state_dict(state, cfg))
+    model.load_state_dict(convert_llama_state_dict(source.state_dict(), cfg))
     return model.eval()
 
 

@@ -9,7 +9,6 @@ Shapes: B batch, T time, C = d_model channels, V vocabulary, L layers.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -18,13 +17,15 @@ from pathlib import Path
 
 import torch
 
+from .arguments import read_json
 from .config import GPTConfig
 from .model import GPT
 
 __all__ = [
     'make_hf_stand_in', 'hf_key_map', 'HF_ACTIVATIONS', 'config_from_hf', 'convert_hf_state_dict',
-    'read_hf_state_dict', 'HubUnavailableError', 'hub_reachable', 'download_hf_gpt2',
-    'read_hf_gpt2', 'from_pretrained', 'block_outputs',
+    'read_hf_state_dict', 'MAX_HF_SIZE', 'HFCheckpointError', 'read_hf_config', 'hf_config',
+    'check_hf_fits', 'hf_shards', 'check_hf_tensors', 'load_hf_weights', 'HubUnavailableError',
+    'hub_reachable', 'download_hf_gpt2', 'read_hf_gpt2', 'from_pretrained', 'block_outputs',
 ]
 
 
@@ -161,21 +162,117 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 
 def read_hf_state_dict(folder: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The tensors of a checkpoint folder: safetensors (one file or sharded) preferred, else
-    `pytorch_model.bin` read with `weights_only=True`."""
+    `pytorch_model.bin` read with `weights_only=True`. Checked as untrusted data (`check_hf_tensors`)."""
     folder = Path(folder)
     single, index, pickled = (folder / name for name in _WEIGHT_FILES)
     if single.is_file() or index.is_file():
         from safetensors.torch import load_file
 
         if single.is_file():
-            return load_file(single)
+            return check_hf_tensors(single, load_file)
         tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            tensors.update(load_file(folder / shard))
+        for shard in hf_shards(index):
+            tensors.update(check_hf_tensors(folder / shard, load_file))
         return tensors
     if pickled.is_file():
-        return torch.load(pickled, map_location="cpu", weights_only=True)
+        return check_hf_tensors(pickled, lambda f: torch.load(f, map_location="cpu", weights_only=True))
     raise FileNotFoundError(f"no weights in {folder}: expected one of {', '.join(_WEIGHT_FILES)}")
+
+
+MAX_HF_SIZE = 1 << 24  # the largest vocabulary, width, depth or context a config.json may ask for
+
+
+class HFCheckpointError(ValueError):
+    """A Hugging Face folder that cannot be loaded; the message names the file and the key or field."""
+
+
+def read_hf_config(folder: Path, sizes: tuple[str, ...]) -> dict:
+    """``folder``/config.json as a dict whose ``sizes`` fields (when present) are whole numbers in 1..MAX_HF_SIZE."""
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
+    try:
+        hf = read_json(path, "a Hugging Face config", max_depth=16)
+    except ValueError as e:
+        raise HFCheckpointError(str(e)) from None
+    if not isinstance(hf, dict):
+        raise HFCheckpointError(f"{path} holds a JSON {type(hf).__name__}, not an object of config fields")
+    for name in sizes:
+        value = hf.get(name)
+        bad = isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_HF_SIZE
+        if value is not None and bad:
+            raise HFCheckpointError(f"{path}: {name} must be a whole number in 1..{MAX_HF_SIZE:,}, got {value!r}")
+    return hf
+
+
+def hf_config(make, hf: Mapping, folder: Path) -> GPTConfig:
+    """``make(hf)`` (config_from_hf, config_from_llama), its errors naming config.json."""
+    try:
+        return make(hf)
+    except (ValueError, TypeError, KeyError) as e:
+        problem = f"lacks the field {e}" if isinstance(e, KeyError) else str(e)
+        raise HFCheckpointError(f"{Path(folder) / 'config.json'}: {problem}") from None
+
+
+def check_hf_fits(build, config: GPTConfig, folder: Path) -> None:
+    """Refuse a config whose model (counted on the meta device: nothing allocated) needs more than twice
+    the bytes of the weight files (16-bit numbers at least)."""
+    with torch.device("meta"):
+        n = sum(p.numel() for p in build(config).parameters())
+    files = [Path(folder) / f for f in _WEIGHT_FILES if (Path(folder) / f).is_file()]
+    have = sum(f.stat().st_size for f in files)
+    if files and 2 * n > have + (1 << 20):
+        raise HFCheckpointError(f"{Path(folder) / 'config.json'} describes a model of {n:,} parameters (at least "
+                                f"{2 * n:,} bytes) but {', '.join(f.name for f in files)} hold {have:,} bytes: does "
+                                "config.json belong to these weights?")
+
+
+def hf_shards(index: Path) -> list[str]:
+    """The shard files a model.safetensors.index.json names (plain file names beside it)."""
+    try:
+        shards = read_json(index, "a safetensors index", max_depth=4)["weight_map"].values()
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise HFCheckpointError(f"{index} is not a safetensors index: it needs a weight_map object") from None
+    if any(not isinstance(f, str) or Path(f).name != f or f in ("", ".", "..") for f in shards):
+        raise HFCheckpointError(f"{index}: weight_map may only name files beside it")
+    return sorted(set(shards))
+
+
+def check_hf_tensors(path: Path, read) -> dict[str, torch.Tensor]:
+    """``read(path)``: a dict of named, finite tensors, or an HFCheckpointError naming the file and the key."""
+    if not path.is_file():
+        raise HFCheckpointError(f"{path} is missing")
+    try:
+        tensors = read(path)
+    except Exception as e:  # safetensors' and pickle's own errors: a corrupted or foreign file
+        raise HFCheckpointError(f"{path} cannot be read as weights ({type(e).__name__}: {e})") from None
+    if not isinstance(tensors, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                for k, v in tensors.items()):
+        raise HFCheckpointError(f"{path} does not hold a dict of named tensors")
+    for key, value in tensors.items():
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            raise HFCheckpointError(f"{path}: tensor {key!r} holds NaN or infinite values")
+    return tensors
+
+
+def load_hf_weights(model: torch.nn.Module, convert, folder: Path) -> None:
+    """``model.load_state_dict(convert())``, each missing, unknown or misshapen tensor named with the folder's
+    weight file."""
+    where = next((Path(folder) / f for f in _WEIGHT_FILES if (Path(folder) / f).is_file()), Path(folder))
+    try:
+        state = convert()
+    except HFCheckpointError:
+        raise
+    except ValueError as e:
+        raise HFCheckpointError(f"{where}: {e}") from None
+    target = model.state_dict()
+    for key in sorted(set(target) | set(state)):
+        if key not in state or key not in target:
+            raise HFCheckpointError(f"{where}: {'missing' if key in target else 'unexpected'} tensor {key!r}")
+        if state[key].shape != target[key].shape:
+            raise HFCheckpointError(f"{where}: {key} has shape {tuple(state[key].shape)}, the config needs "
+                                    f"{tuple(target[key].shape)}: does config.json belong to these weights?")
+    model.load_state_dict(state)
 
 
 _HUB_HOST = "huggingface.co"
@@ -246,18 +343,20 @@ def read_hf_gpt2(path_or_name: str | os.PathLike = "gpt2") -> tuple[GPTConfig, d
     (downloaded once, then cached).
     """
     folder = _resolve(path_or_name)
-    config_file = folder / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"no config.json in {folder}: save the model with save_pretrained(folder)")
-    return config_from_hf(json.loads(config_file.read_text())), read_hf_state_dict(folder)
+    hf = read_hf_config(folder, ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner"))
+    config = hf_config(config_from_hf, hf, folder)
+    check_hf_fits(GPT, config, folder)
+    return config, read_hf_state_dict(folder)
 
 
 def from_pretrained(path_or_name: str | os.PathLike = "gpt2") -> GPT:
     """OpenAI's GPT-2 weights in our `GPT` (eval mode), from a local Hugging Face folder (config.json,
-    model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2"."""
-    config, tensors = read_hf_gpt2(path_or_name)
+    model.safetensors or pytorch_model.bin) or a Hub name such as "gpt2". A folder that cannot be loaded
+    raises `HFCheckpointError` (a ValueError) naming the file and the key or field."""
+    folder = _resolve(path_or_name)
+    config, tensors = read_hf_gpt2(folder)
     model = GPT(config)
-    model.load_state_dict(convert_hf_state_dict(tensors, model))
+    load_hf_weights(model, lambda: convert_hf_state_dict(tensors, model), folder)
     return model.eval()
 
 
