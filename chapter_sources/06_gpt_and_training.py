@@ -1262,9 +1262,8 @@ def _check_resume(state: dict, model: nn.Module) -> None:
                 need(False, f"rng[{key!r}]", "a state of this PyTorch's generator")
     if (optimizer := state.get("optimizer")) is None:
         return
-    from transformer_course.training import param_groups  # make_optimizer's groups (training imports this module)
-
-    groups = [g["params"] for g in param_groups(model, 0.0)]
+    trainable = [p for p in model.parameters() if p.requires_grad]  # make_optimizer's two groups, in order:
+    groups = [[p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]]  # decayed, not
     need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
          and isinstance(saved := optimizer.get("param_groups"), list) and len(saved) == len(groups)
          and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(params)
