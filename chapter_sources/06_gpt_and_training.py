@@ -1262,8 +1262,10 @@ def _check_resume(state: dict, model: nn.Module) -> None:
                 need(False, f"rng[{key!r}]", "a state of this PyTorch's generator")
     if (optimizer := state.get("optimizer")) is None:
         return
-    trainable = [p for p in model.parameters() if p.requires_grad]  # make_optimizer's two groups, in order:
-    groups = [[p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]]  # decayed, not
+    # make_optimizer's two groups, in order: the matrices (decayed), then the vectors (a stable sort keeps order)
+    ordered = sorted((p for p in model.parameters() if p.requires_grad), key=lambda p: p.dim() < 2)
+    n_matrices = sum(p.dim() >= 2 for p in ordered)
+    groups = [ordered[:n_matrices], ordered[n_matrices:]]
     need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
          and isinstance(saved := optimizer.get("param_groups"), list) and len(saved) == len(groups)
          and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(params)

@@ -26,7 +26,7 @@ def shipped():
     return load_course_model()
 
 
-@pytest.mark.parametrize("name", ["shakespeare_char", "dates_iso"])
+@pytest.mark.parametrize("name", ["shakespeare_char", "dates_iso", "shakespeare_chat", "shakespeare_chat_lora"])
 def test_the_shipped_models_are_small_and_match_their_manifests(name):
     info = manifest(name)
     path = course_model.ASSETS / f"{name}.pt"
@@ -61,14 +61,16 @@ def test_its_tokenizer_is_the_one_chapter_06_builds(shipped):
 
 @pytest.fixture
 def scratch_assets(tmp_path, monkeypatch):
-    for name in ("shakespeare_char", "dates_iso"):
+    for name in ("shakespeare_char", "dates_iso", "shakespeare_chat", "shakespeare_chat_lora"):
         for suffix in (".pt", ".json"):
             (tmp_path / (name + suffix)).write_bytes((course_model.ASSETS / (name + suffix)).read_bytes())
     monkeypatch.setattr(course_model, "ASSETS", tmp_path)
     return tmp_path
 
 
-@pytest.mark.parametrize("name, load", [("shakespeare_char", load_course_model), ("dates_iso", load_dates_model)])
+@pytest.mark.parametrize("name, load", [("shakespeare_char", load_course_model), ("dates_iso", load_dates_model),
+                                        ("shakespeare_chat", course_model.load_chat_model),
+                                        ("shakespeare_chat_lora", course_model.load_lora_adapter)])
 def test_a_damaged_file_is_refused(scratch_assets, name, load):
     path = scratch_assets / f"{name}.pt"
     data = bytearray(path.read_bytes())
@@ -138,3 +140,12 @@ def test_the_shipped_dates_model_converts_dates():
     src = encode_batch(["the twenty-second of November 2026", "Mar 1st, 1999"], SOURCE_CHARS)
     out = shipped.model.greedy_decode(src, BOS, EOS)
     assert [decode_ids(row.tolist(), TARGET_CHARS) for row in out] == ["2026-11-22", "1999-03-01"]
+
+
+def test_the_chat_models_follow_chapter_11s_recipe():
+    chat, lora = manifest("shakespeare_chat"), manifest("shakespeare_chat_lora")
+    assert chat["recipe"]["steps"] == course_model.CHAT_STEPS and chat["recipe"]["lr"] == course_model.CHAT_LR
+    assert lora["recipe"]["steps"] == course_model.LORA_STEPS and lora["rank"] == course_model.LORA_RANK
+    assert len(course_model.load_chat_model().losses) == course_model.CHAT_STEPS
+    for info in (chat, lora):  # what fine-tuning did to Shakespeare (forgetting) is recorded
+        assert info["bits_per_char"]["fine_tuned"] > info["bits_per_char"]["base"]

@@ -1,6 +1,7 @@
 """Rebuild the trained models the course ships, in transformer_course/assets/: chapter 06's GPT
-(shakespeare_char.pt) and chapter 09's encoder-decoder (dates_iso.pt), each with a manifest (recipe,
-seeds, losses, machine, SHA-256). About three minutes on a 2-core CPU.
+(shakespeare_char.pt), chapter 09's encoder-decoder (dates_iso.pt) and chapter 11's chat model and
+LoRA adapter (shakespeare_chat.pt, shakespeare_chat_lora.pt), each with a manifest (recipe,
+seeds, losses, machine, SHA-256). About ten minutes on a 2-core CPU.
 
     .venv/bin/python tools/build_course_model.py            # both
     .venv/bin/python tools/build_course_model.py dates_iso  # one of them
@@ -10,9 +11,11 @@ The recipes are the chapters' own; see `transformer_course/course_model.py`.
 
 import sys
 
-from transformer_course.course_model import build_course_model, build_dates_model, manifest
+from transformer_course.course_model import build_chat_models, build_course_model, build_dates_model, manifest
 
-BUILDERS = {"shakespeare_char": build_course_model, "dates_iso": build_dates_model}
+# shakespeare_chat (and its LoRA adapter) start from shakespeare_char: rebuild that first
+BUILDERS = {"shakespeare_char": build_course_model, "dates_iso": build_dates_model,
+            "shakespeare_chat": build_chat_models}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BUILDERS)

@@ -251,11 +251,63 @@ def _run_generate(args) -> int:
     idx = encode_prompt(tok, args.prompt, device=device)
     generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
     steps = stream(ckpt.model.to(device), idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                   generator=generator)
+                   generator=generator, allowed=tok)
     print(args.prompt, end="", flush=True)
     for piece in decode_stream(tok, (int(step[0]) for step in steps)):
         print(piece, end="", flush=True)
     print()
+    return 0
+
+
+# ---------------------------------------------------------------- chat (chapter 11)
+def _add_chat(sub) -> None:
+    p = sub.add_parser(
+        "chat", help="talk to a chat model (chapter 11): the course's fine-tuned model unless --checkpoint",
+        description="Type a message, then Enter; the answer is streamed. Ctrl-D (or /exit) ends. The course's model "
+                    "knows the tasks it was fine-tuned on: 'upper: WORD', 'reverse: WORD', 'count: WORD', "
+                    "'who says: LINE'. The history is kept as far as the model's context allows.")
+    p.add_argument("--checkpoint", default=None,
+                   help="a chat model written by assistant.save_chat_model (default: the course's shipped model)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="longest answer, in tokens (default 24)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) means greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random draws (temperature > 0)")
+    p.set_defaults(handler=_cmd_chat)
+
+
+def _cmd_chat(args) -> int:
+    import torch
+
+    from .assistant import reply_stream
+    from .course_model import load_chat_model
+    from .generation import check_sampling
+
+    check_sampling(args.temperature, args.top_k, None)
+    chat = load_chat_model(args.checkpoint)
+    generator = torch.Generator().manual_seed(args.seed)
+    interactive = sys.stdin.isatty()
+    history: list[dict] = []
+    while True:
+        try:
+            line = input("you: " if interactive else "")
+        except EOFError:
+            break
+        line = line.strip()
+        if line == "/exit":
+            break
+        if not line:
+            continue
+        turn = [*history, {"role": "user", "content": line}]
+        print("assistant: ", end="", flush=True)
+        try:
+            reply = "".join(print(piece, end="", flush=True) or piece
+                            for piece in reply_stream(chat.model, chat.tokenizer, turn, args.max_new_tokens,
+                                                      args.temperature, args.top_k, generator))
+        except ValueError as error:  # a message the model cannot read: say why, keep the conversation going
+            print(f"(not sent: {error})")
+            continue
+        print()
+        history = [*turn, {"role": "assistant", "content": reply}]
     return 0
 
 
@@ -316,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
     _add_generate(sub)
+    _add_chat(sub)
     _add_classroom(sub)
     return parser
 

@@ -10,6 +10,12 @@ instruction set; loading a file does not).
   (4 blocks, 4 heads, C = 128, context 64, no biases; about 0.8 M parameters) trained with
   ``TRAIN_PRESETS["tiny"]`` (1,500 AdamW steps of 12 x 64 characters, peak learning rate 2e-3) in
   float32 on the CPU, model and batch seed ``SEED``. Chapter 07 onwards: `load_course_model`.
+- ``shakespeare_chat``: chapter 11's assistant: ``shakespeare_char`` with the three turn tokens
+  (`assistant.add_chat_tokens`), fully fine-tuned by `assistant.finetune` (masked SFT) for
+  ``CHAT_STEPS`` steps on `assistant.make_tasks`. Chapter 11 and ``transformer-course chat``:
+  `load_chat_model`.
+- ``shakespeare_chat_lora``: chapter 11's rank-8 LoRA adapter of ``shakespeare_char`` (`lora.add_lora`),
+  trained the same way for ``LORA_STEPS`` steps. `load_lora_adapter`.
 - ``dates_iso``: chapter 09's encoder-decoder (`dates.new_dates_model`), trained by `dates.train_dates`
   for 1,200 steps on 60,000 dates. Chapter 09: `load_dates_model`.
 
@@ -41,6 +47,8 @@ SAMPLE_TOKENS = 120
 DATES_STEPS = 1200
 DATES_FORMAT = 1
 REBUILD = ".venv/bin/python tools/build_course_model.py"
+CHAT_STEPS, CHAT_LR = 1000, 1e-3  # chapter 11's full fine-tune
+LORA_STEPS, LORA_LR, LORA_RANK = 2500, 5e-3, 8  # chapter 11's adapter
 
 
 def _sha256(path: Path) -> str:
@@ -101,6 +109,70 @@ def load_dates_model() -> DatesModel:
     model = EncoderDecoder(Seq2SeqConfig(**state["config"]))
     model.load_state_dict(state["model"])
     return DatesModel(model=model.eval(), losses=list(state["losses"]))
+
+
+@dataclass
+class ChatModel:
+    """A chat model (chapter 11): the GPT (eval mode), its ChatTokenizer, the SFT losses, and the
+    manifest of a shipped model (None for a user's file)."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    losses: list[float]
+    manifest: dict | None = None
+
+
+def load_chat_model(path=None) -> ChatModel:
+    """A chat model written by `assistant.save_chat_model`; None: the one the course ships (checked
+    against its manifest's SHA-256)."""
+    from .assistant import CHAT_FORMAT, ChatTokenizer
+    from .config import GPTConfig
+    from .model import GPT
+    from .modern import build_gpt
+
+    shipped = path is None
+    path = _verified("shakespeare_chat") if shipped else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no chat model at {path}: give a file written by save_chat_model (chapter 11)")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated file, another format, not a torch file at all
+        raise ValueError(f"{path} is not a readable chat model ({type(e).__name__}: {e})") from None
+    tokenizer_type = state.get("tokenizer", {}).get("type") if isinstance(state, dict) and isinstance(
+        state.get("tokenizer"), dict) else None
+    if not isinstance(state, dict) or state.get("format") != CHAT_FORMAT or tokenizer_type != "chat":
+        hint = (f" (it holds a model with a {tokenizer_type!r} tokenizer, as chapter 06's checkpoints do: fine-tune "
+                "it into a chat model as chapter 11 does)") if tokenizer_type else ""
+        raise ValueError(f"{path} is not a chat model of format {CHAT_FORMAT}{hint}")
+    try:
+        cfg = GPTConfig.from_dict(state["config"])
+        tokenizer = ChatTokenizer.from_dict(state["tokenizer"])
+        if tokenizer.vocab_size != cfg.vocab_size:
+            raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model {cfg.vocab_size}")
+        model = build_gpt(cfg) if cfg.needs_modern_parts else GPT(cfg)
+        model.load_state_dict(state["model"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{path} is not a valid chat model: {e}") from None
+    return ChatModel(model.eval(), tokenizer, [float(x) for x in state.get("losses", [])],
+                     manifest("shakespeare_chat") if shipped else None)
+
+
+@dataclass
+class LoraAdapter:
+    """Chapter 11's shipped LoRA adapter: its tensors (`lora.adapter_state`), rank and manifest."""
+
+    state: dict
+    rank: int
+    manifest: dict
+
+
+def load_lora_adapter() -> LoraAdapter:
+    """The rank-8 adapter the course ships; apply it with `lora.load_adapter(lora.add_lora(
+    assistant.add_chat_tokens(base), rank, train_rows_from=V), adapter.state)`."""
+    path = _verified("shakespeare_chat_lora")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    info = manifest("shakespeare_chat_lora")
+    return LoraAdapter(state=state, rank=int(info["rank"]), manifest=info)
 
 
 def greedy_sample(checkpoint, prompt: str = SAMPLE_PROMPT, max_new_tokens: int = SAMPLE_TOKENS) -> str:
@@ -194,4 +266,56 @@ def build_dates_model(out_dir: Path = ASSETS, *, steps: int = DATES_STEPS, progr
                     recipe={"function": "transformer_course.dates.train_dates", "steps": steps, "batch_size": 64,
                             "lr": 3e-3, "model_seed": 0, "batch_seed": 3, "train_examples": 60_000},
                     final_loss=round(sum(losses[-100:]) / 100, 5), held_out_exact_match=correct / len(test_pairs))
+    return path
+
+
+def build_chat_models(out_dir: Path = ASSETS, *, chat_steps: int = CHAT_STEPS, lora_steps: int = LORA_STEPS,
+                      progress: bool = True) -> Path:
+    """Fine-tune chapter 11's two models from ``shakespeare_char``: the full SFT model
+    (``shakespeare_chat.pt``) and the rank-8 LoRA adapter (``shakespeare_chat_lora.pt``), each with a
+    manifest holding its held-out exact match per kind and Shakespeare bits per character."""
+    import time
+
+    from .assistant import (
+        ChatTokenizer,
+        add_chat_tokens,
+        bits_per_char,
+        exact_match,
+        finetune,
+        make_tasks,
+        save_chat_model,
+    )
+    from .data import load_shakespeare, train_val_split
+    from .lora import adapter_state, add_lora, trainable_parameters
+    from .runtime import atomic_save
+
+    out_dir = Path(out_dir)
+    base = load_course_model()
+    text = load_shakespeare()
+    tok, tasks = ChatTokenizer(base.tokenizer), make_tasks(text)
+    val = train_val_split(torch.tensor(base.tokenizer.encode(text[-200_000:])))[1]
+    chars = base.tokenizer.vocab_size
+    OVER = f"the {chars} characters (assistant.bits_per_char(..., chars={chars}))"  # noqa: N806
+    base_bits = round(bits_per_char(base.model, val, chars=chars), 4)
+    began = time.perf_counter()
+    model = add_chat_tokens(base.model)
+    losses = finetune(model, tasks, tok, chat_steps, lr=CHAT_LR, seed=1, progress=progress)
+    wall = time.perf_counter() - began
+    path = save_chat_model(out_dir / "shakespeare_chat.pt", model.eval(), tok, losses)
+    recipe = {"function": "transformer_course.assistant.finetune", "steps": chat_steps, "lr": CHAT_LR,
+              "batch_size": 32, "seed": 1, "tasks": "assistant.make_tasks(load_shakespeare())"}
+    _write_manifest(out_dir, "shakespeare_chat", path, wall, parameters=model.num_parameters(), recipe=recipe,
+                    held_out_exact_match=exact_match(model, tok, tasks.held),
+                    bits_per_char={"base": base_bits, "fine_tuned": round(bits_per_char(model, val, chars=chars), 4),
+                                   "over": OVER})
+    began = time.perf_counter()
+    adapted = add_lora(add_chat_tokens(base.model), rank=LORA_RANK, train_rows_from=base.tokenizer.vocab_size)
+    finetune(adapted, tasks, tok, lora_steps, lr=LORA_LR, seed=1, progress=progress)
+    wall = time.perf_counter() - began
+    lora_path = atomic_save(adapter_state(adapted), out_dir / "shakespeare_chat_lora.pt")
+    _write_manifest(out_dir, "shakespeare_chat_lora", lora_path, wall, parameters=trainable_parameters(adapted),
+                    rank=LORA_RANK, recipe={**recipe, "steps": lora_steps, "lr": LORA_LR, "rank": LORA_RANK},
+                    held_out_exact_match=exact_match(adapted.eval(), tok, tasks.held),
+                    bits_per_char={"base": base_bits, "fine_tuned": round(bits_per_char(adapted, val, chars=chars), 4),
+                                   "over": OVER})
     return path
