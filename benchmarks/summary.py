@@ -88,9 +88,17 @@ def training_rows(path: Path, archived: bool) -> list[str]:
 def recipe_row() -> str:
     manifest = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_char.json").read_text())
     dates = json.loads((ROOT / "transformer_course" / "assets" / "dates_iso.json").read_text())
+    chat = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_chat.json").read_text())
+    lora = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_chat_lora.json").read_text())
+
+    def scores(info: dict) -> str:
+        return ", ".join(f"{kind} {share:.0%}" for kind, share in info["held_out_exact_match"].items())
+
     return (f"| Shipped models (any machine: float32, fixed seeds) | - | chapter 06's `--preset tiny`: val loss "
             f"{manifest['final_val_loss']} after {manifest['steps']:,} steps; chapter 09's dates model: "
-            f"{dates['held_out_exact_match']:.0%} exact match on held-out dates | `transformer_course/assets/*.json` |")
+            f"{dates['held_out_exact_match']:.0%} exact match on held-out dates; chapter 11's held-out exact match "
+            f"(from 0% before), full SFT: {scores(chat)}; LoRA rank {lora['rank']} ({lora['parameters']:,} trained): "
+            f"{scores(lora)} | `transformer_course/assets/*.json` |")
 
 
 def decode_rows(path: Path, archived: bool) -> list[str]:
