@@ -101,7 +101,8 @@ def main() -> None:
               for r in sweep]
     lines += ["", "`speaker` (who says a line, among the eight most frequent speakers; chance is 12.5%) stays "
               "near chance at every length and rank: it needs knowledge of the plays the 0.8 M-parameter base "
-              "model does not hold, and fine-tuning on 2,700 lines does not add it. The three string tasks are "
+              "model does not hold, and fine-tuning on "
+              f"{len(tasks.train['speaker']):,} lines does not add it. The three string tasks are "
               "skills the model can compute from the prompt.", ""]
     RESULTS.write_text("\n".join(lines))
     RESULTS_JSON.write_text(json.dumps({"meta": {"machine_info": info, "quick": args.quick}, "full": full,
