@@ -561,6 +561,14 @@ def test_cli_generate_without_a_seed_is_generate_without_a_generator(tmp_path, c
     assert capsys.readouterr().out == tok.decode(want[0].tolist()) + "\n"
 
 
+def test_cli_generate_without_a_checkpoint_uses_the_shipped_model(capsys):
+    from transformer_course.cli import main
+    from transformer_course.course_model import greedy_sample, load_course_model
+
+    assert main(["generate", "--prompt", "ROMEO:\n", "--max-new-tokens", "30", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == greedy_sample(load_course_model(), "ROMEO:\n", 30) + "\n"
+
+
 def test_cli_generate_streams_whole_characters_from_a_bpe_checkpoint(tmp_path, capsys):
     from transformer_course.checkpoint import save_checkpoint
     from transformer_course.cli import main

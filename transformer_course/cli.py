@@ -203,7 +203,8 @@ def _train_in(args, world, out) -> int:
 # ---------------------------------------------------------------- generate (chapter 07)
 def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a checkpoint (chapter 07)")
-    p.add_argument("--checkpoint", required=True, help="checkpoint file written by `transformer-course train`")
+    p.add_argument("--checkpoint", default=None, help="checkpoint file written by `transformer-course train` "
+                                                     "(default: the course's shipped model, chapter 06's recipe)")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
@@ -239,7 +240,12 @@ def _run_generate(args) -> int:
 
     check_sampling(args.temperature, args.top_k, args.top_p)  # before the (slow) load
     device = pick_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint, map_location=device)
+    if args.checkpoint is None:  # the model the course ships (checked against its manifest's SHA-256)
+        from .course_model import load_course_model
+
+        ckpt, args.checkpoint = load_course_model(map_location=device), "the course's shipped model"
+    else:
+        ckpt = load_checkpoint(args.checkpoint, map_location=device)
     tok, vocab = ckpt.tokenizer, ckpt.model.cfg.vocab_size
     if tok is None:
         raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: "
