@@ -38,7 +38,7 @@ def _add_train(sub) -> None:
                        help="windows per optimizer step over all processes, kept fixed whatever the number of "
                             "processes (gradient accumulation makes up the rest); a multiple of the preset's batch "
                             "size times the number of processes")
-    p.add_argument("--learning-rate", type=_learning_rate, default=None,
+    p.add_argument("--learning-rate", type=_positive_number("a learning rate", " such as 3e-4"), default=None,
                    help="peak learning rate (default: the preset's); the floor of its cosine keeps its ratio to it")
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best available)")
@@ -48,14 +48,19 @@ def _add_train(sub) -> None:
     p.set_defaults(handler=_cmd_train)
 
 
-def _learning_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, such as 3e-4, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number > 0, such as 3e-4, got {text}")
-    return value
+def _positive_number(what: str, hint: str = ""):
+    """An argparse type: a finite number > 0, refused in words naming `what` (and `hint`) otherwise."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}{hint}, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what} > 0{hint}, got {text}")
+        return value
+
+    return parse
 
 
 def _check_out_folder(out, needed_bytes: int) -> None:
@@ -318,16 +323,6 @@ def _cmd_chat(args) -> int:
 
 
 # ---------------------------------------------------------------- classroom (issue 12)
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text} (there is no 'no limit')")
-    return value
-
-
 def _add_classroom(sub) -> None:
     p = sub.add_parser("student-edition", help="write the chapters with solutions removed, checks kept")
     p.add_argument("out_dir", help="directory to write the student notebooks into")
@@ -343,7 +338,7 @@ def _add_classroom(sub) -> None:
                                    "2 a usage error or no sandbox (nothing was run).")
     g.add_argument("notebooks", nargs="+", help="student notebooks (.ipynb), named ..._NN_chapter.ipynb")
     g.add_argument("--csv", default=None, help="also write the table as CSV to this file (written when all are graded)")
-    g.add_argument("--timeout", type=_positive_float, default=1800,
+    g.add_argument("--timeout", type=_positive_number("a number of seconds", " (there is no 'no limit')"), default=1800,
                    help="seconds allowed for each whole notebook, every cell together (default 1800)")
     g.add_argument("--chapters", default=None, help="the original chapters to grade against (default: the course's)")
     g.add_argument("--no-sandbox", action="store_true",
