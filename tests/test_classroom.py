@@ -3,12 +3,12 @@
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from transformer_course import cli
 from transformer_course.classroom.edition import (
     solution_lines,
     stub_solutions,
@@ -204,20 +204,20 @@ def test_every_chapter_has_each_kind_of_exercise(path):
     assert {k for _, k in kinds.values()} >= set(KINDS), f"{path.name}: {sorted(kinds.items())}"
 
 
+# The student-edition command runs in this process (cli.main, what `python -m transformer_course` calls, its
+# return value the exit status): test_packaging proves the module and console script reach cli.main.
 @pytest.mark.slow
-def test_student_edition_command_fails_on_a_leak(tmp_path):
+def test_student_edition_command_fails_on_a_leak(tmp_path, capsys):
     chapters = tmp_path / "chapters"
     chapters.mkdir()
     copy = "import math\nimport torch\nscores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])\n" \
         "w = torch.softmax(scores, dim=-1)\nprint(w @ v)"
     nbformat.write(_nb("import math\nimport torch", EXERCISE), chapters / "03_a.ipynb")
-    run = [sys.executable, "-m", "transformer_course", "student-edition", str(tmp_path / "out"),
-           "--chapters", str(chapters)]
-    result = subprocess.run(run, capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
+    run = ["student-edition", str(tmp_path / "out"), "--chapters", str(chapters)]
+    assert cli.main(run) == 0, capsys.readouterr().err
+    capsys.readouterr()
     nbformat.write(_nb("import math\nimport torch", EXERCISE, copy), chapters / "03_a.ipynb")
-    result = subprocess.run(run, capture_output=True, text=True)
-    assert result.returncode == 1 and "03_a.ipynb: Exercise 3.3" in result.stderr
+    assert cli.main(run) == 1 and "03_a.ipynb: Exercise 3.3" in capsys.readouterr().err
 
 
 def _edition(tmp_path):
@@ -229,7 +229,7 @@ def _edition(tmp_path):
 
 
 @pytest.mark.slow
-def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
+def test_student_edition_never_overwrites_a_learners_edits(tmp_path, capsys):
     chapters, out = _edition(tmp_path)
     written = write_student_edition(out, chapters)
     assert json.loads((written[0]).read_text())["metadata"]["transformer_course"] == {"chapter": "03_a"}
@@ -241,25 +241,24 @@ def test_student_edition_never_overwrites_a_learners_edits(tmp_path):
                        match=r"(?s)changed since the student edition wrote them.*03_a\.ipynb.*--force"):
         write_student_edition(out, chapters)
     assert edited.read_text() == mine
-    run = [sys.executable, "-m", "transformer_course", "student-edition", str(out), "--chapters", str(chapters)]
-    result = subprocess.run(run, capture_output=True, text=True)
-    assert result.returncode == 2 and "03_a.ipynb" in result.stderr and edited.read_text() == mine
-    result = subprocess.run([*run, "--force"], capture_output=True, text=True)
-    assert result.returncode == 0 and edited.read_text() != mine
+    run = ["student-edition", str(out), "--chapters", str(chapters)]
+    capsys.readouterr()
+    assert cli.main(run) == 2 and "03_a.ipynb" in capsys.readouterr().err and edited.read_text() == mine
+    assert cli.main([*run, "--force"]) == 0 and edited.read_text() != mine
 
 
 @pytest.mark.slow
-def test_removing_the_edition_keeps_submissions_and_edited_notebooks(tmp_path):
+def test_removing_the_edition_keeps_submissions_and_edited_notebooks(tmp_path, capsys):
     chapters, out = _edition(tmp_path)
     write_student_edition(out, chapters)
     (out / "submissions").mkdir()
     (out / "submissions" / "alice_03_a.ipynb").write_text("{}")
     edited = out / "chapters" / "04_b.ipynb"
     edited.write_text(edited.read_text().replace("print(1)", "print(2)"))
-    result = subprocess.run([sys.executable, "-m", "transformer_course", "student-edition", str(out), "--remove"],
-                            capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert "removed 1 files" in result.stdout and "kept 2 files" in result.stdout and "submissions" in result.stdout
+    capsys.readouterr()
+    assert cli.main(["student-edition", str(out), "--remove"]) == 0
+    printed = capsys.readouterr().out
+    assert "removed 1 files" in printed and "kept 2 files" in printed and "submissions" in printed
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ipynb")) == ["chapters/04_b.ipynb",
                                                                                    "submissions/alice_03_a.ipynb"]
 
