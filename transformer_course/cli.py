@@ -270,15 +270,20 @@ def _run_generate(args) -> int:
     return 0
 
 
-# ---------------------------------------------------------------- chat (chapter 11)
+# ---------------------------------------------------------------- chat (chapters 11 and 12)
+CHAT_MODELS = {"sft": "shakespeare_chat", "dpo": "shakespeare_dpo", "grpo": "shakespeare_grpo"}
+
+
 def _add_chat(sub) -> None:
     p = sub.add_parser(
-        "chat", help="talk to a chat model (chapter 11): the course's fine-tuned model unless --checkpoint",
+        "chat", help="talk to a chat model (chapters 11-12): a shipped model (--model) or your own (--checkpoint)",
         description="Type a message, then Enter; the answer is streamed. Ctrl-D (or /exit) ends. The course's model "
                     "knows the tasks it was fine-tuned on: 'upper: WORD', 'reverse: WORD', 'count: WORD', "
                     "'who says: LINE'. The history is kept as far as the model's context allows.")
     p.add_argument("--checkpoint", default=None,
-                   help="a chat model written by assistant.save_chat_model (default: the course's shipped model)")
+                   help="a chat model written by assistant.save_chat_model (chapters 11 and 12 write them)")
+    p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
+                   help="a model the course ships: sft (chapter 11, the default), dpo or grpo (chapter 12)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="longest answer, in tokens (default 24)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) means greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -294,7 +299,9 @@ def _cmd_chat(args) -> int:
     from .generation import check_sampling
 
     check_sampling(args.temperature, args.top_k, None)
-    chat = load_chat_model(args.checkpoint)
+    if args.checkpoint and args.model:
+        raise SystemExit("transformer-course chat: give --checkpoint (your file) or --model (a shipped one), not both")
+    chat = load_chat_model(args.checkpoint, shipped=CHAT_MODELS[args.model or "sft"])
     generator = torch.Generator().manual_seed(args.seed)
     interactive = sys.stdin.isatty()
     history: list[dict] = []
