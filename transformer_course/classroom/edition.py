@@ -127,7 +127,8 @@ def write_student_edition(out_dir, chapters_dir=None, force: bool = False) -> li
     src = Path(chapters_dir) if chapters_dir else COURSE_CHAPTERS
     notebooks = sorted(src.glob("[0-9][0-9]_*.ipynb"))
     if not notebooks:
-        raise FileNotFoundError(f"no chapter notebooks (NN_name.ipynb) found in {src}")
+        raise FileNotFoundError(f"no chapter notebooks (NN_name.ipynb) found in {src}: give the course's chapters "
+                                "folder with --chapters (chapters/ in a clone of the course)")
     out = Path(out_dir)
     if src.resolve() in (out.resolve(), (out / "chapters").resolve()):
         raise ValueError("the student edition must go to another directory than the chapters themselves")

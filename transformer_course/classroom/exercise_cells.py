@@ -28,7 +28,20 @@ KINDS = ("build", "predict", "debug", "extend")
 EXERCISE_HEADING = re.compile(r"Exercise\s+(\d+\.\d+)\s*\(([★☆]{3}),\s*(build|predict|debug|extend)\)")
 _EXERCISE_ID = re.compile(r"Exercise\s+(\d+\.\d+)")
 _STATUS = {"✅": "passed", "❌": "failed", "⏳": "not done"}
-COURSE_CHAPTERS = Path(__file__).resolve().parents[2] / "chapters"  # beside the package
+
+
+def course_chapters() -> Path:
+    """The course's chapter notebooks: a clone's ``chapters/`` beside the package (a clone, an editable
+    install), else the copy a wheel ships inside the package (``transformer_course/_course/chapters``, with
+    the benchmark results they read in ``_course/benchmarks/results``: pyproject.toml's package data)."""
+    package = Path(__file__).resolve().parents[1]
+    clone = package.parent / "chapters"
+    if (package.parent / "pyproject.toml").is_file() and clone.is_dir():
+        return clone
+    return package / "_course" / "chapters"
+
+
+COURSE_CHAPTERS = course_chapters()
 
 
 def cell_source(cell) -> str:

@@ -124,6 +124,11 @@ def run_cells(cells: list[tuple[int, str]], folder, timeout: float, sandbox: boo
 
 def sandbox_problem() -> str:
     """"" when this machine can run a notebook in the sandbox, else why not (tried, not guessed)."""
+    import importlib.util
+
+    if missing := [name for name in ("jupyter_client", "ipykernel") if importlib.util.find_spec(name) is None]:
+        return (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (the course's `teacher` "
+                "extra): the grader runs notebooks in a Jupyter kernel")
     if platform.system() != "Linux":
         return f"the sandbox needs Linux namespaces (this is {platform.system()})"
     if shutil.which("unshare") is None:
