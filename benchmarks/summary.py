@@ -90,6 +90,8 @@ def recipe_row() -> str:
     dates = json.loads((ROOT / "transformer_course" / "assets" / "dates_iso.json").read_text())
     chat = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_chat.json").read_text())
     lora = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_chat_lora.json").read_text())
+    dpo = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_dpo.json").read_text())
+    rl = json.loads((ROOT / "transformer_course" / "assets" / "shakespeare_grpo.json").read_text())
 
     def scores(info: dict) -> str:
         return ", ".join(f"{kind} {share:.0%}" for kind, share in info["held_out_exact_match"].items())
@@ -98,7 +100,9 @@ def recipe_row() -> str:
             f"{manifest['final_val_loss']} after {manifest['steps']:,} steps; chapter 09's dates model: "
             f"{dates['held_out_exact_match']:.0%} exact match on held-out dates; chapter 11's held-out exact match "
             f"(from 0% before), full SFT: {scores(chat)}; LoRA rank {lora['rank']} ({lora['parameters']:,} trained): "
-            f"{scores(lora)} | `transformer_course/assets/*.json` |")
+            f"{scores(lora)}; chapter 12 on 400 held-out strange words, DPO greedy {dpo['before']['greedy']:.1%} -> "
+            f"{dpo['after']['greedy']:.1%}, GRPO pass@1 {rl['before']['pass_at_1']:.1%} -> "
+            f"{rl['after']['pass_at_1']:.1%} ({rl['steps']} steps) | `transformer_course/assets/*.json` |")
 
 
 def decode_rows(path: Path, archived: bool) -> list[str]:

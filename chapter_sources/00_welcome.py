@@ -121,6 +121,7 @@ print("sampled, temperature 0.8:\n" + course.tokenizer.decode(sampled[0].tolist(
 # | 09 Encoder-decoder | the original transformer: cross-attention, padding; dates → ISO | `encoder_decoder.py` |
 # | 10 Modern decoder | RMSNorm, SwiGLU, rotary positions, grouped-query attention; Llama's weights | `modern.py`, `llama.py` |
 # | 11 Assistant | a chat format, fine-tuning on the answers only, LoRA; a model to talk to | `assistant.py`, `lora.py` |
+# | 12 Preferences and rewards | DPO on pairs of the model's own replies; GRPO with a reward a program checks | `preferences.py`, `rewards.py` |
 # | 90 Appendix: performance (optional) | how fast decoding can go: the memory-read bound, bf16 weights, the race with Hugging Face; training on several processes with `torchrun` | `performance.py` |
 #
 # The notebooks are the source of truth: every `#| export` cell is written into the package by

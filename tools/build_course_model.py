@@ -11,11 +11,18 @@ The recipes are the chapters' own; see `transformer_course/course_model.py`.
 
 import sys
 
-from transformer_course.course_model import build_chat_models, build_course_model, build_dates_model, manifest
+from transformer_course.course_model import (
+    build_chat_models,
+    build_course_model,
+    build_dates_model,
+    build_preference_models,
+    manifest,
+)
 
-# shakespeare_chat (and its LoRA adapter) start from shakespeare_char: rebuild that first
+# shakespeare_chat (and its LoRA adapter) start from shakespeare_char, and chapter 12's DPO and GRPO models
+# (shakespeare_preferences) from shakespeare_chat: rebuild in this order
 BUILDERS = {"shakespeare_char": build_course_model, "dates_iso": build_dates_model,
-            "shakespeare_chat": build_chat_models}
+            "shakespeare_chat": build_chat_models, "shakespeare_preferences": build_preference_models}
 
 if __name__ == "__main__":
     names = sys.argv[1:] or list(BUILDERS)
@@ -24,6 +31,6 @@ if __name__ == "__main__":
         raise SystemExit(f"unknown model(s) {unknown}; choose from {sorted(BUILDERS)}")
     for name in names:
         path = BUILDERS[name]()
-        info = manifest(name)
+        info = manifest("shakespeare_dpo" if name == "shakespeare_preferences" else name)
         print(f"wrote {path} ({info['bytes']:,} bytes, {info['parameters']:,} parameters) in "
               f"{info['built']['wall_seconds']} s on {info['built']['cpu']}")

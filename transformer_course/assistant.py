@@ -80,9 +80,9 @@ class ChatTokenizer:
 
 __all__ = [
     'SPECIALS', 'ROLES', 'ChatTokenizer', 'NEW_ROW_NOISE', 'grow_rows', 'add_chat_tokens',
-    'render_chat', 'IGNORE', 'sft_targets', 'KINDS', 'Example', 'TaskSet', 'make_tasks',
-    'sft_batch', 'finetune', 'answers', 'exact_match', 'bits_per_char', 'fit_history',
-    'reply_stream', 'CHAT_FORMAT', 'save_chat_model',
+    'render_chat', 'IGNORE', 'sft_targets', 'KINDS', 'Example', 'TaskSet', 'word_task',
+    'make_tasks', 'sft_batch', 'finetune', 'reply_ids', 'answers', 'exact_match', 'bits_per_char',
+    'fit_history', 'reply_stream', 'CHAT_FORMAT', 'save_chat_model',
 ]
 
 
@@ -179,7 +179,8 @@ class TaskSet:
     held: dict[str, list[Example]]
 
 
-def _word_example(kind: str, word: str) -> Example:
+def word_task(kind: str, word: str) -> Example:
+    """The task of `kind` (upper, reverse or count) on `word`, with its one right answer."""
     answer = {"upper": word.upper(), "reverse": word[::-1], "count": str(len(word))}[kind]
     return Example(kind, f"{kind}: {word}", answer)
 
@@ -201,8 +202,8 @@ def make_tasks(text: str, n_held: int = 100, seed: int = 0, speakers: int = 8) -
     rng.shuffle(lines)
     if min(len(words), len(lines)) <= 2 * n_held:
         raise ValueError(f"the text is too small for {n_held} held-out examples per kind")
-    held = {k: [_word_example(k, w) for w in words[:n_held]] for k in KINDS[:3]}
-    train = {k: [_word_example(k, w) for w in words[n_held:]] for k in KINDS[:3]}
+    held = {k: [word_task(k, w) for w in words[:n_held]] for k in KINDS[:3]}
+    train = {k: [word_task(k, w) for w in words[n_held:]] for k in KINDS[:3]}
     held["speaker"] = [Example("speaker", f"who says: {line}", who) for line, who in lines[:n_held]]
     train["speaker"] = [Example("speaker", f"who says: {line}", who) for line, who in lines[n_held:]]
     return TaskSet(train=train, held=held)
@@ -251,19 +252,30 @@ def finetune(model: GPT, tasks: TaskSet, tok: ChatTokenizer, steps: int, lr: flo
 
 
 @torch.no_grad()
-def answers(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens: int = 16) -> list[str]:
-    """Greedy answers to single-turn `prompts`, decoded until <|end|> (prompts of one length share a batch).
-    An answer that writes a turn marker keeps it, so it matches no right answer."""
-    out: dict[int, str] = {}
+def reply_ids(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens: int = 16,
+              temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
+    """The ids the model writes after each single-turn prompt, up to and with its <|end|> (a reply cut
+    at `max_new_tokens` has none). Greedy by default; `temperature` > 0 samples with `generator`.
+    Prompts of one length share a batch."""
+    out: dict[int, list[int]] = {}
     by_length = collections.defaultdict(list)
     for i, p in enumerate(prompts):
         by_length[len(render_chat([{"role": "user", "content": p}], tok, True)[0])].append(i)
     for rows in by_length.values():
         ids = torch.tensor([render_chat([{"role": "user", "content": prompts[i]}], tok, True)[0] for i in rows])
-        new = generate(model, ids, max_new_tokens, temperature=0.0, eos_id=tok.end_id)[:, ids.shape[1]:]
+        new = generate(model, ids, max_new_tokens, temperature=temperature, eos_id=tok.end_id,
+                       generator=generator)[:, ids.shape[1]:]
         for i, row in zip(rows, new.tolist(), strict=True):
-            out[i] = tok.decode(row[: row.index(tok.end_id)] if tok.end_id in row else row)
+            out[i] = row[: row.index(tok.end_id) + 1] if tok.end_id in row else row
     return [out[i] for i in range(len(prompts))]
+
+
+def answers(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens: int = 16,
+            temperature: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
+    """The text of `reply_ids` without its <|end|>: greedy answers by default. An answer that writes a
+    turn marker keeps it, so it matches no right answer."""
+    return [tok.decode(row[:-1] if row[-1:] == [tok.end_id] else row)
+            for row in reply_ids(model, tok, prompts, max_new_tokens, temperature, generator)]
 
 
 def exact_match(model: GPT, tok: ChatTokenizer, held: dict[str, list[Example]]) -> dict[str, float]:

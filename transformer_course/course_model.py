@@ -49,6 +49,9 @@ DATES_FORMAT = 1
 REBUILD = ".venv/bin/python tools/build_course_model.py"
 CHAT_STEPS, CHAT_LR = 1000, 1e-3  # chapter 11's full fine-tune
 LORA_STEPS, LORA_LR, LORA_RANK = 2500, 5e-3, 8  # chapter 11's adapter
+DPO_STEPS, DPO_BETA, DPO_LR, DPO_SFT_WEIGHT = 300, 0.1, 2e-5, 1.0  # chapter 12's DPO model
+DPO_WORDS = 3000  # the strange words its preference pairs are drawn from
+GRPO_STEPS, GRPO_LR, GRPO_KL, GRPO_EVAL_EVERY = 200, 1e-4, 0.04, 25  # chapter 12's GRPO model
 
 
 def _sha256(path: Path) -> str:
@@ -122,16 +125,22 @@ class ChatModel:
     manifest: dict | None = None
 
 
-def load_chat_model(path=None) -> ChatModel:
-    """A chat model written by `assistant.save_chat_model`; None: the one the course ships (checked
-    against its manifest's SHA-256)."""
+SHIPPED_CHAT_MODELS = ("shakespeare_chat", "shakespeare_dpo", "shakespeare_grpo")  # chapters 11 and 12
+
+
+def load_chat_model(path=None, shipped: str = "shakespeare_chat") -> ChatModel:
+    """A chat model written by `assistant.save_chat_model`; `path` None: the shipped one named `shipped`
+    (one of SHIPPED_CHAT_MODELS: chapter 11's SFT model, chapter 12's DPO and GRPO models), checked
+    against its manifest's SHA-256."""
     from .assistant import CHAT_FORMAT, ChatTokenizer
     from .config import GPTConfig
     from .model import GPT
     from .modern import build_gpt
 
-    shipped = path is None
-    path = _verified("shakespeare_chat") if shipped else Path(path)
+    if shipped not in SHIPPED_CHAT_MODELS:
+        raise ValueError(f"no shipped chat model {shipped!r}: choose one of {SHIPPED_CHAT_MODELS}")
+    name, shipped = shipped, path is None
+    path = _verified(name) if shipped else Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no chat model at {path}: give a file written by save_chat_model (chapter 11)")
     try:
@@ -154,7 +163,7 @@ def load_chat_model(path=None) -> ChatModel:
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path} is not a valid chat model: {e}") from None
     return ChatModel(model.eval(), tokenizer, [float(x) for x in state.get("losses", [])],
-                     manifest("shakespeare_chat") if shipped else None)
+                     manifest(name) if shipped else None)
 
 
 @dataclass
@@ -318,4 +327,70 @@ def build_chat_models(out_dir: Path = ASSETS, *, chat_steps: int = CHAT_STEPS, l
                     held_out_exact_match=exact_match(adapted.eval(), tok, tasks.held),
                     bits_per_char={"base": base_bits, "fine_tuned": round(bits_per_char(adapted, val, chars=chars), 4),
                                    "over": OVER})
+    return path
+
+
+def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEPS, grpo_steps: int = GRPO_STEPS,
+                            progress: bool = True) -> Path:
+    """Train chapter 12's two models from ``shakespeare_chat``: DPO on pairs of its own replies to strange
+    words (``shakespeare_dpo.pt``) and GRPO with the exact-match checker (``shakespeare_grpo.pt``), each
+    with a manifest holding held-out strange-word accuracy (greedy and pass@1) before and after, chapter
+    11's held-out exact match before and after, and the training curves."""
+    import copy
+    import time
+
+    from .assistant import exact_match, make_tasks, save_chat_model
+    from .data import load_shakespeare
+    from .preferences import HELD_OUT_SEED, accuracy, dpo, pass_at_1, preference_pairs, strange_words
+    from .rewards import grpo
+
+    out_dir = Path(out_dir)
+    chat = load_chat_model()
+    sft, tok = chat.model, chat.tokenizer
+    tasks = make_tasks(load_shakespeare())
+    held = strange_words(400, seed=HELD_OUT_SEED)
+    avoid = frozenset(t.prompt.split(": ", 1)[1] for t in held)
+
+    def scores(model) -> dict:
+        return {"greedy": accuracy(model, tok, held), "pass_at_1": pass_at_1(model, tok, held)}
+
+    before, em_before = scores(sft), exact_match(sft, tok, tasks.held)
+    common = {"held_out": f"preferences.strange_words(400, seed={HELD_OUT_SEED})", "before": before,
+              "exact_match_before": em_before}
+    torch.manual_seed(0)
+    began = time.perf_counter()
+    pairs = preference_pairs(sft, tok, strange_words(DPO_WORDS, seed=1, avoid=avoid), seed=1)
+    policy = copy.deepcopy(sft)
+    history = dpo(policy, sft, tok, pairs, dpo_steps, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT, seed=1,
+                  progress=progress)
+    wall = time.perf_counter() - began
+    path = save_chat_model(out_dir / "shakespeare_dpo.pt", policy.eval(), tok, history["loss"])
+    _write_manifest(out_dir, "shakespeare_dpo", path, wall, parameters=policy.num_parameters(),
+                    recipe={"function": "transformer_course.preferences.dpo", "seed": 1, "batch_size": 32,
+                            "pairs_from": f"preferences.strange_words({DPO_WORDS}, seed=1)"},
+                    steps=dpo_steps, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT, pairs=len(pairs), **common,
+                    after=scores(policy), exact_match_after=exact_match(policy, tok, tasks.held),
+                    history={k: [round(v, 4) for v in vals] for k, vals in history.items()})
+    torch.manual_seed(0)
+    policy, curve, evaluating = copy.deepcopy(sft), [{"step": 0, **before}], 0.0
+
+    def measure(step: int, _history: dict) -> None:
+        nonlocal evaluating
+        if step % GRPO_EVAL_EVERY == 0 or step == grpo_steps:
+            start = time.perf_counter()
+            curve.append({"step": step, **scores(policy)})
+            policy.train()
+            evaluating += time.perf_counter() - start
+
+    began = time.perf_counter()
+    history = grpo(policy, sft, tok, grpo_steps, lr=GRPO_LR, kl_coef=GRPO_KL, seed=1, avoid=avoid,
+                   progress=progress, on_step=measure)
+    wall = time.perf_counter() - began - evaluating
+    rl_path = save_chat_model(out_dir / "shakespeare_grpo.pt", policy.eval(), tok, [])
+    _write_manifest(out_dir, "shakespeare_grpo", rl_path, wall, parameters=policy.num_parameters(),
+                    recipe={"function": "transformer_course.rewards.grpo", "seed": 1, "tasks_per_step": 16,
+                            "group": 8, "inner_steps": 2, "clip": 0.2, "check": "preferences.is_right"},
+                    steps=grpo_steps, lr=GRPO_LR, kl_coef=GRPO_KL, **common, after=curve[-1] | {},
+                    exact_match_after=exact_match(policy, tok, tasks.held), curve=curve,
+                    reward=[round(v, 4) for v in history["reward"]], kl=[round(v, 5) for v in history["kl"]])
     return path

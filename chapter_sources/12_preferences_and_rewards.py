@@ -1,0 +1,832 @@
+# %% [markdown]
+# # 12 · Preferences and rewards: DPO, and reinforcement learning with a reward a program checks
+#
+# > Teach chapter 11's assistant with judgements instead of answers: DPO on pairs of its own replies
+# > (one better, one worse) against a frozen reference, and GRPO, reinforcement learning from groups of
+# > sampled replies scored by a checker, with a clipped objective and a KL leash.
+#
+# Chapter 11's assistant learned from answers someone wrote down. Most of what makes today's assistants
+# good was taught differently: people (or programs) **judge** replies the model itself wrote, and the
+# model is pushed towards the better ones. Two ways of doing it are now standard. **DPO** (Rafailov et
+# al., 2023) learns from pairs, a preferred and a rejected reply to one prompt, with no reward model and
+# no sampling while training. **Reinforcement learning with a verifiable reward** (RLVR) samples a group
+# of replies per prompt, scores each with a checker (is the arithmetic right? does the code pass its
+# tests?), and makes the better ones more likely; **GRPO** (Shao et al., 2024, DeepSeekMath) is the
+# version DeepSeek-R1 and nanochat use.
+#
+# **In this chapter you will** find what supervised fine-tuning left undone (strange words), build
+# preference pairs from the model's own replies, write the DPO loss (Exercise 12.1), predict its first
+# value (12.2), fix a reply's log-probability that depends on its neighbours (12.3), train with DPO and
+# see what β does; then write GRPO's group-relative advantages (12.4) and its clipped objective with a
+# KL term (12.5), train with a checker, watch a checker with a hole get cheated, and estimate pass@k
+# without bias (12.6). The trained models answer in `transformer-course chat`.
+#
+# **You need** chapter 11 (the chat format, `render_chat`, `sft_targets`, `answers`, the instruction
+# set), chapter 07 (sampling with a temperature) and chapter 06 (AdamW, gradient clipping).
+
+# %%
+#| default_exp preferences
+
+# %%
+import copy
+import math
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from transformer_course.assistant import answers, exact_match, make_tasks, save_chat_model
+from transformer_course.course_model import (
+    DPO_BETA,
+    DPO_LR,
+    DPO_SFT_WEIGHT,
+    GRPO_KL,
+    GRPO_LR,
+    load_chat_model,
+    manifest,
+)
+from transformer_course.data import load_shakespeare
+
+torch.set_printoptions(precision=4, sci_mode=False)
+torch.manual_seed(0)
+chat = load_chat_model()  # chapter 11's shipped SFT model (SHA-256 checked)
+sft, tok = chat.model, chat.tokenizer
+tasks = make_tasks(load_shakespeare())  # chapter 11's instruction set: its held-out split measures forgetting
+print(f"{sft.num_parameters():,} parameters,", tok.vocab_size, "ids")
+
+# %% [markdown]
+# ## 1. What fine-tuning left undone: words it never read
+#
+# Chapter 11's model reverses and upper-cases the plays' words almost perfectly. Give it strings no play
+# contains and it stumbles: it learned the skill on real words, and where a string looks like a word it
+# knows, it drifts towards that word.
+
+# %%
+for prompt in ["reverse: gentle", "reverse: qzkvb", "upper: mirth", "upper: xqjwb"]:
+    print(f"{prompt:16} -> {answers(sft, tok, [prompt])[0]}")
+
+# %% [markdown]
+# That is a good place for feedback instead of answers. A program knows the right reply to any string
+# (a **verifiable** task), so it can judge whatever the model writes, on as many fresh strings as we
+# like. `strange_words` draws such tasks (random lowercase strings of 3 to 7 letters, upper-casing or
+# reversing), deterministically for a seed; `is_right` is the checker.
+
+# %%
+#| export
+"""Preferences (chapter 12): tasks on strange words whose answers a program checks, pairs of the model's
+own replies (one right, one wrong), and DPO, which trains on such pairs against a frozen reference.
+Shapes: B conversations, T positions."""
+
+import math
+import random
+import string
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from transformer_course.arguments import real_number, whole_number
+from transformer_course.assistant import (
+    IGNORE,
+    SPECIALS,
+    ChatTokenizer,
+    Example,
+    answers,
+    render_chat,
+    sft_targets,
+    word_task,
+)
+from transformer_course.model import GPT
+
+STRANGE_KINDS = ("upper", "reverse")  # the word tasks chapter 11's model gets wrong on unseen strings
+MAX_REPLY = 12  # the longest reply sampled: a right answer is at most 7 characters and <|end|>
+
+
+def strange_words(n: int, seed: int = 0, kinds: tuple[str, ...] = STRANGE_KINDS,
+                  avoid: frozenset[str] = frozenset()) -> list[Example]:
+    """`n` tasks (kind drawn from `kinds`) on random lowercase strings of 3 to 7 letters, none of them in
+    `avoid`: words no play holds, each with its one right answer. The same n and seed give the same list."""
+    rng = random.Random(whole_number(seed, "seed", low=0))
+    tasks: list[Example] = []
+    while len(tasks) < whole_number(n, "n", low=0):
+        word = "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 7)))
+        if word not in avoid:
+            tasks.append(word_task(rng.choice(kinds), word))
+    return tasks
+
+
+def is_right(task: Example, reply: str) -> bool:
+    """The checker: the reply is the task's one right answer, exactly."""
+    return reply == task.answer
+
+# %% [markdown]
+# Four hundred held-out strange words (seed 1234) measure the model from here on. **Greedy accuracy** is
+# the share it gets right when it always takes the likeliest token; **pass@1** is the share a reply
+# *sampled* at temperature 1 gets right, averaged over four samples per word: the number reinforcement
+# learning works on, since it learns from samples.
+
+# %%
+#| export
+HELD_OUT_SEED = 1234  # the seed of the held-out strange words every result of chapter 12 is measured on
+
+
+def accuracy(model: GPT, tok: ChatTokenizer, tasks: list[Example]) -> float:
+    """The share of `tasks` whose greedy reply `is_right`."""
+    return sum(map(is_right, tasks, answers(model, tok, [t.prompt for t in tasks], MAX_REPLY))) / len(tasks)
+
+
+def pass_at_1(model: GPT, tok: ChatTokenizer, tasks: list[Example], samples: int = 4, seed: int = 0) -> float:
+    """The share of replies sampled at temperature 1 that are right: `samples` per task, drawn with `seed`."""
+    generator, right = torch.Generator().manual_seed(seed), 0
+    prompts = [t.prompt for t in tasks]
+    for _ in range(whole_number(samples, "samples")):
+        right += sum(map(is_right, tasks, answers(model, tok, prompts, MAX_REPLY, 1.0, generator)))
+    return right / (samples * len(tasks))
+
+# %%
+held = strange_words(400, seed=HELD_OUT_SEED)
+HELD_WORDS = frozenset(t.prompt.split(": ", 1)[1] for t in held)  # never trained on
+print(held[:3])
+sft_greedy, sft_pass1 = accuracy(sft, tok, held), pass_at_1(sft, tok, held)
+recorded = manifest("shakespeare_grpo")["before"]  # what the shipped builds measured (machine in the manifest)
+print(f"SFT model on held-out strange words: greedy {recorded['greedy']:.1%}, pass@1 {recorded['pass_at_1']:.1%}")
+print("measured here within a point of that:",
+      abs(sft_greedy - recorded["greedy"]) <= 0.01 and abs(sft_pass1 - recorded["pass_at_1"]) <= 0.01)
+
+# %% [markdown]
+# ## 2. Pairs of the model's own replies
+#
+# A preference is a triple: a prompt, a **chosen** reply and a **rejected** one. Here the model writes
+# both: four replies per training word, sampled at temperature 1; where some are right and some wrong,
+# the first right one is chosen and the first wrong one rejected. Words it always gets right, or always
+# wrong, give no pair: a pair must say which of two replies *it could have written* is better. (People
+# rank replies the same way in RLHF data; here the checker ranks them, so the pairs are built offline,
+# deterministically, in seconds.)
+
+# %%
+#| export
+@dataclass(frozen=True)
+class Pair:
+    """A preference: the `chosen` reply to `prompt` is better than the `rejected` one."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+
+
+def preference_pairs(model: GPT, tok: ChatTokenizer, tasks: list[Example], samples: int = 4, seed: int = 0,
+                     check=is_right) -> list[Pair]:
+    """One Pair per task whose `samples` replies (temperature 1, drawn with `seed`) include a right one and
+    a wrong one by `check(task, reply)`: the first right as chosen, the first wrong as rejected. Replies
+    holding a turn marker are left out."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [t.prompt for t in tasks]
+    drawn = [answers(model, tok, prompts, MAX_REPLY, 1.0, generator) for _ in range(whole_number(samples, "samples"))]
+    pairs = []
+    for i, task in enumerate(tasks):
+        replies = [d[i] for d in drawn if not any(s in d[i] for s in SPECIALS)]
+        right = [r for r in replies if check(task, r)]
+        wrong = [r for r in replies if not check(task, r)]
+        if right and wrong:
+            pairs.append(Pair(task.prompt, right[0], wrong[0]))
+    return pairs
+
+# %%
+train_words = strange_words(1500, seed=1, avoid=HELD_WORDS)
+pairs = preference_pairs(sft, tok, train_words)
+print("between a fifth and a half of the words give a pair:", 0.2 < len(pairs) / len(train_words) < 0.5)
+print("every chosen reply right, every rejected one wrong:",
+      all(p.chosen == t.answer != p.rejected for p in pairs for t in train_words if t.prompt == p.prompt))
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# sampled replies: the exact pairs can differ in the last bits of a probability from one CPU to another
+print(f"{len(pairs)} pairs from {len(train_words)} words, e.g.")
+for p in pairs[:3]:
+    print(f"  {p.prompt:16} chosen {p.chosen!r:10} rejected {p.rejected!r}")
+
+# %% [markdown]
+# ## 3. The DPO loss
+#
+# RLHF's classic recipe (Ouyang et al., 2022) first fits a **reward model** r(x, y) to the preferences,
+# then maximises it with reinforcement learning while a KL penalty keeps the policy π near the SFT
+# model π_ref. DPO's observation: the best policy for that objective has a closed form,
+# π(y|x) ∝ π_ref(y|x) · exp(r(x, y)/β), so the reward can be read off the policy itself,
+#
+# $$r(x, y) = \beta \log \frac{\pi(y \mid x)}{\pi_\text{ref}(y \mid x)} \;(+\text{ a term of } x \text{ alone}),$$
+#
+# the **implicit reward**. Put it in the Bradley-Terry model of a preference, P(chosen ≻ rejected) =
+# σ(r_chosen − r_rejected) (the term of x alone cancels), and maximise the likelihood of the pairs:
+#
+# $$\mathcal{L}_\text{DPO} = -\log \sigma\Big(\beta\big[(\log\pi(y_c) - \log\pi_\text{ref}(y_c)) -
+#   (\log\pi(y_r) - \log\pi_\text{ref}(y_r))\big]\Big)$$
+#
+# averaged over the pairs. log π(y) is the sum of the log-probabilities of the reply's tokens (its
+# `<|end|>` included) given the prompt. The reference is frozen; only π trains. No reward model, no
+# sampling while training: a classification loss on pairs.
+#
+# **By hand.** One pair, β = 0.5. The policy gives the chosen reply log-probability −2.0 and the
+# rejected −3.0; the reference gives the chosen −2.5 and the rejected −2.0. The implicit rewards are
+# 0.5 · (−2.0 + 2.5) = 0.25 and 0.5 · (−3.0 + 2.0) = −0.5, the **margin** is their difference, 0.75,
+# and the loss is −log σ(0.75) = log(1 + e^−0.75) = 0.3869.
+#
+# **Your turn.** Write `dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)`: four
+# tensors [B] of summed log-probabilities to (the mean loss, the margins [B]). Use `F.logsigmoid`, which
+# stays finite where log(sigmoid(...)) would round to log 0.
+
+# %%
+#| export
+# Your turn - Exercise 12.1 (★★☆, build): the DPO loss.
+def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+             ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed reply log-probabilities [B] under the policy and the reference -> (mean DPO loss, margins [B]),
+    margin = beta · ((policy_chosen − ref_chosen) − (policy_rejected − ref_rejected))."""
+    ### BEGIN SOLUTION
+    margins = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # (B,)
+    return -F.logsigmoid(margins).mean(), margins
+    ### END SOLUTION
+
+# %%
+from transformer_course.checks.preferences import (
+    check_clipped_objective,
+    check_dpo_loss,
+    check_group_advantages,
+    check_pass_at_k,
+    check_predict_first_dpo_loss,
+    check_reply_logprobs,
+)
+
+dpo_loss = check_dpo_loss(dpo_loss).use
+loss, margins = dpo_loss(torch.tensor([-2.0]), torch.tensor([-3.0]), torch.tensor([-2.5]), torch.tensor([-2.0]), 0.5)
+print(f"the worked example: loss {loss.item():.4f}, margin {margins.item():.2f}")
+
+# %% [markdown]
+# **Predict (Exercise 12.2).** Training starts with the policy a copy of the reference. What is the DPO
+# loss of the very first batch, whatever the pairs and whatever β? Answer with a number to 3 decimals.
+
+# %%
+# Your turn - Exercise 12.2 (★☆☆, predict): the first DPO loss.
+def my_prediction() -> float:
+    ### BEGIN SOLUTION
+    return round(math.log(2), 3)
+    ### END SOLUTION
+
+
+check_predict_first_dpo_loss(my_prediction)
+
+# %% [markdown]
+# ## 4. Training with DPO
+#
+# A batch puts each prompt with its reply as one conversation (`conversation_batch`, padded with
+# `<|end|>`, targets on the reply only, as chapter 11's SFT mask). The chosen and the rejected replies
+# of a batch go through the model together, as one batch of 2B.
+
+# %%
+#| export
+def text_ids(tok: ChatTokenizer, reply: str) -> list[int]:
+    """A reply's text -> its ids and the <|end|> that closes it."""
+    return tok.encode(reply) + [tok.end_id]
+
+
+def conversation_batch(tok: ChatTokenizer, prompts: list[str], replies: list[list[int]]
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each prompt (rendered with the generation prompt) followed by its reply's ids -> (x [B, T], y [B, T]):
+    padded with <|end|> to the longest, targets the reply's tokens (`sft_targets`) and IGNORE elsewhere."""
+    rows = []
+    for prompt, reply in zip(prompts, replies, strict=True):
+        ids = render_chat([{"role": "user", "content": prompt}], tok, generation_prompt=True)[0]
+        rows.append((ids + list(reply), [False] * len(ids) + [True] * len(reply)))
+    x = torch.full((len(rows), max(len(ids) for ids, _ in rows)), tok.end_id, dtype=torch.long)
+    y = torch.full_like(x, IGNORE)
+    for i, (ids, is_reply) in enumerate(rows):
+        x[i, : len(ids)] = torch.tensor(ids)
+        y[i, : len(ids)] = torch.tensor(sft_targets(ids, is_reply))
+    return x, y
+
+# %% [markdown]
+# DPO needs log π(y | x) of each reply: the log-probability the model gives each target token, summed
+# over the reply. Here is a version found in a hurry. A reply's log-probability cannot depend on which
+# other conversations share its batch; this one does.
+
+# %%
+def reply_logprobs_buggy(model, x, y):
+    logits = model(x)[0].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, y.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+
+
+alone = conversation_batch(tok, ["upper: kind"], [text_ids(tok, "KIND")])
+together = conversation_batch(tok, ["upper: kind", "reverse: gentleman"],
+                              [text_ids(tok, "KIND"), text_ids(tok, "namelteng")])
+with torch.no_grad():
+    a, b = reply_logprobs_buggy(sft, *alone)[0].sum(), reply_logprobs_buggy(sft, *together)[0].sum()
+print(f"log π(KIND | upper: kind) alone {a:.2f}, beside a longer conversation {b:.2f}")
+
+# %% [markdown]
+# **Your turn (debug).** Find why, and write the fixed `reply_logprobs(model, x, y)`: x, y [B, T] to
+# the log-probability of each target token [B, T], in float32, and exactly 0 where the target is
+# `IGNORE`, so that a sum over T is the reply's log-probability and nothing else.
+
+# %%
+#| export
+# Your turn - Exercise 12.3 (★★☆, debug): the log-probabilities of a reply's tokens.
+def reply_logprobs(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """x, y [B, T] -> the log-probability of each target token [B, T] (float32; 0 where y is IGNORE)."""
+    logits = model(x)[0].float()  # (B, T, V)
+    ### BEGIN SOLUTION
+    # chapter 06's cross-entropy, one number per position: −log p(target), and 0 where the target is IGNORE
+    return -F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none")  # (B, T)
+    ### END SOLUTION
+
+# %%
+reply_logprobs = check_reply_logprobs(reply_logprobs).use
+with torch.no_grad():
+    a, b = reply_logprobs(sft, *alone)[0].sum(), reply_logprobs(sft, *together)[0].sum()
+print(f"log π(KIND | upper: kind) alone {a:.2f}, beside a longer conversation {b:.2f}")
+
+# %%
+#| export
+def descend(model: GPT, optimizer: torch.optim.Optimizer, loss: torch.Tensor, what: str) -> None:
+    """One optimizer step down `loss` (gradients clipped to norm 1, as chapter 06 does); a loss that is not
+    finite stops training with a FloatingPointError naming `what`."""
+    if not math.isfinite(loss.item()):
+        raise FloatingPointError(f"the {what} loss is {loss.item()}: lower the learning rate")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+
+
+def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], steps: int, beta: float = 0.1,
+        lr: float = 2e-5, batch_size: int = 32, sft_weight: float = 0.0, seed: int = 0,
+        progress: bool = False) -> dict[str, list[float]]:
+    """`steps` AdamW steps of `dpo_loss` on batches of `pairs` drawn with `seed`; `reference` stays frozen.
+    `sft_weight` > 0 adds that times the chosen replies' mean cross-entropy per token (chapter 11's SFT
+    loss on the preferred replies). Returns, per step: loss (the DPO loss), accuracy (share of margins
+    > 0), and the mean implicit rewards of the chosen and the rejected replies, beta · (log π − log π_ref)."""
+    from tqdm.auto import tqdm
+
+    beta = real_number(beta, "beta", low=0, low_open=True)
+    sft_weight = real_number(sft_weight, "sft_weight", low=0)
+    if not pairs:
+        raise ValueError("no preference pairs: every task was always right or always wrong; draw more tasks")
+    reference.eval()  # frozen: only read under torch.no_grad()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    rng, history = random.Random(seed), {"loss": [], "accuracy": [], "chosen": [], "rejected": []}
+    policy.train()
+    for _ in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="DPO"):
+        batch = rng.sample(pairs, min(batch_size, len(pairs)))
+        x, y = conversation_batch(tok, [p.prompt for p in batch] * 2, [text_ids(tok, p.chosen) for p in batch]
+                                  + [text_ids(tok, p.rejected) for p in batch])
+        with torch.no_grad():
+            ref_chosen, ref_rejected = reply_logprobs(reference, x, y).sum(-1).chunk(2)  # (B,) each
+        pol_chosen, pol_rejected = reply_logprobs(policy, x, y).sum(-1).chunk(2)
+        loss, margins = dpo_loss(pol_chosen, pol_rejected, ref_chosen, ref_rejected, beta)
+        chosen_tokens = (y != IGNORE).sum(dim=1).chunk(2)[0]  # (B,)
+        descend(policy, optimizer, loss - sft_weight * (pol_chosen / chosen_tokens).mean(), "DPO")  # + w · CE/token
+        history["loss"].append(loss.item())
+        history["accuracy"].append((margins > 0).float().mean().item())
+        history["chosen"].append(beta * (pol_chosen - ref_chosen).mean().item())
+        history["rejected"].append(beta * (pol_rejected - ref_rejected).mean().item())
+    return history
+
+# %% [markdown]
+# **A known failure, and the guard this course uses.** DPO only asks the *margin* to grow, and it can
+# grow while *both* replies become less likely, the chosen one less fast. The probability goes
+# elsewhere, to replies that were in no pair, and greedy decoding can get worse at the very thing
+# preferred ("likelihood displacement", Razin et al. 2024). Pure DPO does exactly that on these pairs
+# (the benchmark below has the numbers: greedy accuracy barely moves and chapter 11's skills erode).
+# The guard used here, as in Llama 3's recipe and Pang et al. (2024), adds chapter 11's SFT loss on the
+# chosen replies to the DPO loss: `dpo(..., sft_weight=1.0)` keeps the chosen replies likely while the
+# margin grows.
+#
+# Sixty steps here, on the pairs above (about half a minute); the shipped DPO model below trained longer.
+# Four curves tell how it goes: the loss, the **preference accuracy** (the share of pairs whose margin is
+# positive: the policy prefers the chosen reply more than the reference did), and the implicit rewards
+# of the chosen and the rejected replies.
+
+# %%
+torch.manual_seed(0)
+policy = copy.deepcopy(sft)
+history = dpo(policy, sft, tok, pairs, steps=60, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT)
+fig, axes = plt.subplots(1, 3, figsize=(12, 3))
+axes[0].plot(history["loss"], label="DPO loss")
+axes[0].axhline(math.log(2), ls=":", c="gray", label="log 2")
+axes[1].plot(history["accuracy"], label="preference accuracy")
+axes[2].plot(history["chosen"], label="chosen")
+axes[2].plot(history["rejected"], label="rejected")
+for ax, name in zip(axes, ["loss", "share of pairs", "implicit reward β·log π/π_ref"], strict=True):
+    ax.set_xlabel("step")
+    ax.set_ylabel(name)
+    ax.legend()
+plt.tight_layout()
+plt.show()
+print("first loss is log 2:", abs(history["loss"][0] - math.log(2)) < 1e-4)
+print("the rejected replies' reward fell below the chosen ones':",
+      sum(history["rejected"][-10:]) < sum(history["chosen"][-10:]))
+
+# %% [markdown]
+# The shipped DPO model trained the same way for longer, on pairs from more words (`tools/
+# build_course_model.py shakespeare_preferences`; its manifest says the steps, the machine and the time).
+# Two numbers judge it: the **preferred behaviour** (a right reply on held-out strange words) should rise,
+# and chapter 11's held-out **exact match** (real words, and who says a line) should not fall: a
+# preference run that wrecks what SFT taught has failed, whatever its loss says.
+
+# %%
+dpo_model = load_chat_model(shipped="shakespeare_dpo")
+shipped = dpo_model.manifest
+print(f"DPO: {shipped['steps']} steps, beta {shipped['beta']}, lr {shipped['lr']}, {shipped['pairs']} pairs")
+print(f"held-out strange words, greedy: SFT {recorded['greedy']:.1%} -> DPO {shipped['after']['greedy']:.1%}")
+print("chapter 11's held-out exact match, SFT -> DPO:")
+for kind, before in shipped["exact_match_before"].items():
+    print(f"  {kind:8} {before:5.0%} -> {shipped['exact_match_after'][kind]:5.0%}")
+print("measured here as recorded:", abs(accuracy(dpo_model.model, tok, held) - shipped["after"]["greedy"]) <= 0.01)
+
+# %% [markdown]
+# **What β does.** β scales the implicit reward, so it sets how far the policy must move for a given
+# margin. With a small β the policy must move a long way from the reference before the loss is
+# satisfied: more change, more risk to what SFT taught. With a large β a small move already gives a large
+# margin, the loss saturates early and the policy stays near the reference. The benchmark below trained
+# the same pairs at two β, with and without the SFT term, and measured both numbers (`make bench`; the
+# table names its machine).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# the benchmark's stored table (make bench rewrites it, on whatever machine runs it)
+results = Path("../benchmarks/results/preferences.md")
+print(results.read_text() if results.exists() else "run `make bench` to measure DPO by beta and GRPO by step")
+
+# %% [markdown]
+# ## 5. A reward a program checks: GRPO
+#
+# DPO learned from pairs collected once, from the SFT model. Reinforcement learning keeps sampling from
+# the model *as it learns*: each step draws fresh strange words, samples a **group** of G replies to each
+# at temperature 1, and the checker gives each reply a reward, 1 if right and 0 if not. No one wrote an
+# answer down; the reward is the only signal.
+#
+# **Advantages relative to the group.** A reply should be pushed up if it did better than the model's
+# other tries at the same prompt, and down if worse. PPO (Schulman et al., 2017) learns a value network
+# to say what "expected" is; GRPO just uses the group: the advantage of reply i is its reward minus the
+# group's mean, divided by the group's standard deviation,
+#
+# $$A_i = \frac{r_i - \text{mean}(r_1..r_G)}{\text{std}(r_1..r_G) + \varepsilon}.$$
+#
+# A group all right or all wrong has nothing to learn from: every advantage is 0. By hand, rewards
+# [1, 0, 0, 0]: mean 0.25, standard deviation √(0.75² + 3 · 0.25²)/2 = 0.433 (the population one, over G),
+# advantages [1.732, −0.577, −0.577, −0.577].
+#
+# **Your turn.** Write `group_advantages(rewards, eps)`: rewards [P, G] (P prompts, G replies each) to
+# advantages [P, G], each row normalised on its own, with the population standard deviation
+# (`correction=0`).
+
+# %%
+#| export rewards
+"""Reinforcement learning with a verifiable reward (chapter 12): groups of replies sampled from the
+policy and scored by a checker, advantages relative to the group, and GRPO's clipped objective with a
+KL term to a frozen reference. Shapes: P prompts, G replies per prompt, N = P·G, T positions."""
+
+import random
+from dataclasses import dataclass
+
+import torch
+
+from transformer_course.arguments import real_number, whole_number
+from transformer_course.assistant import IGNORE, ChatTokenizer, Example, reply_ids
+from transformer_course.model import GPT
+from transformer_course.preferences import (
+    MAX_REPLY,
+    conversation_batch,
+    descend,
+    is_right,
+    reply_logprobs,
+    strange_words,
+)
+
+
+# Your turn - Exercise 12.4 (★☆☆, build): advantages relative to the group.
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """rewards [P, G] -> advantages [P, G]: each reward minus its row's mean, over the row's population
+    standard deviation plus eps (a row of equal rewards gives zeros)."""
+    ### BEGIN SOLUTION
+    mean = rewards.mean(dim=1, keepdim=True)  # (P, 1)
+    std = rewards.std(dim=1, keepdim=True, correction=0)  # (P, 1)
+    return (rewards - mean) / (std + eps)
+    ### END SOLUTION
+
+# %%
+group_advantages = check_group_advantages(group_advantages).use
+print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])))
+
+# %% [markdown]
+# **The clipped objective.** With the advantages fixed, GRPO takes a few gradient steps on one batch of
+# samples. After the first, the policy π is no longer the π_old that sampled them, so each token's
+# log-probability is weighted by the ratio ρ = π/π_old, and PPO's **clip** stops any token's ratio from
+# paying off beyond [1 − ε, 1 + ε]: min(ρA, clip(ρ, 1 − ε, 1 + ε)A). A **KL term** keeps the policy near
+# the reference (the SFT model), estimated per token without bias by k3 = e^d − d − 1 with
+# d = log π_ref − log π (Schulman, 2020), which is never negative:
+#
+# $$\mathcal{L} = -\frac{1}{N}\sum_i \frac{1}{|y_i|}\sum_{t \in y_i}\Big[\min\big(\rho_t A_i,\;
+#   \text{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_i\big) - \beta_\text{KL}\, k3_t\Big]$$
+#
+# Each reply's tokens are averaged, then the replies (GRPO's choice; Dr. GRPO, Liu et al. 2025, argues
+# for dividing by a constant instead, so long wrong replies are not punished less per token).
+#
+# **Your turn.** Write `clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef)`:
+# three [N, T] log-probability tensors (the policy's with a gradient, the sampler's and the reference's,
+# without), the advantages [N], the reply mask [N, T] (True on reply tokens), to the scalar loss above.
+
+# %%
+#| export rewards
+# Your turn - Exercise 12.5 (★★★, build): GRPO's clipped objective with a KL term.
+def clipped_objective(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
+                      advantages: torch.Tensor, mask: torch.Tensor, clip: float = 0.2,
+                      kl_coef: float = 0.04) -> torch.Tensor:
+    """Token log-probabilities [N, T] (policy, sampler, reference), advantages [N], mask [N, T] -> the loss:
+    minus the mean over replies of the mean over each reply's tokens of
+    min(ρA, clip(ρ, 1 − clip, 1 + clip)A) − kl_coef · k3, with ρ = exp(logp − logp_old)."""
+    ### BEGIN SOLUTION
+    ratio = torch.exp(logp - logp_old)  # (N, T)
+    adv = advantages.unsqueeze(1)  # (N, 1)
+    surrogate = torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)  # (N, T)
+    d = logp_ref - logp
+    k3 = torch.exp(d) - d - 1  # (N, T), >= 0
+    mask = mask.float()
+    per_reply = ((surrogate - kl_coef * k3) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,)
+    return -per_reply.mean()
+    ### END SOLUTION
+
+# %%
+clipped_objective = check_clipped_objective(clipped_objective).use
+
+# %% [markdown]
+# A **rollout** samples the groups and scores them; `grpo` runs the loop: a rollout of fresh words, the
+# advantages, the sampler's and the reference's log-probabilities (no gradient), then `inner_steps`
+# AdamW steps on the clipped objective.
+
+# %%
+#| export rewards
+@dataclass
+class Rollout:
+    """G replies to each of P tasks: the conversations x, y [N, T] (targets on the replies), the replies'
+    text (N) and their rewards [P, G]."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    replies: list[str]
+    rewards: torch.Tensor
+
+
+def rollout(policy: GPT, tok: ChatTokenizer, tasks: list[Example], group: int, generator: torch.Generator,
+            check=is_right) -> Rollout:
+    """Sample `group` replies (temperature 1) to every task and score each with `check(task, reply)`."""
+    prompts = [t.prompt for t in tasks for _ in range(group)]
+    was_training = policy.training
+    with torch.no_grad():
+        ids = reply_ids(policy.eval(), tok, prompts, MAX_REPLY, temperature=1.0, generator=generator)
+    policy.train(was_training)
+    texts = [tok.decode(r[:-1] if r[-1:] == [tok.end_id] else r) for r in ids]
+    rewards = [float(check(t, text)) for t, text in zip([t for t in tasks for _ in range(group)], texts, strict=True)]
+    x, y = conversation_batch(tok, prompts, ids)
+    return Rollout(x, y, texts, torch.tensor(rewards).view(len(tasks), group))
+
+
+def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
+         lr: float = 1e-4, clip: float = 0.2, kl_coef: float = 0.04, inner_steps: int = 2, seed: int = 0,
+         check=is_right, avoid: frozenset[str] = frozenset(), progress: bool = False,
+         on_step=None) -> dict[str, list[float]]:
+    """`steps` GRPO steps on fresh strange words (none in `avoid`) scored by `check`; `reference` stays
+    frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token) and clipped (the
+    share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step). `on_step(step,
+    history)`, if given, is called after each step (step counts from 1), e.g. to evaluate."""
+    from tqdm.auto import tqdm
+
+    real_number(kl_coef, "kl_coef", low=0)
+    real_number(clip, "clip", low=0, low_open=True)
+    reference.eval()  # frozen: only read under torch.no_grad()
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": []}
+    for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
+        tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
+        batch = rollout(policy, tok, tasks, group, generator, check)
+        advantages = group_advantages(batch.rewards).flatten()  # (N,)
+        mask = batch.y != IGNORE
+        with torch.no_grad():
+            logp_old = reply_logprobs(policy, batch.x, batch.y)
+            logp_ref = reply_logprobs(reference, batch.x, batch.y)
+        for _ in range(whole_number(inner_steps, "inner_steps")):
+            logp = reply_logprobs(policy, batch.x, batch.y)
+            descend(policy, optimizer, clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef),
+                    "GRPO")
+        with torch.no_grad():
+            d = (logp_ref - logp)[mask]
+            ratio = torch.exp(logp - logp_old)[mask]
+        history["reward"].append(batch.rewards.mean().item())
+        history["kl"].append((torch.exp(d) - d - 1).mean().item())
+        history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
+        if on_step is not None:
+            on_step(step + 1, history)
+    return history
+
+# %% [markdown]
+# Twenty steps here (16 words, 8 replies each: 2,560 replies sampled and scored, about half a minute).
+
+# %%
+torch.manual_seed(0)
+rl_policy = copy.deepcopy(sft)
+rl_history = grpo(rl_policy, sft, tok, steps=20, lr=GRPO_LR, kl_coef=GRPO_KL, avoid=HELD_WORDS)
+plt.figure(figsize=(5, 3))
+plt.plot(rl_history["reward"], marker="o", label="mean reward of the rollout")
+plt.xlabel("GRPO step")
+plt.ylabel("share of replies right")
+plt.legend()
+plt.show()
+print("the policy moved from the reference (KL > 0):", rl_history["kl"][-1] > 0)
+print("rewards are shares of right replies:", all(0 <= r <= 1 for r in rl_history["reward"]))
+
+# %% [markdown]
+# The shipped GRPO model ran the same loop for longer from the same SFT model, and measured the
+# held-out strange words as it went:
+
+# %%
+rl_model = load_chat_model(shipped="shakespeare_grpo")
+facts = rl_model.manifest
+curve = facts["curve"]  # step, pass@1 and greedy accuracy on the held-out words, every few steps
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
+axes[0].plot(facts["reward"], alpha=0.4, label="rollout reward (per step)")
+window = 20
+smooth = [sum(facts["reward"][max(0, i - window + 1): i + 1]) / len(facts["reward"][max(0, i - window + 1): i + 1])
+          for i in range(len(facts["reward"]))]
+axes[0].plot(smooth, label=f"mean of the last {window}")
+axes[1].plot([c["step"] for c in curve], [c["pass_at_1"] for c in curve], marker="o", label="pass@1 (held out)")
+axes[1].plot([c["step"] for c in curve], [c["greedy"] for c in curve], marker="s", label="greedy (held out)")
+for ax, name in zip(axes, ["reward", "share right"], strict=True):
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel(name)
+    ax.legend()
+plt.tight_layout()
+plt.show()
+print(f"GRPO: {facts['steps']} steps, {facts['built']['wall_seconds']:.0f} s on {facts['built']['cpu']}")
+print(f"held-out strange words: pass@1 {recorded['pass_at_1']:.1%} -> {facts['after']['pass_at_1']:.1%}, "
+      f"greedy {recorded['greedy']:.1%} -> {facts['after']['greedy']:.1%}")
+print("chapter 11's held-out exact match, SFT -> GRPO:")
+for kind, before in facts["exact_match_before"].items():
+    print(f"  {kind:8} {before:5.0%} -> {facts['exact_match_after'][kind]:5.0%}")
+print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - facts["after"]["greedy"]) <= 0.01)
+
+# %% [markdown]
+# Look at `count`: GRPO never practised it, and it lost some of it. The KL term is an average over the
+# replies GRPO samples, to upper-casing and reversing prompts only; it says nothing about what the
+# policy does on other prompts. Production recipes mix the tasks to keep into the RL prompts, or add a
+# supervised loss on them (InstructGPT's "PPO-ptx" mixed in pretraining gradients for this reason).
+#
+# RL needs the model to be right *sometimes*: a group that is all wrong has zero advantage everywhere,
+# so a task the SFT model never solves (chapter 11's model gets every word of 8 letters wrong) gives
+# GRPO nothing to climb. That is why RL comes after SFT, and why pass@1, not greedy accuracy, is its
+# number: it learns from samples, and first makes its right samples more common.
+#
+# **What a GPU buys.** Almost all of a step is sampling: 128 short replies, one token at a time, here on
+# two CPU cores. A GPU samples the whole group in parallel; real runs use groups of 16-64 replies of
+# hundreds of tokens, thousands of prompts, and a separate inference engine (vLLM) for the rollouts.
+# The algorithm is the one above.
+#
+# ## 6. What the policy optimises: holes in the checker, and the KL leash
+#
+# The policy maximises what the checker *says*, not what we meant. Here is a checker written in a hurry:
+# it accepts a reply if the reply appears inside the right answer.
+
+# %%
+def hasty_check(task, reply: str) -> bool:
+    return reply in task.answer
+
+
+print("the right answer passes:", hasty_check(held[0], held[0].answer))
+print("so does an empty reply:", hasty_check(held[0], ""), "| and the first letter alone:",
+      hasty_check(held[0], held[0].answer[:1]))
+
+# %% [markdown]
+# Nothing in GRPO knows the difference. A single sampled reply that stops early and scores 1 gets a
+# positive advantage, and every step makes stopping early more likely: **reward hacking**. Real cases
+# are the same shape: unit tests that a reply can special-case, a judge model that likes long answers,
+# a format check that ignores the content. The defence is a checker with no hole (`is_right` compares
+# the whole reply) and watching a number the reward does not see (here, greedy accuracy and chapter
+# 11's exact match).
+#
+# **The KL term** is the other defence. It charges the policy for every token on which it moved away
+# from the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward:
+# the benchmark trained GRPO with and without it from the same start. Compare chapter 11's exact match
+# (what was not trained here) and the diversity of the sampled replies: the distinct replies among 8
+# samples, and pass@8, the chance that at least one of 8 is right (Exercise 12.6 below computes it
+# without bias). Reinforcement learning mostly **sharpens**: it makes the right replies the model
+# could already write more common (pass@1 rises a lot), and adds less to what it can write at all
+# (pass@8 rises less).
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+# the benchmark's measured rows (make bench rewrites them, on whatever machine runs it)
+import json
+
+measured = Path("../benchmarks/results/preferences.json")
+if measured.exists():
+    bench = json.loads(measured.read_text())
+    rows = [("SFT", bench["sft"])] + [(f"GRPO KL {r['kl_coef']:g}", r) for r in bench["grpo"]]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3))
+    for ax, (key, label) in zip(axes, [("pass_at_1", "pass@1"), ("pass_at_8", "pass@8"), ("distinct", "distinct of 8")],
+                                strict=True):
+        ax.bar([name for name, _ in rows], [r[key] for _, r in rows])
+        ax.set_ylabel(label)
+        ax.set_title(f"held-out strange words: {label}")
+    plt.tight_layout()
+    plt.show()
+    for name, r in rows:
+        print(f"{name:12} chapter 11's exact match: " + ", ".join(f"{k} {v:.0%}" for k, v in r["exact_match"].items()))
+else:
+    print("run `make bench` to compare GRPO with and without its KL term")
+
+# %% [markdown]
+# ## 7. Your turn: pass@k without bias
+#
+# pass@1 asks whether one sample is right; **pass@k** whether at least one of k is (the number code and
+# maths benchmarks report). Sampling k replies once and looking is noisy. With n ≥ k samples of which c
+# are right, the unbiased estimator (Chen et al., 2021, the HumanEval paper) is the chance that k
+# replies drawn from the n without replacement include a right one:
+#
+# $$\text{pass@}k = 1 - \binom{n-c}{k} \Big/ \binom{n}{k}.$$
+#
+# **Your turn (extend).** Write `pass_at_k(n, c, k)` for whole numbers 0 ≤ c ≤ n and 1 ≤ k ≤ n. (When
+# n − c < k every draw of k holds a right reply.) By hand: n = 4, c = 1, k = 2 gives 1 − 3/6 = 0.5.
+
+# %%
+# Your turn - Exercise 12.6 (★★☆, extend): the unbiased pass@k.
+def pass_at_k(n: int, c: int, k: int) -> float:
+    ### BEGIN SOLUTION
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    ### END SOLUTION
+
+
+check_pass_at_k(pass_at_k)
+print([round(pass_at_k(8, c, 4), 3) for c in range(9)])
+
+# %% [markdown]
+# ## 8. Talk to them
+#
+# Both trained models are chat models like chapter 11's (`save_chat_model`), so the same streamed chat
+# serves them. In a terminal: `transformer-course chat --model dpo` or `--model grpo` for the shipped
+# ones, or `--checkpoint` with the files this chapter writes below.
+
+# %%
+from transformer_course.assistant import reply_stream
+
+for name, model in [("SFT", sft), ("DPO", dpo_model.model), ("GRPO", rl_model.model)]:
+    print(f"{name:5}", "".join(reply_stream(model, tok, [{"role": "user", "content": "reverse: qzkvb"}])))
+Path("checkpoints").mkdir(exist_ok=True)
+for name, model in [("12_dpo_demo.pt", policy), ("12_grpo_demo.pt", rl_policy)]:
+    save_chat_model(Path("checkpoints") / name, model, tok)
+print("transformer-course chat --checkpoint chapters/checkpoints/12_grpo_demo.pt")
+
+# %% [markdown]
+# ## Quick check
+
+# %%
+from transformer_course.quiz import Question, quiz
+
+quiz([
+    Question("What does DPO need that GRPO does not?",
+             ["A reward model", "Pairs of a better and a worse reply", "A GPU"],
+             answer=1, explain="DPO fits pairs directly; GRPO scores its own samples with a checker."),
+    Question("A group's four replies are all right. What do they teach GRPO?",
+             ["A lot: push all four up", "Nothing through the advantages: they are all 0",
+              "They are pushed down"],
+             answer=1, explain="Each reward equals the group's mean, so every advantage is 0; only the KL term acts."),
+    Question("Why is the first DPO loss log 2 whatever β is?",
+             ["Because β starts at 1", "The policy equals the reference, so every margin is 0 and -log σ(0) = log 2",
+              "Because the pairs are balanced"],
+             answer=1, explain="Equal log-ratios make the margin 0; σ(0) = 1/2."),
+    Question("What does a larger β do in DPO?",
+             ["Keeps the policy nearer the reference", "Moves it further", "Nothing: it cancels"],
+             answer=0, explain="A small move already gives a large margin, so the loss is satisfied early."),
+])
+
+# %% [markdown]
+# ## Summary
+#
+# - Supervised fine-tuning taught skills on the plays' words; on **strange words** no play holds, the
+#   model is right only about half the time. A program knows every right answer, so it can judge.
+# - **DPO** trains on pairs of the model's own replies, a right one preferred to a wrong one, with a
+#   frozen reference: the loss is −log σ of β times the difference of the two log-ratios (you wrote it,
+#   predicted its first value, log 2, and fixed the reply log-probabilities it needs). Watch the
+#   held-out score and what SFT taught, not only the loss: the margin can grow while both replies lose
+#   probability; the SFT term on the chosen replies guards against that.
+# - **GRPO** samples a group of replies per prompt, scores them with a checker, and pushes each reply by
+#   its reward relative to the group (you wrote the advantages), through PPO's clipped ratio with a KL
+#   term to the reference (you wrote the objective). Pass@1 on held-out strange words rises, with no
+#   answer written down anywhere.
+# - The policy optimises what the checker says: a checker with a hole gets **reward-hacked**, and
+#   without the **KL term** the policy spends what SFT taught. RL mostly sharpens: pass@1 rises more
+#   than pass@k, which has an unbiased estimator from n samples (you wrote it).
+#
+# Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
+# `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,
+# `text_ids`, `conversation_batch`, `reply_logprobs`, `descend`, `dpo`; and to
+# `transformer_course/rewards.py`: `group_advantages`, `clipped_objective`, `Rollout`, `rollout`, `grpo`.

@@ -1,0 +1,402 @@
+"""Checks for chapter 12's exercises (preferences and rewards: DPO, GRPO, pass@k). Hand-written.
+
+The build exercises (12.1 ``dpo_loss``, 12.4 ``group_advantages``, 12.5 ``clipped_objective``)
+and the debug exercise (12.3 ``reply_logprobs``) have the package as their reference; each check
+computes what it expects its own way (by hand-worked numbers, or by loops over plain Python floats).
+The reference of
+the extend exercise 12.6 (``_pass_at_k``) lives here: it is not part of the package's API.
+"""
+
+import itertools
+import math
+
+import torch
+
+from .. import preferences as _preferences
+from .. import rewards as _rewards
+from ._core import check, expect, expect_close, expect_tensor, fresh_rng, name_mistake
+
+
+def _named(got, mistakes, atol: float = 1e-5):
+    """name_mistake for numbers (or nested lists of them): compared as tensors, within atol."""
+    as_tensor = lambda v: torch.as_tensor(v, dtype=torch.float64)  # noqa: E731
+    return name_mistake(
+        as_tensor(got), [(hint, as_tensor(wrong)) for hint, wrong in mistakes], atol=atol
+    )
+
+
+def _logsig(z: float) -> float:
+    """log σ(z), computed stably in plain Python."""
+    return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
+
+
+# ---------------------------------------------------------------- 12.1 build: dpo_loss
+
+
+@check("12.1", "dpo_loss", reference=_preferences.dpo_loss)
+def check_dpo_loss(fn):
+    """``fn(policy_chosen [B], policy_rejected [B], ref_chosen [B], ref_rejected [B], beta)``
+    ``-> (loss, margins [B])``."""
+    one = [torch.tensor([v]) for v in (-2.0, -3.0, -2.5, -2.0)]
+    out = fn(*one, 0.5)
+    expect(
+        isinstance(out, tuple) and len(out) == 2,
+        "return two things: (the mean loss, the margins [B])",
+    )
+    loss, margins = out
+    margins = expect_tensor(margins, what="the margins")
+    expect(
+        math.isclose(float(margins.reshape(-1)[0]), 0.75, abs_tol=1e-5),
+        _named(
+            float(margins.reshape(-1)[0]),
+            [
+                (
+                    "the margin leaves out the reference: subtract ref_chosen and ref_rejected",
+                    0.5,
+                ),
+                ("β multiplies the margin: beta * ((pc - rc) - (pr - rr))", 1.5),
+                ("the margin is chosen minus rejected, not the other way round", -0.75),
+            ],
+        )
+        or f"the hand-worked margin is 0.75 (β = 0.5 times (0.5 − (−1.0))), got "
+        f"{float(margins.reshape(-1)[0]):.4f}",
+    )
+    expect(
+        math.isclose(float(loss), math.log1p(math.exp(-0.75)), abs_tol=1e-4),
+        _named(
+            float(loss),
+            [
+                (
+                    "the loss is −log σ(margin); σ(margin) alone is the probability",
+                    1 / (1 + math.exp(-0.75)),
+                ),
+                ("the loss is minus log σ: it must be positive", -math.log1p(math.exp(-0.75))),
+                ("the loss is −log σ(margin), not −margin", -0.75),
+            ],
+            atol=1e-4,
+        )
+        or f"the hand-worked loss is log(1 + e^-0.75) = 0.3869, got {float(loss):.4f}",
+    )
+    with fresh_rng(12):
+        pc, pr, rc, rr = (torch.randn(6) * 3 - 8 for _ in range(4))
+    beta = 0.2
+    want_margins = [
+        beta * ((a - c) - (b - d))
+        for a, b, c, d in zip(pc.tolist(), pr.tolist(), rc.tolist(), rr.tolist(), strict=True)
+    ]
+    loss, margins = fn(pc, pr, rc, rr, beta)
+    expect_close(
+        expect_tensor(margins, shape=(6,), what="the margins [B]"),
+        torch.tensor(want_margins),
+        "one margin per pair, beta · ((pc − rc) − (pr − rr))",
+        atol=1e-5,
+    )
+    expect(torch.as_tensor(loss).dim() == 0, "the loss is one number: the mean over the pairs")
+    want = -sum(_logsig(m) for m in want_margins) / 6
+    expect(
+        math.isclose(float(loss), want, abs_tol=1e-5),
+        "the loss is the *mean* of −log σ(margin) over the pairs, not the sum"
+        if math.isclose(float(loss), 6 * want, abs_tol=1e-4)
+        else f"expected a mean loss of {want:.5f}, got {float(loss):.5f}",
+    )
+    far = fn(
+        torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-400.0]), 0.5
+    )[0]
+    expect(
+        math.isfinite(float(far)) and math.isclose(float(far), 200.0, rel_tol=1e-4),
+        "a margin of −200 must give a loss of 200, not inf: use F.logsigmoid(margins), which "
+        "stays finite where torch.log(torch.sigmoid(...)) rounds to log 0",
+    )
+    grads = [torch.tensor([-2.0], requires_grad=True), torch.tensor([-3.0], requires_grad=True)]
+    loss = fn(grads[0], grads[1], torch.tensor([-2.5]), torch.tensor([-2.5]), 0.5)[0]
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        loss.backward()
+    expect(
+        grads[0].grad is not None and float(grads[0].grad) < 0 < float(grads[1].grad),
+        "the loss must fall as the chosen reply gets likelier and the rejected one less likely "
+        "(keep the gradient: no .item() or .detach() inside)",
+    )
+
+
+# ---------------------------------------------------------------- 12.2 predict: the first DPO loss
+
+
+@check("12.2", "my_prediction")
+def check_predict_first_dpo_loss(fn):
+    """``fn() -> float``: the DPO loss when the policy equals the reference."""
+    got = fn()
+    expect(
+        isinstance(got, int | float) and not isinstance(got, bool), f"return a number, got {got!r}"
+    )
+    expect(
+        abs(got - math.log(2)) < 1e-3,
+        _named(
+            got,
+            [
+                ("every margin is 0, but the loss is −log σ(0), not 0", 0.0),
+                (
+                    "σ(0) = 0.5 is the probability the model gives the preference; the loss is "
+                    "−log of it",
+                    0.5,
+                ),
+                ("−log σ(0) = log 2 in natural logarithms (not bits)", 1.0),
+            ],
+            atol=1e-3,
+        )
+        or f"{got} is not it: with the policy equal to the reference, what is every margin?",
+    )
+
+
+# ---------------------------------------------------------------- 12.3 debug: reply_logprobs
+
+
+class _Table(torch.nn.Module):
+    """A stand-in model whose logits depend on the token only: logits [B, T, V] = table[x]."""
+
+    def __init__(self, vocab: int = 7):
+        super().__init__()
+        with fresh_rng(123):
+            self.table = torch.nn.Parameter(torch.randn(vocab, vocab).double())
+
+    def forward(self, x):
+        return self.table[x], None
+
+
+@check("12.3", "reply_logprobs", reference=_preferences.reply_logprobs)
+def check_reply_logprobs(fn):
+    """``fn(model, x [B, T], y [B, T]) -> [B, T]`` log-probabilities of the targets, 0 where y "
+    "is -1."""
+    model = _Table()
+    x = torch.tensor([[1, 2, 3, 4, 5], [6, 5, 4, 0, 0]])
+    y = torch.tensor([[-1, -1, 4, 5, -1], [-1, 4, 0, -1, -1]])
+    got = expect_tensor(fn(model, x, y), shape=(2, 5), what="the log-probabilities [B, T]")
+    expect(
+        got.dtype == torch.float32, f"return float32 (call .float() on the logits), got {got.dtype}"
+    )
+    logp = torch.log_softmax(model.table.detach().float(), dim=-1)  # (V, V)
+    want = torch.zeros(2, 5)
+    for b, t in itertools.product(range(2), range(5)):
+        if y[b, t] != -1:
+            want[b, t] = logp[x[b, t], y[b, t]]
+    unmasked = logp[x, y.clamp(min=0)]
+    expect(
+        not torch.allclose(got.detach(), unmasked, atol=1e-5),
+        "positions whose target is -1 (the prompt, the padding) must be 0: multiply by "
+        "(y != IGNORE), "
+        "or a reply's sum picks up log-probabilities of token 0 there",
+    )
+    expect(
+        not torch.allclose(got.detach(), -want, atol=1e-5),
+        "log-probabilities are negative: take log_softmax, not its negation",
+    )
+    expect_close(
+        got.detach(),
+        want,
+        "expected log_softmax(logits) at each target id, and 0 where y is -1",
+        atol=1e-5,
+    )
+    expect(got.requires_grad, "keep the gradient: DPO trains through these numbers (no .detach())")
+
+
+# ---------------------------------------------------------------- 12.4 build: group_advantages
+
+
+def _advantages(rows, eps=1e-4, correction=0, per_row=True, divide=True):
+    """group_advantages in plain Python, with one mistake switched on at will."""
+    flat = [r for row in rows for r in row]
+    out = []
+    for row in rows:
+        pool = row if per_row else flat
+        mean = sum(pool) / len(pool)
+        std = math.sqrt(sum((r - mean) ** 2 for r in pool) / (len(pool) - correction))
+        out.append([(r - mean) / (std + eps) if divide else r - mean for r in row])
+    return out
+
+
+@check("12.4", "group_advantages", reference=_rewards.group_advantages)
+def check_group_advantages(fn):
+    """``fn(rewards [P, G], eps=1e-4) -> advantages [P, G]``."""
+    rows = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]]
+    got = expect_tensor(fn(torch.tensor(rows)), shape=(3, 4), what="the advantages [P, G]")
+    expect(
+        bool(torch.isfinite(got).all()),
+        "a group of equal rewards has standard deviation 0: add eps to it "
+        "before dividing, so the advantages are 0, not NaN",
+    )
+    want = _advantages(rows)
+    expect_close(
+        got,
+        torch.tensor(want),
+        _named(
+            got.tolist(),
+            [
+                (
+                    "normalise each group (row) on its own: mean and std over dim=1, keepdim=True",
+                    _advantages(rows, per_row=False),
+                ),
+                (
+                    "use the population standard deviation, over G (std(..., correction=0))",
+                    _advantages(rows, correction=1),
+                ),
+                (
+                    "divide by the group's standard deviation (plus eps) after subtracting the "
+                    "mean",
+                    _advantages(rows, divide=False),
+                ),
+            ],
+            atol=1e-4,
+        )
+        or "by hand, rewards [1, 0, 0, 0] give [1.732, −0.577, −0.577, −0.577]",
+        atol=1e-4,
+    )
+    with fresh_rng(4):
+        rewards = torch.randint(0, 2, (5, 8)).float()
+    expect_close(
+        fn(rewards, eps=0.5),
+        torch.tensor(_advantages(rewards.tolist(), eps=0.5)),
+        "eps goes beside the standard deviation: (r − mean) / (std + eps)",
+        atol=1e-5,
+    )
+
+
+# ---------------------------------------------------------------- 12.5 build: clipped_objective
+
+
+def _objective(
+    logp,
+    old,
+    ref,
+    adv,
+    mask,
+    clip,
+    kl,
+    *,
+    use_clip=True,
+    use_min=True,
+    kl_sign=1,
+    per_reply=True,
+    masked=True,
+):
+    """clipped_objective with Python loops, with one mistake switched on at will."""
+    total, replies, tokens = 0.0, 0, 0.0
+    for i in range(len(logp)):
+        terms = []
+        for t in range(len(logp[i])):
+            if masked and not mask[i][t]:
+                continue
+            ratio = math.exp(logp[i][t] - old[i][t])
+            clipped = min(max(ratio, 1 - clip), 1 + clip) if use_clip else ratio
+            surrogate = min(ratio * adv[i], clipped * adv[i]) if use_min else clipped * adv[i]
+            d = ref[i][t] - logp[i][t]
+            terms.append(surrogate - kl_sign * kl * (math.exp(d) - d - 1))
+        total += sum(terms) / max(len(terms), 1) if per_reply else sum(terms)
+        tokens += len(terms)
+        replies += 1
+    return -(total / replies if per_reply else total / tokens)
+
+
+@check("12.5", "clipped_objective", reference=_rewards.clipped_objective)
+def check_clipped_objective(fn):
+    """``fn(logp [N, T], logp_old [N, T], logp_ref [N, T], advantages [N], mask [N, T], clip, "
+    "kl_coef) -> loss``."""
+    with fresh_rng(5):
+        old = -torch.rand(4, 6) * 3
+        logp = old + torch.randn(4, 6) * 0.4  # ratios well outside [0.8, 1.2] in places
+        ref = old + torch.randn(4, 6) * 0.3
+        adv = torch.tensor([1.5, -0.5, -1.0, 0.0])
+    mask = torch.tensor(
+        [[0, 0, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 0, 0], [0, 1, 1, 0, 0, 0]]
+    ).bool()
+    args = [v.tolist() for v in (logp, old, ref, adv)] + [mask.tolist(), 0.2, 0.1]
+    leaf = logp.clone().requires_grad_(True)
+    got = fn(leaf, old, ref, adv, mask, 0.2, 0.1)
+    got = expect_tensor(got, what="the loss")
+    expect(got.dim() == 0, f"the loss is one number, got shape {tuple(got.shape)}")
+    value, want = float(got.detach()), _objective(*args)
+    mistakes = [
+        (
+            "clip the ratio to [1 − clip, 1 + clip] in the second term: "
+            "ratio.clamp(1 - clip, 1 + clip)",
+            _objective(*args, use_clip=False),
+        ),
+        (
+            "take the minimum of the clipped and the unclipped term (torch.min): the clip must "
+            "only ever lower the objective",
+            _objective(*args, use_min=False),
+        ),
+        (
+            "the KL term is a penalty: subtract kl_coef · k3 from the surrogate (the loss is "
+            "minus that)",
+            _objective(*args, kl_sign=-1),
+        ),
+        (
+            "average each reply's own tokens (sum over T of the masked terms / the reply's "
+            "mask.sum), then the replies",
+            _objective(*args, per_reply=False),
+        ),
+        (
+            "only reply tokens count: multiply by the mask before summing, and divide by "
+            "mask.sum(dim=1)",
+            _objective(*args, masked=False),
+        ),
+        ("the loss is minus the objective: gradient descent must raise it", -want),
+    ]
+    expect(
+        math.isclose(value, want, abs_tol=1e-5),
+        _named(value, mistakes) or f"expected a loss of {want:.5f}, got {value:.5f}",
+    )
+    got.backward()
+    expect(
+        leaf.grad is not None and bool(leaf.grad[~mask].abs().max() == 0),
+        "the gradient must reach logp on reply tokens only (keep the graph; no .detach() of logp)",
+    )
+    same = fn(old.clone(), old, old, adv, mask, 0.2, 0.1)
+    expect(
+        math.isclose(float(same), -float(adv.mean()), abs_tol=1e-5),
+        "with π = π_old = π_ref every ratio is 1 and k3 is 0, so the loss is minus the mean "
+        "advantage",
+    )
+
+
+# ---------------------------------------------------------------- 12.6 extend: pass@k
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k (Chen et al. 2021): 1 − C(n − c, k) / C(n, k)."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@check("12.6", "pass_at_k")
+def check_pass_at_k(fn):
+    """``fn(n, c, k) -> float``: the chance that k of the n samples, drawn without replacement,
+    hold a right one."""
+    got = fn(5, 2, 2)
+    expect(
+        isinstance(got, int | float) and not isinstance(got, bool), f"return a number, got {got!r}"
+    )
+    expect(
+        abs(got - 0.7) < 1e-9,
+        _named(
+            got,
+            [
+                ("that is pass@1 (c / n); pass@k asks whether any of k samples is right", 0.4),
+                (
+                    "draw without replacement: 1 − (1 − c/n)^k counts one sample twice",
+                    1 - (1 - 2 / 5) ** 2,
+                ),
+                ("that is the chance that none of the k is right: pass@k is 1 minus it", 0.3),
+            ],
+            atol=1e-9,
+        )
+        or f"by hand, n = 5, c = 2, k = 2 gives 1 − C(3, 2)/C(5, 2) = 0.7, got {got}",
+    )
+    for n, c, k in [(5, 2, 3), (6, 1, 1), (8, 0, 3), (8, 8, 2), (7, 5, 3), (10, 3, 10)]:
+        right = [True] * c + [False] * (n - c)
+        draws = list(itertools.combinations(range(n), k))
+        want = sum(any(right[i] for i in d) for d in draws) / len(draws)  # every k-subset, counted
+        got = fn(n, c, k)
+        expect(
+            math.isclose(got, want, abs_tol=1e-9),
+            f"n = {n}, c = {c}, k = {k}: {want:.6f} of the k-subsets hold a right sample, got {got}"
+            + (" (when n − c < k every draw holds one)" if n - c < k else ""),
+        )
