@@ -329,6 +329,52 @@ def _cmd_chat(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- serve (issue 37)
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number 0..65535 (0: a free one), got {value}")
+    return value
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API, with a chat page (the `serve` extra)",
+        description="Serve a chat model (chapters 11-12; default: the shipped SFT model) or a text checkpoint "
+                    "(completions only) at http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions, "
+                    "streamed with stream=true), and a chat page at http://HOST:PORT/. One request at a time runs on "
+                    "the model; Ctrl-C stops. Needs the course's `serve` extra (fastapi, uvicorn).")
+    p.add_argument("--checkpoint", default=None,
+                   help="a chat model (assistant.save_chat_model) or a text checkpoint (transformer-course train)")
+    p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
+                   help="a chat model the course ships: sft (chapter 11, the default), dpo or grpo (chapter 12)")
+    p.add_argument("--name", default=None,
+                   help="the model's id in the API (default: the shipped model's name, or the file's name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    p.set_defaults(handler=_cmd_serve)
+
+
+def _cmd_serve(args) -> int:
+    """Ctrl-C stops the server with one line and exit status 130 (128 + SIGINT); 0 where SIGINT was ignored."""
+    if args.checkpoint and args.model:
+        raise SystemExit("transformer-course serve: give --checkpoint (your file) or --model (a shipped one), not both")
+    from . import serve
+
+    if missing := serve.missing_extra():
+        raise RuntimeError(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: serve "
+                           "needs the course's `serve` extra: pip install \"transformer-course[serve]\" (from a "
+                           f"clone: pip install \".[serve]\"), or pip install {' '.join(serve.SERVE_EXTRA)}")
+    served = serve.load_served(args.checkpoint, CHAT_MODELS[args.model or "sft"], args.name)
+    status = 0
+    try:
+        serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True))
+    except KeyboardInterrupt:
+        status = 130
+    print("transformer-course serve: stopped", flush=True)
+    return status
+
+
 # ---------------------------------------------------------------- classroom (issue 12)
 def _add_classroom(sub) -> None:
     p = sub.add_parser("student-edition", help="write the chapters with solutions removed, checks kept")
@@ -377,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_generate(sub)
     _add_chat(sub)
+    _add_serve(sub)
     _add_classroom(sub)
     return parser
 

@@ -1,0 +1,519 @@
+"""`transformer-course serve`: a course model behind an OpenAI-compatible HTTP API, and a chat page (issue 37).
+
+Hand-written, not exported. ``/v1/models``, ``/v1/completions`` and, for a chat model (chapters 11 and 12),
+``/v1/chat/completions`` in chapter 11's chat format (``assistant.render_chat`` and ``fit_history``), each
+answer plain or streamed as server-sent events; ``/`` is the chat page (``static/chat.html``, one file,
+nothing fetched from elsewhere). The server is FastAPI on uvicorn: the course's optional extra ``serve``.
+
+The tokens come from chapter 07's ``generation.stream`` (what ``generate`` returns, token for token): the
+request's ``seed`` seeds a ``torch.Generator``, ``temperature`` 0 is greedy, ``top_p`` is the nucleus, and
+a chat model stops at its ``<|end|>``. The model has one worker thread, so requests wait their turn and
+never interleave on it; a client that goes away (the page's Stop button) ends its generation at the next
+token. Errors have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``, with status
+400 (a bad request), 404 (an unknown model or path) or 500.
+"""
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .generation import decode_stream, stream
+
+# what the `serve` extra installs (pyproject.toml): the module each needs, by package name
+SERVE_EXTRA = {"fastapi": "fastapi", "uvicorn": "uvicorn"}
+COMPLETION_MAX_TOKENS = 16  # the defaults of the OpenAI API (completions) and of `transformer-course chat`
+CHAT_MAX_TOKENS = 24
+MAX_TOKENS_LIMIT = 4096  # a completion longer than the context slides its window; this bounds one request
+
+
+class RequestError(ValueError):
+    """A request the server refuses: HTTP `status` and the OpenAI error's `param` and `code`."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+        super().__init__(message)
+        self.param, self.code, self.status = param, code, status
+
+
+def missing_extra() -> list[str]:
+    """The packages of the `serve` extra that are not installed."""
+    import importlib.util
+
+    return [package for package, module in SERVE_EXTRA.items() if importlib.util.find_spec(module) is None]
+
+
+# ---------------------------------------------------------------- the model served
+@dataclass
+class Served:
+    """A model as the server sees it: its id in the API, the GPT (eval mode), its tokenizer, and for a chat
+    model (a ChatTokenizer) the end token every answer stops at."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    description: str
+    chat: bool = False
+    eos_id: int | None = None
+    allowed: object = None  # the ids that may be sampled (generation.stream's `allowed`)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def block_size(self) -> int:
+        return self.model.cfg.block_size
+
+
+def chat_served(chat, name: str, description: str) -> Served:
+    """A `course_model.ChatModel` served: completions and chat, the turn markers never sampled (as
+    `assistant.reply_stream` does), each answer ending at <|end|>."""
+    tok = chat.tokenizer
+    return Served(name, chat.model.eval(), tok, description, chat=True, eos_id=tok.end_id,
+                  allowed=[*range(tok.base.vocab_size), tok.end_id])
+
+
+def load_served(checkpoint=None, shipped: str = "shakespeare_chat", name: str | None = None) -> Served:
+    """The model to serve: the shipped chat model `shipped` (course_model.SHIPPED_CHAT_MODELS) when
+    `checkpoint` is None, else the file `checkpoint`: a chat model (assistant.save_chat_model) or a text
+    checkpoint (checkpoint.save_checkpoint, served for completions only)."""
+    from .checkpoint import load_checkpoint
+    from .course_model import load_chat_model
+    from .modern import build_gpt
+
+    if checkpoint is None:
+        chat = load_chat_model(None, shipped=shipped)
+        return chat_served(chat, name or shipped, f"the course's shipped chat model {shipped}")
+    path = Path(checkpoint)
+    try:
+        chat = load_chat_model(path)
+    except ValueError as not_chat:
+        if "is not a chat model" not in str(not_chat):
+            raise
+    else:
+        return chat_served(chat, name or path.stem, f"the chat model {path}")
+    try:
+        ckpt = load_checkpoint(path, build_gpt)  # chapter 06's GPT or chapter 10's modern one
+    except ValueError as error:
+        raise ValueError(f"{path} is neither a chat model (assistant.save_chat_model) nor a checkpoint "
+                         f"(checkpoint.save_checkpoint): {error}") from None
+    if ckpt.tokenizer is None:
+        raise ValueError(f"checkpoint {path} has no tokenizer, so the server could not read prompts: save it with "
+                         "save_checkpoint(..., tokenizer=tok)")
+    if ckpt.tokenizer.vocab_size < ckpt.model.cfg.vocab_size:
+        raise ValueError(f"checkpoint {path}: its tokenizer knows {ckpt.tokenizer.vocab_size} tokens but the model "
+                         f"samples from {ckpt.model.cfg.vocab_size}: save it with the tokenizer it was trained with")
+    return Served(name or path.stem, ckpt.model.eval(), ckpt.tokenizer, f"the text model {path} (completions only)",
+                  allowed=ckpt.tokenizer)
+
+
+# ---------------------------------------------------------------- requests
+@dataclass
+class Sampling:
+    """A request's sampling: what `generation.stream` takes, and the stop strings."""
+
+    max_tokens: int
+    temperature: float
+    top_p: float | None
+    seed: int
+    stop: list[str]
+
+
+def _number(body: dict, key: str, default, low=None, high=None, whole=False, low_open=False):
+    value = body.get(key)
+    if value is None:
+        return default
+    kinds = "an integer" if whole else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        raise RequestError(f"{key} must be {kinds}, got {json.dumps(value)}", key, "invalid_type")
+    if value != value or value in (float("inf"), float("-inf")):
+        raise RequestError(f"{key} must be a finite number, got {value}", key, "invalid_value")
+    if low is not None and (value <= low if low_open else value < low):
+        raise RequestError(f"{key} must be {'>' if low_open else '>='} {low}, got {value}", key, "invalid_value")
+    if high is not None and value > high:
+        raise RequestError(f"{key} must be <= {high}, got {value}", key, "invalid_value")
+    return value
+
+
+def sampling(body: dict, default_max_tokens: int) -> Sampling:
+    """The sampling settings of a request's JSON body, checked (a RequestError naming the bad one)."""
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(body, key, default_max_tokens, low=1, high=MAX_TOKENS_LIMIT, whole=True)
+    temperature = _number(body, "temperature", 1.0, low=0, high=2)
+    top_p = _number(body, "top_p", 1.0, low=0, high=1, low_open=True)
+    seed = _number(body, "seed", None, whole=True)
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise RequestError(f"seed must fit in 64 bits, got {seed}", "seed", "invalid_value")
+    if _number(body, "n", 1, low=1, whole=True) != 1:
+        raise RequestError("n must be 1: this server writes one answer per request", "n", "invalid_value")
+    stop = body.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise RequestError("stop must be a non-empty string or a list of at most 4 of them", "stop", "invalid_value")
+    return Sampling(max_tokens, float(temperature), None if top_p >= 1 else float(top_p),
+                    secrets.randbits(63) if seed is None else seed % 2**64, stop)
+
+
+def _flag(body: dict, key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise RequestError(f"{key} must be true or false, got {json.dumps(value)}", key, "invalid_type")
+    return value
+
+
+def completion_ids(served: Served, body: dict, room: int) -> list[int]:
+    """The token ids of a completion request's prompt: one string (a chat model reads its turn markers)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RequestError("prompt must be a string (one prompt per request)", "prompt",
+                           "invalid_type" if not isinstance(prompt, list) else "invalid_value")
+    if not prompt:
+        raise RequestError("prompt is empty: give at least one character", "prompt", "invalid_value")
+    try:
+        ids = served.tokenizer.encode(prompt)
+    except ValueError as error:
+        raise RequestError(f"the prompt cannot be read by this model's tokenizer: {error}", "prompt",
+                           "invalid_value") from None
+    if len(ids) > served.block_size:
+        raise RequestError(f"the prompt is {len(ids)} tokens and {served.name} reads at most {served.block_size}: "
+                           "shorten it", "prompt", "context_length_exceeded")
+    return ids
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise RequestError(f"{where} must be a string or a list of text parts", where, "invalid_type")
+
+
+def chat_ids(served: Served, body: dict, room: int) -> list[int]:
+    """The token ids of a chat request in chapter 11's format: the latest messages that leave `room`
+    positions for the answer (`assistant.fit_history`), then <|assistant|>."""
+    from .assistant import ROLES, fit_history, render_chat
+
+    if not served.chat:
+        raise RequestError(f"{served.name} is a text model with no chat format (chapter 11 makes one): use "
+                           "/v1/completions", "model", "model_not_chat")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise RequestError("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages",
+                           "invalid_type" if not isinstance(raw, list) else "invalid_value")
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict):
+            raise RequestError(f"messages[{i}] must be an object with a role and a content", f"messages[{i}]",
+                               "invalid_type")
+        if m.get("role") not in ROLES:
+            raise RequestError(f"messages[{i}].role is {json.dumps(m.get('role'))}: this model was fine-tuned on "
+                               f"the roles {' and '.join(ROLES)} only (chapter 11)", f"messages[{i}].role",
+                               "invalid_value")
+        messages.append({"role": m["role"], "content": _text(m.get("content"), f"messages[{i}].content")})
+    try:
+        kept = fit_history(messages, served.tokenizer, served.block_size, room)
+        return render_chat(kept, served.tokenizer, generation_prompt=True)[0]
+    except ValueError as error:
+        code = "context_length_exceeded" if "too long" in str(error) else "invalid_value"
+        raise RequestError(f"{error} (the model's context is {served.block_size} tokens, {room} of them kept for "
+                           "the answer: max_tokens)", "messages", code) from None
+
+
+# ---------------------------------------------------------------- generation, one request at a time
+@dataclass
+class Answer:
+    """What a generation produced so far: the finish reason once it ended, and the token counts."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+    def usage(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens}
+
+
+class Stops:
+    """Text pieces in, text out, cut before the first stop string; what might be the start of one waits."""
+
+    def __init__(self, stops: list[str]):
+        self.stops, self.held, self.hit = stops, "", False
+
+    def feed(self, piece: str) -> str:
+        text = self.held + piece
+        found = [i for s in self.stops if (i := text.find(s)) >= 0]
+        if found:
+            self.held, self.hit = "", True
+            return text[:min(found)]
+        keep = max((k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep]
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+class ModelWorker:
+    """The model's one thread: each request's generation runs there in its turn, its text pieces sent back
+    to the event loop as they come; a request that stops listening ends its generation at the next token."""
+
+    def __init__(self, served: Served):
+        self.served = served
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self._cancels: set[threading.Event] = set()
+
+    def _pieces(self, ids: list[int], s: Sampling, answer: Answer, cancel: threading.Event) -> Iterator[str]:
+        served = self.served
+        idx = torch.tensor([ids], dtype=torch.long)
+        generator = torch.Generator().manual_seed(s.seed)
+        steps = stream(served.model, idx, s.max_tokens, s.temperature, None, s.top_p, generator=generator,
+                       eos_id=served.eos_id, allowed=served.allowed)
+
+        def new_ids() -> Iterator[int]:
+            for nxt in steps:
+                if cancel.is_set():
+                    return
+                answer.completion_tokens += 1
+                if int(nxt[0]) == served.eos_id:
+                    answer.finish_reason = "stop"
+                    return
+                yield int(nxt[0])
+            answer.finish_reason = "length"
+
+        yield from decode_stream(served.tokenizer, new_ids())
+
+    async def pieces(self, ids: list[int], s: Sampling, answer: Answer) -> AsyncIterator[str]:
+        """The answer's text, piece by piece (one per token), cut at a stop string; `answer` gets the rest."""
+        loop, queue, cancel, end = asyncio.get_running_loop(), asyncio.Queue(), threading.Event(), object()
+
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is gone: the server stopped
+                cancel.set()
+
+        def run() -> None:
+            try:
+                if not cancel.is_set():  # skipped when the client left while waiting its turn
+                    for piece in self._pieces(ids, s, answer, cancel):
+                        put(piece)
+                put(end)
+            except BaseException as error:  # sent to the request, which answers 500
+                put(error)
+
+        stops = Stops(s.stop)
+        self._cancels.add(cancel)
+        loop.run_in_executor(self._pool, run)
+        try:
+            while (item := await queue.get()) is not end:
+                if isinstance(item, BaseException):
+                    raise item
+                if text := stops.feed(item):
+                    yield text
+                if stops.hit:
+                    answer.finish_reason = "stop"
+                    return
+            if text := stops.flush():
+                yield text
+        finally:
+            cancel.set()
+            self._cancels.discard(cancel)
+
+    def close(self) -> None:
+        for cancel in list(self._cancels):
+            cancel.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------- the application
+def error_body(message: str, kind: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """An error as the OpenAI API writes it."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _param(loc) -> str | None:
+    """A FastAPI error location ('body', 'messages', 0, 'content') -> 'messages[0].content'."""
+    text = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else str(part)
+    return text or None
+
+
+def page() -> str:
+    """The chat page: one HTML file shipped in the package."""
+    return resources.files("transformer_course").joinpath("static/chat.html").read_text(encoding="utf-8")
+
+
+def create_app(served: Served, on_start=None):
+    """The FastAPI application serving `served`; `on_start()` is called once it is ready."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from starlette.exceptions import HTTPException
+
+    worker = ModelWorker(served)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        if on_start is not None:
+            on_start()
+        try:
+            yield
+        finally:
+            worker.close()
+
+    app = FastAPI(title="transformer-course", lifespan=lifespan, docs_url=None, redoc_url=None)  # no CDN pages
+    app.state.worker = worker
+
+    def refuse(status: int, message: str, param=None, code=None, kind="invalid_request_error") -> JSONResponse:
+        return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+    @app.exception_handler(RequestError)
+    async def _refused(_request, error: RequestError):
+        return refuse(error.status, str(error), error.param, error.code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request, error: RequestValidationError):
+        first = error.errors()[0] if error.errors() else {}
+        return refuse(400, f"{first.get('msg', 'invalid request')}", _param(first.get("loc", ())), first.get("type"))
+
+    @app.exception_handler(HTTPException)
+    async def _http(_request, error: HTTPException):
+        code = "not_found" if error.status_code == 404 else None
+        return refuse(error.status_code, str(error.detail), None, code)
+
+    @app.exception_handler(Exception)
+    async def _crash(_request, error: Exception):
+        return refuse(500, f"the server failed: {type(error).__name__}: {error}", kind="server_error")
+
+    def model_card() -> dict:
+        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "transformer-course",
+                "description": served.description, "chat": served.chat, "context_length": served.block_size}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page():
+        return HTMLResponse(page())
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def one_model(name: str):
+        if name != served.name:
+            raise RequestError(f"the model {name!r} does not exist here: this server has {served.name!r}", "model",
+                               "model_not_found", 404)
+        return model_card()
+
+    async def read_body(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise RequestError(f"the body is not valid JSON: {error}", None, "invalid_json") from None
+        if not isinstance(body, dict):
+            raise RequestError("the body must be a JSON object", None, "invalid_type")
+        if body.get("model") != served.name:
+            if not isinstance(body.get("model"), str):
+                raise RequestError(f"model must be a string: this server has {served.name!r}", "model",
+                                   "invalid_type" if "model" in body else "missing")
+            raise RequestError(f"the model {body['model']!r} does not exist here: this server has {served.name!r}",
+                               "model", "model_not_found", 404)
+        return body
+
+    async def answer(kind: str, body: dict, ids: list[int], s: Sampling):
+        chat = kind == "chat"
+        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+                "model": served.name}
+        result = Answer(prompt_tokens=len(ids))
+        if not _flag(body, "stream"):
+            text = "".join([piece async for piece in worker.pieces(ids, s, result)])
+            choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+            return {**head, "choices": [{"index": 0, **choice, "finish_reason": result.finish_reason,
+                                         "logprobs": None}], "usage": result.usage()}
+        options = body.get("stream_options") or {}
+        usage = isinstance(options, dict) and options.get("include_usage") is True
+        head["object"] = "chat.completion.chunk" if chat else "text_completion"
+
+        def event(delta: dict | None, finish=None, **extra) -> str:
+            choices = [] if delta is None else [
+                {"index": 0, **({"delta": delta} if chat else {"text": delta.get("content", "")}),
+                 "finish_reason": finish, "logprobs": None}]
+            return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+        async def events() -> AsyncIterator[str]:
+            try:
+                if chat:
+                    yield event({"role": "assistant", "content": ""})
+                async for piece in worker.pieces(ids, s, result):
+                    yield event({"content": piece})
+                yield event({}, result.finish_reason)
+                if usage:
+                    yield event(None, usage=result.usage())
+            except Exception as error:  # the status line has gone: the error is an event
+                yield f"data: {json.dumps(error_body(f'the server failed: {error}', 'server_error'))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await read_body(request)
+        s = sampling(body, COMPLETION_MAX_TOKENS)
+        _flag(body, "stream")
+        return await answer("text", body, completion_ids(served, body, s.max_tokens), s)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await read_body(request)
+        s = sampling(body, CHAT_MAX_TOKENS)
+        _flag(body, "stream")
+        return await answer("chat", body, chat_ids(served, body, s.max_tokens), s)
+
+    return app
+
+
+def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print) -> None:
+    """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
+    was ignored, as in a shell's background job) or SIGTERM; the first line said names the address."""
+    import socket
+
+    import uvicorn
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} ({error.strerror or error}): choose another --port "
+                      "(0 picks a free one)") from None
+    sock.listen(128)
+    bound = sock.getsockname()[1]
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+
+    def started() -> None:
+        chat = "the chat page at /, " if served.chat else ""
+        say(f"serving {served.name} ({served.description}) at http://{shown}:{bound}/: {chat}the OpenAI API at "
+            f"http://{shown}:{bound}/v1 - Ctrl-C stops")
+
+    config = uvicorn.Config(create_app(served, started), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2, lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])  # returns on SIGINT or SIGTERM (or raises KeyboardInterrupt)
