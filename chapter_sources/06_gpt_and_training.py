@@ -1060,6 +1060,12 @@ class History(_DictFields):
         """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
         return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
 
+    def __repr__(self) -> str:
+        """One line (the lists stay in the fields): steps, the last evaluated losses, the wall time."""
+        last = (f"train loss {self.train_loss[-1]:.4f}, val loss {self.val_loss[-1]:.4f} at step {self.eval_step[-1]}"
+                if self.eval_step and self.train_loss and self.val_loss else "not evaluated")
+        return f"History({len(self.step)} steps, {last}, {self.wall_seconds:.1f} s)"
+
 # %% [markdown]
 # ### Checkpoints
 #
@@ -1391,6 +1397,15 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _running_loss(losses: list[float], train_loss: list[float], val_loss: list[float], last: int = 50) -> dict:
+    """The progress bar's numbers: the mean batch loss of the `last` steps (the running training loss)
+    and the latest evaluated train and val losses, as short strings."""
+    shown = {"loss": f"{sum(losses[-last:]) / len(losses[-last:]):.3f}"} if losses else {}
+    if train_loss and val_loss:
+        shown |= {"train": f"{train_loss[-1]:.3f}", "val": f"{val_loss[-1]:.3f}"}
+    return shown
+
+
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
     """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
     PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
@@ -1438,7 +1453,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                                             device=device))
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
-        bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
+        bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss))
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
                             history=history, batch_generator=batches)
@@ -1465,6 +1480,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick
         step += 1
+        bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss), refresh=False)
         bar.update(1)
     if step not in history.eval_step:
         evaluate()
@@ -1615,7 +1631,8 @@ print(sample(model, "ROMEO:\n", 150))
 # recipe with two changes. Its learning rate of 1e-3 is cautious for a model this small: twice that
 # learns faster, so we stop at 1,500 steps instead of 2,000 and let the cosine finish there
 # (section 10's benchmark runs both recipes to the end). It takes about two minutes on a laptop
-# CPU; the bar shows progress and the latest evaluation. The checkpoint lands in
+# CPU; the bar shows progress, the running training loss (the mean of the last 50 steps) and the latest
+# evaluation. The checkpoint lands in
 # `chapters/checkpoints/` (not committed). The course ships the model of exactly this recipe and seed,
 # trained once in float32 (`transformer_course.course_model`); chapter 07 and the performance appendix
 # load that file instead of training again.

@@ -18,18 +18,80 @@ def _positive_int(text: str) -> int:
     return value
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written (line breaks kept); every option's default shown after its help,
+    unless the help already says it or there is none to show (None, a flag that is off)."""
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        if (not action.option_strings or "default" in text or action.default is None or action.default is False
+                or action.default is argparse.SUPPRESS):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _parser(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    return sub.add_parser(name, formatter_class=_HelpFormatter, **kwargs)
+
+
+def preset_lines() -> list[str]:
+    """One line per training preset: the model's shape (config.PRESETS) and the recipe (TRAIN_PRESETS).
+    config.py is plain dataclasses: `--help` stays instant (no torch)."""
+    from .config import PRESETS, TRAIN_PRESETS
+
+    lines = []
+    for name, recipe in TRAIN_PRESETS.items():
+        m = PRESETS[name]
+        lines.append(f"  {name:<6} {m.n_layer} layers x {m.n_head} heads, width {m.d_model}, context {m.block_size} "
+                     f"characters; {recipe.max_iters:,} steps of {recipe.batch_size} windows, peak learning rate "
+                     f"{recipe.learning_rate:g}")
+    return lines
+
+
+_TRAIN_DESCRIPTION = """Train a character-level GPT on Shakespeare (chapter 06), checkpointing into --out.
+
+Resumes from --out: when --out already holds a checkpoint (checkpoint.pt) of the same preset, training
+continues from its step, so running the same command again after Ctrl-C or a crash goes on where it stopped.
+--out also gets history.json (the losses); one run at a time may use a folder.
+
+Presets (--preset):
+{presets}"""
+
+_EXAMPLES = """Examples:
+  transformer-course train --preset tiny --out runs/tiny           # about two minutes on a laptop CPU
+  transformer-course train --preset tiny --out runs/tiny           # again (after Ctrl-C): resumes
+  transformer-course train --preset tiny --out runs/t2 --max-iters 200 --no-progress > t2.log
+  transformer-course generate --checkpoint runs/tiny/checkpoint.pt --prompt "ROMEO:" --temperature 0.8
+  transformer-course generate --prompt "JULIET:"                   # the model the course ships
+  transformer-course chat --model grpo                             # chapter 12's assistant (Ctrl-D ends)
+  transformer-course student-edition student                       # teachers (the `teacher` extra)
+  transformer-course grade student/chapters/*.ipynb --csv class.csv
+
+Training presets (train --preset):
+{presets}
+
+Each command has its own --help (transformer-course train --help)."""
+
+
 # ---------------------------------------------------------------- train (chapter 06)
 def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a character-level GPT on Shakespeare (chapter 06)")
+    p = _parser(sub, "train", help="train a character-level GPT on Shakespeare (chapter 06); resumes from --out",
+                description=_TRAIN_DESCRIPTION.format(presets="\n".join(preset_lines())))
     p.add_argument("--preset", default="tiny",
-                   help="model and training preset (transformer_course.config.PRESETS and TRAIN_PRESETS)")
-    p.add_argument("--out", required=True, help="directory for checkpoints and the loss history")
-    p.add_argument("--max-iters", type=_positive_int, default=None, help="stop after this many steps")
-    p.add_argument("--max-seconds", type=float, default=None, help="stop after this much wall time")
+                   help="model and training recipe, one of the presets above (transformer_course.config.PRESETS "
+                        "and TRAIN_PRESETS)")
+    p.add_argument("--out", required=True,
+                   help="folder for checkpoint.pt and history.json; a checkpoint already there is resumed")
+    p.add_argument("--max-iters", type=_positive_int, default=None,
+                   help="stop at this step, counted from the start of the run a resume continues (default: the "
+                        "preset's)")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop after this many seconds of wall time (default: no limit)")
     p.add_argument("--eval-interval", type=_positive_int, default=None,
-                   help="evaluate and checkpoint every this many steps")
+                   help="evaluate and checkpoint every this many steps (default: the preset's)")
     p.add_argument("--eval-iters", type=_positive_int, default=None,
-                   help="batches of the train and of the val split per evaluation (fewer: faster, noisier)")
+                   help="batches of the train and of the val split per evaluation, fewer: faster, noisier "
+                        "(default: the preset's)")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--grad-accum", type=_positive_int, default=None,
                        help="micro-batches per process per step (default 1: under torchrun the global batch grows "
@@ -40,11 +102,14 @@ def _add_train(sub) -> None:
                             "size times the number of processes")
     p.add_argument("--learning-rate", type=_positive_number("a learning rate", " such as 3e-4"), default=None,
                    help="peak learning rate (default: the preset's); the floor of its cosine keeps its ratio to it")
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=int, default=1337, help="seed of the batches and the initial weights")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best available)")
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast on the CPU too (faster only on CPUs with AVX512-BF16 or AMX; "
                         "a CUDA GPU uses bf16 without this flag)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="plain lines, one per evaluation, instead of a progress bar (the default when the output "
+                        "is not a terminal: a log file, a pipe)")
     p.set_defaults(handler=_cmd_train)
 
 
@@ -195,7 +260,10 @@ def _train_in(args, world, out) -> int:
     processes = f" x {world.size} processes" if world.size > 1 else ""
     say(f"training {args.preset!r}: {model.num_parameters():,} parameters, {cfg.max_iters} steps of "
         f"{cfg.batch_size * cfg.grad_accum}{processes} x {model.cfg.block_size} tokens on {pick_device(cfg.device)}")
-    history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer)
+    # a bar (running loss, last evaluation) in a terminal; plain lines in a log, a pipe, or with --no-progress
+    plain = args.no_progress or not (sys.stdout.isatty() and sys.stderr.isatty())
+    history = train(model, train_data, val_data, cfg, resume=resume, checkpoint_path=checkpoint, tokenizer=tokenizer,
+                    log=(lambda line: print(line, flush=True)) if plain else None)
     if world.is_main:
         written = out / ".history.json.tmp"  # then renamed: a run killed while writing leaves the old file whole
         written.write_text(json.dumps(history.to_dict()))
@@ -207,16 +275,18 @@ def _train_in(args, world, out) -> int:
 
 # ---------------------------------------------------------------- generate (chapter 07)
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="generate text from a checkpoint (chapter 07)")
+    p = _parser(sub, "generate", help="generate text from a checkpoint or the shipped model (chapter 07)",
+                description="Continue --prompt with text sampled from a model, streamed to stdout as it is drawn.")
     p.add_argument("--checkpoint", default=None, help="checkpoint file written by `transformer-course train` "
                                                      "(default: the course's shipped model, chapter 06's recipe)")
     p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 means greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=200, help="how many tokens (characters) to add")
+    p.add_argument("--temperature", type=float, default=1.0, help="divides the logits; 0 means greedy")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only (default: all)")
+    p.add_argument("--top-p", type=float, default=None,
+                   help="sample among the likeliest tokens whose probabilities add up to p (nucleus; default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random draws: the same seed, the same text")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best available)")
     p.set_defaults(handler=_cmd_generate)
 
 
@@ -275,8 +345,8 @@ CHAT_MODELS = {"sft": "shakespeare_chat", "dpo": "shakespeare_dpo", "grpo": "sha
 
 
 def _add_chat(sub) -> None:
-    p = sub.add_parser(
-        "chat", help="talk to a chat model (chapters 11-12): a shipped model (--model) or your own (--checkpoint)",
+    p = _parser(
+        sub, "chat", help="talk to a chat model (chapters 11-12): a shipped model (--model) or your own (--checkpoint)",
         description="Type a message, then Enter; the answer is streamed. Ctrl-D (or /exit) ends. The course's model "
                     "knows the tasks it was fine-tuned on: 'upper: WORD', 'reverse: WORD', 'count: WORD', "
                     "'who says: LINE'. The history is kept as far as the model's context allows.")
@@ -286,7 +356,7 @@ def _add_chat(sub) -> None:
                    help="a model the course ships: sft (chapter 11, the default), dpo or grpo (chapter 12)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=24, help="longest answer, in tokens (default 24)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) means greedy")
-    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random draws (temperature > 0)")
     p.set_defaults(handler=_cmd_chat)
 
@@ -377,35 +447,66 @@ def _cmd_serve(args) -> int:
 
 # ---------------------------------------------------------------- classroom (issue 12)
 def _add_classroom(sub) -> None:
-    p = sub.add_parser("student-edition", help="write the chapters with solutions removed, checks kept")
+    p = _parser(sub, "student-edition", help="write the chapters with solutions removed, checks kept (teachers)",
+                description="Write every chapter to OUT_DIR/chapters with each solution replaced by a stub and the "
+                            "checks kept. Needs the course's `teacher` extra (nbformat).")
     p.add_argument("out_dir", help="directory to write the student notebooks into")
-    p.add_argument("--chapters", default=None, help="source chapters directory (default: the course's)")
+    p.add_argument("--chapters", default=None,
+                   help="source chapters directory (default: the course's, from the clone or shipped in the package)")
     p.add_argument("--force", action="store_true",
                    help="overwrite files of the edition that changed since it wrote them (learners' edits are lost)")
     p.add_argument("--remove", action="store_true",
                    help="remove the edition's own unchanged files from OUT_DIR; keep everything learners wrote")
     p.set_defaults(handler=_cmd_student_edition)
-    g = sub.add_parser("grade", help="run student notebooks and report exercises passed/failed/not done",
-                       description="Exit status: 0 every notebook graded to its end, 1 some notebook could not be "
-                                   "(its row says why: not a notebook, a cell raised, the kernel died, timed out), "
-                                   "2 a usage error or no sandbox (nothing was run).")
+    g = _parser(sub, "grade", help="run student notebooks and report exercises passed/failed/not done (teachers)",
+                description="Run each notebook in a sandbox (Linux namespaces, no network) and tabulate its exercises. "
+                            "Needs the course's `teacher` extra (jupyter_client, ipykernel). Exit status: 0 every "
+                            "notebook graded to its end, 1 some notebook could not be (its row says why: not a "
+                            "notebook, a cell raised, the kernel died, timed out), 2 a usage error or no sandbox "
+                            "(nothing was run).")
     g.add_argument("notebooks", nargs="+", help="student notebooks (.ipynb), named ..._NN_chapter.ipynb")
     g.add_argument("--csv", default=None, help="also write the table as CSV to this file (written when all are graded)")
     g.add_argument("--timeout", type=_positive_number("a number of seconds", " (there is no 'no limit')"), default=1800,
                    help="seconds allowed for each whole notebook, every cell together (default 1800)")
-    g.add_argument("--chapters", default=None, help="the original chapters to grade against (default: the course's)")
+    g.add_argument("--chapters", default=None,
+                   help="the original chapters to grade against (default: the course's, from the clone or shipped in "
+                        "the package)")
     g.add_argument("--no-sandbox", action="store_true",
                    help="run the notebooks without a sandbox, as you, where none can be made (know what you run)")
     g.set_defaults(handler=_cmd_grade)
 
 
+# what the teacher's commands need beyond the runtime: pyproject.toml's `teacher` extra
+TEACHER_EXTRA = {"student-edition": ("nbformat",), "grade": ("jupyter_client", "ipykernel")}
+
+
+class MissingExtra(RuntimeError):
+    """A command whose packages (an extra of the course) are not installed."""
+
+
+def need_teacher_extra(command: str) -> None:
+    """Refuse `command` at once, saying what to install, when a package it needs is missing (instead of a
+    ModuleNotFoundError, or a grader that blames the sandbox)."""
+    import importlib.util
+
+    if missing := [name for name in TEACHER_EXTRA[command] if importlib.util.find_spec(name) is None]:
+        everything = " ".join(name.replace("_", "-") for names in TEACHER_EXTRA.values() for name in names)
+        raise MissingExtra(f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: "
+                           f"{command} needs the course's `teacher` extra. Install the course with it (from a "
+                           "clone: pip install \".[teacher]\"; from the repository: pip install "
+                           f"\"transformer-course[teacher] @ git+URL\"), or add its packages: pip install {everything}")
+
+
 def _cmd_student_edition(args) -> int:
+    if not args.remove:  # removing reads the edition's manifest only
+        need_teacher_extra("student-edition")
     from .classroom.edition import run_student_edition_command
 
     return run_student_edition_command(args)
 
 
 def _cmd_grade(args) -> int:
+    need_teacher_extra("grade")
     from .classroom.grading import run_grade_command
 
     return run_grade_command(args)
@@ -413,12 +514,14 @@ def _cmd_grade(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="transformer-course",
+        prog="transformer-course", formatter_class=_HelpFormatter,
         description="Build, train and sample a GPT from the transformer-course package.",
+        epilog=_EXAMPLES.format(presets="\n".join(preset_lines())),
     )
     from . import __version__
 
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version of the course's package and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_train(sub)
     _add_generate(sub)

@@ -195,6 +195,12 @@ class History(_DictFields):
         """Wall seconds until the first evaluation with validation loss <= `val_loss` (None: never)."""
         return next((t for t, v in zip(self.eval_seconds, self.val_loss, strict=True) if v <= val_loss), None)
 
+    def __repr__(self) -> str:
+        """One line (the lists stay in the fields): steps, the last evaluated losses, the wall time."""
+        last = (f"train loss {self.train_loss[-1]:.4f}, val loss {self.val_loss[-1]:.4f} at step {self.eval_step[-1]}"
+                if self.eval_step and self.train_loss and self.val_loss else "not evaluated")
+        return f"History({len(self.step)} steps, {last}, {self.wall_seconds:.1f} s)"
+
 
 TRAIN_PRESETS: dict[str, TrainConfig] = {
     # nanoGPT's CPU recipe with twice its learning rate and 1,500 steps: val loss near 1.87 in one to two

@@ -29,6 +29,7 @@ from .training import (
     EVAL_SEED_OFFSET,
     _now,
     _restore,
+    _running_loss,
     accumulated_step,
     autocast_for,
     estimate_loss,
@@ -263,10 +264,11 @@ def _save(world: World, path, model: GPT, optimizer, batches: torch.Generator, *
 
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
           cfg: TrainConfig | None = None, *, resume: Checkpoint | None = None, checkpoint_path=None,
-          tokenizer=None) -> History:
+          tokenizer=None, log=None) -> History:
     """Chapter 06's `train` on every rank of the job (outside torchrun a job of one, with chapter
     06's numbers): each rank steps on its rows of every global batch; gradients (DDP), losses and
-    evaluations are averaged over the ranks; rank 0 alone writes and shows the progress bar.
+    evaluations are averaged over the ranks; rank 0 alone writes and shows the progress bar
+    (`log`, a function such as `print`: one plain line per evaluation on rank 0 instead, for logs).
     Raises `TrainingDiverged` at a loss that is not finite, `TrainingInterrupted` at Ctrl-C."""
     from tqdm.auto import tqdm
 
@@ -294,12 +296,17 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
         history.val_loss.append(val_loss)
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
-        bar.set_postfix(train=f"{train_loss:.3f}", val=f"{val_loss:.3f}")
+        shown = _running_loss(history.loss, history.train_loss, history.val_loss)
+        bar.set_postfix(shown)
+        if log is not None and world.is_main:
+            running = f"running loss {shown['loss']}, " if "loss" in shown else ""
+            log(f"step {step}/{cfg.max_iters}: {running}train loss {train_loss:.4f}, val loss {val_loss:.4f}, "
+                f"{history.eval_seconds[-1]:.0f} s")
         _save(world, checkpoint_path, model, optimizer, batches, step=step, train_config=cfg,
               tokenizer=tokenizer, history=history)
 
     bar = tqdm(total=cfg.max_iters, initial=step, desc="training", unit="step", mininterval=1.0,
-               disable=not (cfg.progress and world.is_main))
+               disable=not (cfg.progress and log is None and world.is_main))
     try:
         while step < cfg.max_iters:
             if step % cfg.eval_interval == 0 and step not in history.eval_step:
@@ -320,6 +327,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
             history.lr.append(lr)
             history.train_seconds += _now(device) - tick
             step += 1
+            bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss), refresh=False)
             bar.update(1)
         if step not in history.eval_step:
             evaluate()

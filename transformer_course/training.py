@@ -144,6 +144,15 @@ def _now(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def _running_loss(losses: list[float], train_loss: list[float], val_loss: list[float], last: int = 50) -> dict:
+    """The progress bar's numbers: the mean batch loss of the `last` steps (the running training loss)
+    and the latest evaluated train and val losses, as short strings."""
+    shown = {"loss": f"{sum(losses[-last:]) / len(losses[-last:]):.3f}"} if losses else {}
+    if train_loss and val_loss:
+        shown |= {"train": f"{train_loss[-1]:.3f}", "val": f"{val_loss[-1]:.3f}"}
+    return shown
+
+
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
     """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
     PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
@@ -190,7 +199,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
                                             device=device))
         history.eval_step.append(step)
         history.eval_seconds.append(base + _now(device) - began)
-        bar.set_postfix(train=f"{history.train_loss[-1]:.3f}", val=f"{history.val_loss[-1]:.3f}")
+        bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss))
         if checkpoint_path is not None:
             save_checkpoint(checkpoint_path, model, optimizer, step=step, train_config=cfg, tokenizer=tokenizer,
                             history=history, batch_generator=batches)
@@ -217,6 +226,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick
         step += 1
+        bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss), refresh=False)
         bar.update(1)
     if step not in history.eval_step:
         evaluate()
