@@ -422,6 +422,8 @@ def _add_serve(sub) -> None:
                    help="the model's id in the API (default: the shipped model's name, or the file's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
+    p.add_argument("--token-delay", type=float, default=0.0,
+                   help="seconds to wait after each token, to watch the tokens arrive (default 0: none)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -438,7 +440,8 @@ def _cmd_serve(args) -> int:
     served = serve.load_served(args.checkpoint, CHAT_MODELS[args.model or "sft"], args.name)
     status = 0
     try:
-        serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True))
+        serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True),
+                  token_delay=max(args.token_delay, 0.0))
     except KeyboardInterrupt:
         status = 130
     print("transformer-course serve: stopped", flush=True)

@@ -271,8 +271,8 @@ class ModelWorker:
     """The model's one thread: each request's generation runs there in its turn, its text pieces sent back
     to the event loop as they come; a request that stops listening ends its generation at the next token."""
 
-    def __init__(self, served: Served):
-        self.served = served
+    def __init__(self, served: Served, token_delay: float = 0.0):
+        self.served, self.token_delay = served, token_delay  # seconds to wait after each token (to watch them come)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._cancels: set[threading.Event] = set()
 
@@ -311,6 +311,8 @@ class ModelWorker:
                 if not cancel.is_set():  # skipped when the client left while waiting its turn
                     for piece in self._pieces(ids, s, answer, cancel):
                         put(piece)
+                        if self.token_delay:
+                            cancel.wait(self.token_delay)
                 put(end)
             except BaseException as error:  # sent to the request, which answers 500
                 put(error)
@@ -359,14 +361,15 @@ def page() -> str:
     return resources.files("transformer_course").joinpath("static/chat.html").read_text(encoding="utf-8")
 
 
-def create_app(served: Served, on_start=None):
-    """The FastAPI application serving `served`; `on_start()` is called once it is ready."""
+def create_app(served: Served, on_start=None, token_delay: float = 0.0):
+    """The FastAPI application serving `served`; `on_start()` is called once it is ready; `token_delay`
+    seconds pass after each token (0: none), to watch the tokens arrive."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.exceptions import HTTPException
 
-    worker = ModelWorker(served)
+    worker = ModelWorker(served, token_delay)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -489,7 +492,7 @@ def create_app(served: Served, on_start=None):
     return app
 
 
-def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print) -> None:
+def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0) -> None:
     """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
     was ignored, as in a shell's background job) or SIGTERM; the first line said names the address."""
     import socket
@@ -514,6 +517,6 @@ def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print) ->
         say(f"serving {served.name} ({served.description}) at http://{shown}:{bound}/: {chat}the OpenAI API at "
             f"http://{shown}:{bound}/v1 - Ctrl-C stops")
 
-    config = uvicorn.Config(create_app(served, started), log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(served, started, token_delay), log_level="warning", access_log=False,
                             timeout_graceful_shutdown=2, lifespan="on")
     uvicorn.Server(config).run(sockets=[sock])  # returns on SIGINT or SIGTERM (or raises KeyboardInterrupt)
