@@ -448,6 +448,44 @@ def _cmd_serve(args) -> int:
     return status
 
 
+# ---------------------------------------------------------------- export (issue 37)
+_EXPORT_DESCRIPTION = """Write a folder that Hugging Face transformers loads offline: config.json, model.safetensors,
+generation_config.json, tokenizer.json and tokenizer_config.json (with chapter 11's chat template for a chat
+model) and a model card (README.md). GPT-2-style models become GPT2LMHeadModel, chapter 10's Llama-style
+ones LlamaForCausalLM; an option transformers has no equivalent for (post-norm blocks, say) is refused.
+Needs the course's `pretrained` extra (transformers, safetensors, tokenizers).
+
+  from transformers import pipeline
+  print(pipeline("text-generation", model="DIR")("ROMEO:", max_new_tokens=60)[0]["generated_text"])"""
+
+
+def _add_export(sub) -> None:
+    p = _parser(sub, "export", help="write a model as a Hugging Face transformers folder (config, safetensors, "
+                                    "tokenizer, model card)", description=_EXPORT_DESCRIPTION)
+    p.add_argument("--checkpoint", default=None,
+                   help="a checkpoint of `transformer-course train` or a chat model (assistant.save_chat_model) "
+                        "(default: the course's shipped model, chapter 06's recipe)")
+    p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
+                   help="a chat model the course ships instead: sft (chapter 11), dpo or grpo (chapter 12)")
+    p.add_argument("--to", required=True, help="the folder to write (created; files already there are replaced)")
+    p.add_argument("--data", default=None, help="what the model was trained on, for the model card (default: "
+                                                "what the checkpoint tells)")
+    p.set_defaults(handler=_cmd_export)
+
+
+def _cmd_export(args) -> int:
+    if args.checkpoint and args.model:
+        raise SystemExit("transformer-course export: give --checkpoint (your file) or --model (a shipped one), "
+                         "not both")
+    from .course_model import ASSETS
+    from .hf_export import export_checkpoint
+
+    shipped = ASSETS / f"{CHAT_MODELS[args.model] if args.model else 'shakespeare_char'}.pt"
+    folder = export_checkpoint(args.checkpoint or shipped, args.to, data=args.data)
+    print(f"wrote {folder}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r})")
+    return 0
+
+
 # ---------------------------------------------------------------- classroom (issue 12)
 def _add_classroom(sub) -> None:
     p = _parser(sub, "student-edition", help="write the chapters with solutions removed, checks kept (teachers)",
@@ -530,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_chat(sub)
     _add_serve(sub)
+    _add_export(sub)
     _add_classroom(sub)
     return parser
 
