@@ -492,15 +492,11 @@ def create_app(served: Served, on_start=None, token_delay: float = 0.0):
     return app
 
 
-def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0) -> None:
-    """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
-    was ignored, as in a shell's background job) or SIGTERM; the first line said names the address."""
+def listen(host: str = "127.0.0.1", port: int = 0):
+    """A socket listening on host:port (0: a free port), refused in words naming --port."""
     import socket
 
-    import uvicorn
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -509,14 +505,33 @@ def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, to
         raise OSError(f"cannot listen on {host}:{port} ({error.strerror or error}): choose another --port "
                       "(0 picks a free one)") from None
     sock.listen(128)
-    bound = sock.getsockname()[1]
-    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock
+
+
+def url(sock) -> str:
+    """The address of a listening socket, http://HOST:PORT."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def server(served: Served, on_start=None, token_delay: float = 0.0):
+    """A uvicorn server of `create_app(served, ...)`, quiet but for warnings; `server.run(sockets=[listen()])`
+    serves (in a thread too: stop it with `server.should_exit = True`)."""
+    import uvicorn
+
+    config = uvicorn.Config(create_app(served, on_start, token_delay), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=2, lifespan="on")
+    return uvicorn.Server(config)
+
+
+def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0) -> None:
+    """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
+    was ignored, as in a shell's background job) or SIGTERM; the first line said names the address."""
+    sock = listen(host, port)
+    address = url(sock)
 
     def started() -> None:
-        chat = "the chat page at /, " if served.chat else ""
-        say(f"serving {served.name} ({served.description}) at http://{shown}:{bound}/: {chat}the OpenAI API at "
-            f"http://{shown}:{bound}/v1 - Ctrl-C stops")
+        say(f"serving {served.name} ({served.description}) at {address}/: the chat page at /, the OpenAI API at "
+            f"{address}/v1 - Ctrl-C stops")
 
-    config = uvicorn.Config(create_app(served, started, token_delay), log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2, lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])  # returns on SIGINT or SIGTERM (or raises KeyboardInterrupt)
+    server(served, started, token_delay).run(sockets=[sock])  # returns on SIGINT or SIGTERM (or KeyboardInterrupt)
