@@ -32,7 +32,7 @@ help:
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
 	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
-	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab"
+	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab; serve's chat page"
 	@echo "make student       write the student edition to student/"
 	@echo "make export        write the chapter scripts' exported cells into transformer_course/"
 	@echo "make course        re-execute every chapter in place (authors)"
@@ -121,6 +121,7 @@ test-fast: $(STAMP)
 
 test-browser: $(STAMP)
 	$(BIN)/python tests/browser/lab_e2e.py --jobs $(JOBS)
+	OMP_NUM_THREADS=1 $(BIN)/python tests/browser/chat_page_e2e.py
 
 export: $(STAMP)
 	$(BIN)/python tools/nb.py export
