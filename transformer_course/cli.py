@@ -64,6 +64,7 @@ _EXAMPLES = """Examples:
   transformer-course generate --checkpoint runs/tiny/checkpoint.pt --prompt "ROMEO:" --temperature 0.8
   transformer-course generate --prompt "JULIET:"                   # the model the course ships
   transformer-course chat --model grpo                             # chapter 12's assistant (Ctrl-D ends)
+  transformer-course serve                                         # an OpenAI-compatible API, a chat page at /
   transformer-course student-edition student                       # teachers (the `teacher` extra)
   transformer-course grade student/chapters/*.ipynb --csv class.csv
 
@@ -408,12 +409,12 @@ def _port(text: str) -> int:
 
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser(
-        "serve", help="serve a model over an OpenAI-compatible HTTP API, with a chat page (the `serve` extra)",
-        description="Serve a chat model (chapters 11-12; default: the shipped SFT model) or a text checkpoint "
-                    "(completions only) at http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions, "
-                    "streamed with stream=true), and a chat page at http://HOST:PORT/. One request at a time runs on "
-                    "the model; Ctrl-C stops. Needs the course's `serve` extra (fastapi, uvicorn).")
+    p = _parser(
+        sub, "serve", help="serve a model over an OpenAI-compatible HTTP API, with a chat page (the `serve` extra)",
+        description="Serve a chat model (chapters 11-12; default: the shipped SFT model) or a text checkpoint\n"
+                    "(completions only) at http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions,\n"
+                    "streamed with stream=true), and a chat page at http://HOST:PORT/. One request at a time runs\n"
+                    "on the model; Ctrl-C stops. Needs the course's `serve` extra (fastapi, uvicorn).")
     p.add_argument("--checkpoint", default=None,
                    help="a chat model (assistant.save_chat_model) or a text checkpoint (transformer-course train)")
     p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
