@@ -10,6 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "tests"))
 from chapter_costs import cost  # noqa: E402
 
+# other long items, in chapter_costs' units (about 15 s of one core): tests/test_wheel.py builds, installs and runs
+LONG_TESTS = {"test_the_installed_wheel_runs_every_command": 8}
+
 
 def _chapter_run(item) -> str | None:
     """The chapter an item runs whole (an nbval cell, or a student-edition run), else None."""
@@ -23,4 +26,5 @@ def _chapter_run(item) -> str | None:
 
 def pytest_collection_modifyitems(config, items):
     # stable: a notebook's cells keep their order; items that run no chapter keep theirs, after
-    items.sort(key=lambda item: -cost(chapter) if (chapter := _chapter_run(item)) else 0)
+    items.sort(key=lambda item: -cost(chapter) if (chapter := _chapter_run(item))
+               else -LONG_TESTS.get(item.originalname, 0))
