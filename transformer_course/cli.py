@@ -457,7 +457,7 @@ ones LlamaForCausalLM; an option transformers has no equivalent for (post-norm b
 Needs the course's `pretrained` extra (transformers, safetensors, tokenizers).
 
   from transformers import pipeline
-  print(pipeline("text-generation", model="DIR")("ROMEO:", max_new_tokens=60)[0]["generated_text"])"""
+  print(pipeline("text-generation", model="DIR")("ROMEO:", max_new_tokens=50)[0]["generated_text"])"""
 
 
 def _add_export(sub) -> None:

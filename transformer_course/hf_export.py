@@ -305,7 +305,9 @@ def model_card(model, tokenizer, *, architecture: str, source: str | None = None
                if k not in ("recipe", "train_config", "built", "file", "sha256", "bytes")}
     if results:
         lines += ["", "Recorded results:", "", "```json", json.dumps(results, indent=2)[:4000], "```"]
-    lines += ["", "## Losses", "", *_losses_lines(history, losses), "", "## Use", "", "```python",
+    lines += ["", "## Losses", "", *_losses_lines(history, losses), "", "## Use", "",
+              f"The model reads at most {cfg.block_size} tokens: keep the prompt and the new tokens within that.", "",
+              "```python",
               "from transformers import pipeline", "",
               'generate = pipeline("text-generation", model="PATH/TO/THIS/FOLDER")',
               ("print(generate([{'role': 'user', 'content': 'upper: hello'}], max_new_tokens=16))"
@@ -333,7 +335,6 @@ def export(model, tokenizer, folder, *, source: str | None = None, data: str | N
     eos_id = getattr(tokenizer, "end_id", None)  # chapter 11's <|end|> ends a reply
     architecture = hf_architecture(model.cfg)
     hf = hf_model(model, eos_id)
-    hf.generation_config.max_length = model.cfg.block_size  # the longest text the model can read
     folder.mkdir(parents=True, exist_ok=True)
     hf.save_pretrained(folder)
     hf_tokenizer_fast(tokenizer, model.cfg.block_size).save_pretrained(folder)
