@@ -17,6 +17,7 @@ COSTS = {  # re-measured for chapter 11 (AMD EPYC, one thread, student-edition r
     "09_encoder_decoder": 2.5,
     "10_modern_decoder": 2,
     "11_assistant": 8,
+    "12_preferences_and_rewards": 6,  # estimated from its 178 s build on a loaded machine; re-measure
     "90_appendix_performance": 4.5,
 }
 
