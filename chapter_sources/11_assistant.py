@@ -975,6 +975,59 @@ for name, call in bad_calls.items():
         print(f"{name}: {e}")
 
 # %% [markdown]
+# ## 11. Use your model elsewhere: Hugging Face `transformers`
+#
+# The model is ours, but nothing about it is private to this course: it is a GPT-2 (learned positions,
+# pre-norm LayerNorm blocks, a GELU MLP; trained without biases, which GPT-2 stores as zeros) and a
+# tokenizer of 76 characters plus three turn tokens. `hf_export.export` writes it as a folder that
+# Hugging Face `transformers` loads offline: `config.json` and `model.safetensors` for a
+# `GPT2LMHeadModel` (chapter 08's key map read backwards), the tokenizer as a `tokenizers` file whose
+# **chat template** renders exactly what `render_chat` renders, a generation config that stops at
+# `<|end|>`, and a model card. In a terminal: `transformer-course export --model sft --to DIR` (or
+# `--checkpoint` for a model of your own). The cell below exports the chat model, loads it back with
+# `AutoModelForCausalLM` and `AutoTokenizer`, and compares.
+
+# %%
+import os
+import tempfile
+import warnings
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is downloaded
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+warnings.filterwarnings("ignore", module="transformers")
+
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from transformer_course.hf_export import export  # noqa: E402
+
+transformers.logging.set_verbosity_error()  # no version-dependent warnings in the stored outputs
+transformers.utils.logging.disable_progress_bar()
+question = [{"role": "user", "content": "reverse: stars"}]
+ours_ids = render_chat(question, chat.tokenizer, generation_prompt=True)[0]
+x = torch.tensor([ours_ids])
+with tempfile.TemporaryDirectory() as tmp:
+    folder = export(chat.model, chat.tokenizer, Path(tmp) / "shakespeare_chat", losses=chat.losses, facts=chat.manifest)
+    print(sorted(p.name for p in folder.iterdir()))
+    hf_model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf_tok = AutoTokenizer.from_pretrained(folder)
+text = hf_tok.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+print(type(hf_model).__name__, "and its chat template:", repr(text))
+print("the template's ids are render_chat's:", hf_tok(text, add_special_tokens=False)["input_ids"] == ours_ids)
+with torch.no_grad():
+    print("logits agree within 1e-5:", torch.allclose(hf_model(x).logits, chat.model(x)[0], atol=1e-5, rtol=0))
+ours = generate(chat.model, x, 24, temperature=0.0, eos_id=chat.tokenizer.end_id)[0, len(ours_ids):]
+theirs = hf_model.generate(x, max_new_tokens=24, do_sample=False)[0, len(ours_ids):]
+print("the same greedy reply:", ours.tolist() == theirs.tolist(), repr(hf_tok.decode(theirs, skip_special_tokens=True)))
+
+# %% [markdown]
+# From here the model works with everything built on `transformers`: `pipeline("text-generation",
+# model=folder)` answers a list of messages, and the folder can be shared (its `README.md` says what the
+# model is, its data, recipe and losses). What `transformers` has no equivalent for is refused by name:
+# chapter 05's post-norm blocks, say, or a mix of GPT-2's and Llama's parts (chapter 10's Llama-style
+# models are exported as `LlamaForCausalLM`).
+
+# %% [markdown]
 # ## Quick check
 
 # %%
