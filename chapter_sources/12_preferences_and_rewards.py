@@ -713,13 +713,12 @@ print("so does an empty reply:", hasty_check(held[0], ""), "| and the first lett
 # 11's exact match).
 #
 # **The KL term** is the other defence. It charges the policy for every token on which it moved away
-# from the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward:
-# the benchmark trained GRPO with and without it from the same start. Compare chapter 11's exact match
-# (what was not trained here) and the diversity of the sampled replies: the distinct replies among 8
-# samples, and pass@8, the chance that at least one of 8 is right (Exercise 12.6 below computes it
-# without bias). Reinforcement learning mostly **sharpens**: it makes the right replies the model
-# could already write more common (pass@1 rises a lot), and adds less to what it can write at all
-# (pass@8 rises less).
+# from the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward.
+# The benchmark trained GRPO with and without it from the same start: compare chapter 11's exact match
+# (not trained here; counting suffers most) and the diversity of the sampled replies (the distinct
+# replies among 8 samples of one prompt). Reinforcement learning also **sharpens**: its samples become
+# fewer and more alike, and pass@1 rises more than pass@8, the chance that at least one of 8 samples is
+# right (Exercise 12.6 below computes it without bias).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
