@@ -732,13 +732,13 @@ if measured.exists():
     fig, axes = plt.subplots(1, 3, figsize=(12, 3))
     for ax, (key, label) in zip(axes, [("pass_at_1", "pass@1"), ("pass_at_8", "pass@8"), ("distinct", "distinct of 8")],
                                 strict=True):
-        ax.bar([name for name, _ in rows], [r[key] for _, r in rows])
+        ax.bar([run for run, _ in rows], [row[key] for _, row in rows])
         ax.set_ylabel(label)
         ax.set_title(f"held-out strange words: {label}")
     plt.tight_layout()
     plt.show()
-    for name, r in rows:
-        print(f"{name:12} chapter 11's exact match: " + ", ".join(f"{k} {v:.0%}" for k, v in r["exact_match"].items()))
+    for run, row in rows:
+        print(f"{run:12} chapter 11's exact match: " + ", ".join(f"{k} {v:.0%}" for k, v in row["exact_match"].items()))
 else:
     print("run `make bench` to compare GRPO with and without its KL term")
 
