@@ -35,6 +35,11 @@ SERVE_EXTRA = {"fastapi": "fastapi", "uvicorn": "uvicorn"}
 COMPLETION_MAX_TOKENS = 16  # the defaults of the OpenAI API (completions) and of `transformer-course chat`
 CHAT_MAX_TOKENS = 24
 MAX_TOKENS_LIMIT = 4096  # a completion longer than the context slides its window; this bounds one request
+SHIPPED_DESCRIPTIONS = {  # what the page and /v1/models say of each shipped chat model
+    "shakespeare_chat": "chapter 11's assistant (supervised fine-tuning)",
+    "shakespeare_dpo": "chapter 12's assistant trained with DPO",
+    "shakespeare_grpo": "chapter 12's assistant trained with GRPO",
+}
 
 
 class RequestError(ValueError):
@@ -90,7 +95,7 @@ def load_served(checkpoint=None, shipped: str = "shakespeare_chat", name: str | 
 
     if checkpoint is None:
         chat = load_chat_model(None, shipped=shipped)
-        return chat_served(chat, name or shipped, f"the course's shipped chat model {shipped}")
+        return chat_served(chat, name or shipped, SHIPPED_DESCRIPTIONS.get(shipped, "a chat model the course ships"))
     path = Path(checkpoint)
     try:
         chat = load_chat_model(path)
