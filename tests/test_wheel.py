@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -64,10 +65,25 @@ def _copy_source(target: Path) -> Path:
     return target
 
 
+def _assert_build_requirements_installed() -> None:
+    """The wheel is built without build isolation (no download), so this environment must already hold what
+    pyproject.toml's build-system asks for: the dev extra names it, and `make install-dev` installs it."""
+    for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]:
+        need = Requirement(line)
+        try:
+            have = importlib.metadata.version(need.name)
+        except importlib.metadata.PackageNotFoundError:
+            have = None
+        assert have is not None and need.specifier.contains(have, prereleases=True), (
+            f"building the wheel needs {need} (pyproject.toml's build-system); this environment has "
+            f"{need.name} {have}: run `make install-dev` (the dev extra installs it)")
+
+
 def _install(work: Path):
     """Build the wheel and install it into a new environment beside torch alone: (run, wheel, pip, work, python),
     run a function running `transformer-course` there, pip one installing into it."""
     source = _copy_source(work / "source")
+    _assert_build_requirements_installed()
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
                             "-w", str(work / "dist"), "-q"], capture_output=True, text=True, cwd=work)
     assert build.returncode == 0, build.stderr[-3000:]
