@@ -4,6 +4,8 @@ import ast
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
@@ -93,3 +95,30 @@ def test_long_all_lists_are_wrapped_within_100_characters():
     text = nb._wrapped("__all__ = [", [f"'name_{i}'," for i in range(30)], "]")
     assert all(len(line) <= 100 for line in text.splitlines()) and text.count("'name_") == 30
     assert nb._wrapped("__all__ = [", ["'a',", "'b',"], "]") == "__all__ = ['a', 'b']"
+
+
+def test_a_prose_rebuild_keeps_the_stored_outputs_and_refuses_changed_code(tmp_path, monkeypatch):
+    import nbformat
+
+    monkeypatch.setattr(nb, "ROOT", tmp_path)
+    monkeypatch.setattr(nb, "CHAPTERS", tmp_path)
+    src = tmp_path / "42_toy.py"
+    src.write_text(SCRIPT, encoding="utf-8")
+    stored = nb._read_script(src)
+    for count, cell in enumerate(c for c in stored.cells if c.cell_type == "code"):
+        cell.execution_count = count + 1
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=f"output {count}\n")]
+    nbformat.write(stored, tmp_path / "42_toy.ipynb")
+
+    src.write_text(SCRIPT.replace("A toy module: one function", "A toy module: a single function"), encoding="utf-8")
+    nb.rebuild_prose(src)
+    rebuilt = nbformat.read(tmp_path / "42_toy.ipynb", as_version=4)
+    assert "a single function" in rebuilt.cells[0].source
+    code = [c for c in rebuilt.cells if c.cell_type == "code"]
+    assert [c.outputs[0].text for c in code] == [f"output {i}\n" for i in range(len(code))]
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
+    assert nb._cells(rebuilt) == nb._cells(nb._read_script(src))  # what `check` compares
+
+    src.write_text(SCRIPT.replace("return 2 *", "return 3 *"), encoding="utf-8")
+    with pytest.raises(SystemExit, match="a code cell changed.*tools/nb.py build 42_toy.py"):
+        nb.rebuild_prose(src)

@@ -18,6 +18,7 @@ Usage (from the repository root, inside the project's virtual environment)::
 
     python tools/nb.py build chapter_sources/03_single_head_attention.py   # export, then execute
     python tools/nb.py build --all                                         # every chapter (make course)
+    python tools/nb.py build --prose chapter_sources/06_gpt_and_training.py  # markdown edits: no execution
     python tools/nb.py export                                              # modules only (make export)
     python tools/nb.py check                                               # drift check (make test)
 
@@ -236,6 +237,30 @@ def build(src: Path, timeout: int = 900, out: Path | None = None) -> Path:
     return nb_path
 
 
+def rebuild_prose(src: Path) -> Path:
+    """Rebuild after a change to markdown cells only: the script's cells, with the outputs and execution
+    counts of the committed notebook's code cells (markdown never runs, so they are what executing would
+    give). Refused, naming the fix, when any code cell was added, removed or changed."""
+    import nbformat
+
+    nb_path = _notebook_for(src)
+    old = nbformat.read(nb_path, as_version=4)
+    nb = _read_script(src)
+    old_code = [c for c in old.cells if c.cell_type == "code"]
+    new_code = [c for c in nb.cells if c.cell_type == "code"]
+    if [c.source.strip() for c in old_code] != [c.source.strip() for c in new_code]:
+        raise SystemExit(f"{src.relative_to(ROOT)}: a code cell changed, so its outputs must be recomputed: "
+                         f"python tools/nb.py build {src.relative_to(ROOT)}")
+    for cell, stored in zip(new_code, old_code, strict=True):
+        cell.outputs, cell.execution_count = stored.outputs, stored.execution_count
+    _clean(nb, src)
+    _stable_ids(nb)
+    nbformat.validator.normalize(nb)
+    nbformat.write(nb, nb_path)
+    print(f"rebuilt {nb_path} (prose only: the code cells' stored outputs kept)")
+    return nb_path
+
+
 # ---------------------------------------------------------------- contract: the names chapters rely on
 
 CONTRACT = ROOT / "docs" / "contract.md"
@@ -363,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--all", action="store_true", help="build every chapter in order")
     b.add_argument("--timeout", type=int, default=900, help="seconds allowed per cell")
     b.add_argument("--out", type=Path, help="write the executed notebook here, not into chapters/")
+    b.add_argument("--prose", action="store_true",
+                   help="only markdown changed: keep the stored outputs, execute nothing (refused if code changed)")
     sub.add_parser("export", help="write the scripts' exported cells into transformer_course/")
     sub.add_parser("check", help="fail if scripts, notebooks, package and docs/contract.md disagree")
     sub.add_parser("contract", help="write docs/contract.md from the package")
@@ -373,7 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         if not scripts:
             parser.error("name at least one script, or pass --all")
         for src in scripts:
-            build(Path(src).resolve(), timeout=args.timeout, out=args.out)
+            if args.prose:
+                rebuild_prose(Path(src).resolve())
+            else:
+                build(Path(src).resolve(), timeout=args.timeout, out=args.out)
     elif args.cmd == "export":
         for path in export():
             print("exported", path.relative_to(ROOT))
