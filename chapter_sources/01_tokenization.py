@@ -1405,8 +1405,8 @@ plt.show()
 # The first few hundred merges do most of the work: 256 merges already halve the sequence, and each
 # further doubling of V gains less. Words are shorter still, but pay with a much larger vocabulary
 # and text they cannot represent at all. Production models sit at V of 32,000 (Llama 2) to about
-# 200,000 (GPT-4o's `o200k_base`) because they are trained on many languages and code; for a small model on Shakespeare, a few thousand is
-# plenty.
+# 256,000 (Gemma; GPT-4o's `o200k_base` has about 200,000) because they are trained on many languages
+# and code; for a small model on Shakespeare, a few thousand is plenty.
 
 # %% [markdown]
 # ## 10. Real tokenizers with tiktoken
