@@ -299,7 +299,7 @@ def test_the_answer_file_used_where_there_are_no_pipes_to_pass(monkeypatch, tmp_
 
     monkeypatch.setattr(sandbox, "PIPE_ANSWER", False)
     cells = [(0, CHECKS), (1, "check_double(lambda x: 2 * x)"), (3, "check_triple(print)\n1 / 0"), (4, "never = 1")]
-    answer = sandbox.run_cells(cells, tmp_path, 60, sandbox=False, expected=["3.1", "3.2"])
+    answer = sandbox.run_cells(cells, timeout=60, sandbox=False, expected=["3.1", "3.2"])
     # the verdict recorded by a cell that then raised is kept (asked for after the error)
     assert answer["records"] == [[1, "3.1", "passed"], [3, "3.2", "failed"]] and answer["cells_run"] == 3
     assert answer["error"] == "cell 4 ('check_triple(print)') raised ZeroDivisionError: division by zero"

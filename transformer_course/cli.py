@@ -129,6 +129,37 @@ def _positive_number(what: str, hint: str = ""):
     return parse
 
 
+def _bounded_number(what: str, low: float, high: float, hint: str = ""):
+    """An argparse type: a finite number from `low` to `high`, refused in words naming `what` otherwise."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}{hint}, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {what} from {low:g} to {high:g}{hint}, got {text}")
+        return value
+
+    return parse
+
+
+def _whole_number(what: str, low: int, high: int):
+    """An argparse type: a whole number from `low` to `high`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, a whole number from {low} to {high}, got {text!r}") \
+                from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {what}, from {low} to {high}, got {text}")
+        return value
+
+    return parse
+
+
 def _check_out_folder(out, needed_bytes: int) -> None:
     """Fail now, before any data is loaded, if checkpoints cannot be written into folder `out`."""
     import os
@@ -501,15 +532,21 @@ def _add_classroom(sub) -> None:
                    help="remove the edition's own unchanged files from OUT_DIR; keep everything learners wrote")
     p.set_defaults(handler=_cmd_student_edition)
     g = _parser(sub, "grade", help="run student notebooks and report exercises passed/failed/not done (teachers)",
-                description="Run each notebook in a sandbox (Linux namespaces, no network) and tabulate its exercises. "
+                description="Run each notebook in a sandbox (bubblewrap: its own copy, no network, no root, limits) "
+                            "and tabulate its exercises. "
                             "Needs the course's `teacher` extra (jupyter_client, ipykernel). Exit status: 0 every "
                             "notebook graded to its end, 1 some notebook could not be (its row says why: not a "
                             "notebook, a cell raised, the kernel died, timed out), 2 a usage error or no sandbox "
                             "(nothing was run).")
-    g.add_argument("notebooks", nargs="+", help="student notebooks (.ipynb), named ..._NN_chapter.ipynb")
-    g.add_argument("--csv", default=None, help="also write the table as CSV to this file (written when all are graded)")
-    g.add_argument("--timeout", type=_positive_number("a number of seconds", " (there is no 'no limit')"), default=1800,
-                   help="seconds allowed for each whole notebook, every cell together (default 1800)")
+    g.add_argument("notebooks", nargs="+",
+                   help="student notebooks (.ipynb), named ..._NN_chapter.ipynb, or folders of them")
+    g.add_argument("--csv", default=None, help="also write the table as CSV to this file (written when all are graded; "
+                                               "never a .ipynb or one of the notebooks)")
+    g.add_argument("--timeout", type=_bounded_number("a number of seconds", 1, 86400, " (at most 86400, a day; there "
+                                                     "is no 'no limit')"), default=1800,
+                   help="seconds allowed for each whole notebook, every cell together (default 1800, at most 86400)")
+    g.add_argument("--jobs", type=_whole_number("a number of notebooks graded at once", 1, 64), default=1,
+                   help="grade this many notebooks at once, each in its own sandbox (default 1)")
     g.add_argument("--chapters", default=None,
                    help="the original chapters to grade against (default: the course's, from the clone or shipped in "
                         "the package)")

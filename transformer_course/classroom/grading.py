@@ -8,6 +8,10 @@ metadata, and run in a fresh kernel (``sandbox``). A notebook's grade lists exac
 exercises of the original chapter: an exercise cell that is gone is **missing**, an exercise that a
 notebook invents does not count, and a verdict counts only when the check recorded it while running
 (printed text proves nothing). One bad notebook never stops a batch: its row carries the error.
+
+Hand-ins are hostile input: each is read once, before the sandbox, only if it is a regular file (not a
+link, a FIFO, a device) of at most ``MAX_NOTEBOOK_BYTES``, and the kernel sees only its copy. Learner
+text (file names, error messages) is escaped in the table and the CSV (:func:`printable`, :func:`csv_cell`).
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ import csv
 import io
 import json
 import os
+import re
+import stat
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,10 +37,12 @@ from .exercise_cells import (
     exercise_positions,
     printed_verdicts,
 )
-from .sandbox import run_cells, sandbox_problem
+from .sandbox import DATA_DIR, run_cells, sandbox_problem
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a handed-in notebook larger than this is refused, not read
 DEFAULT_TIMEOUT = 1800  # seconds for a whole notebook: chapter 06 trains for about two minutes on a laptop
+MAX_TIMEOUT = 86400  # a day: more is a typing slip (and past ~2e6 s, timers overflow)
+MAX_JOBS = 64
 CELL_TYPES = ("code", "markdown", "raw")
 STATUSES = ("passed", "failed", "not done", "not run", "missing")
 
@@ -64,13 +73,46 @@ def _cell(value, index: int) -> dict:
             "outputs": outputs if isinstance(outputs, list) else []}
 
 
-def read_submission(path) -> Submission:
-    """Read a handed-in notebook; any problem is returned in ``error`` (this never raises)."""
+def read_hand_in(path) -> tuple[bytes, str]:
+    """(the bytes of a handed-in file, "") or (b"", why it was refused). Only a regular file is read (a
+    symbolic link, even to a notebook, a FIFO, a device or a folder is refused without being opened for
+    reading), at most ``MAX_NOTEBOOK_BYTES``, through a descriptor that cannot follow a link or block."""
+    path = Path(path)
     try:
-        path = Path(path)
-        if path.stat().st_size > MAX_NOTEBOOK_BYTES:
-            return Submission(error=f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB: not read")
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        before = os.lstat(path)
+        if stat.S_ISLNK(before.st_mode):
+            return b"", "a symbolic link, not a notebook file: not followed (hand in the .ipynb file itself)"
+        if not stat.S_ISREG(before.st_mode):
+            kind = "a folder" if stat.S_ISDIR(before.st_mode) else "a FIFO" if stat.S_ISFIFO(before.st_mode) else \
+                "a device or socket"
+            return b"", f"{kind}, not a notebook file: not read"
+        if before.st_size > MAX_NOTEBOOK_BYTES:
+            return b"", f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB: not read"
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                         | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+        try:
+            opened = os.fstat(handle)
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+                return b"", "replaced while it was being read: not read"
+            chunks, size = [], 0
+            while chunk := os.read(handle, min(2**20, MAX_NOTEBOOK_BYTES + 1 - size)):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_NOTEBOOK_BYTES:
+                    return b"", f"larger than {MAX_NOTEBOOK_BYTES // 2**20} MB: not read"
+            return b"".join(chunks), ""
+        finally:
+            os.close(handle)
+    except FileNotFoundError:
+        return b"", "no such file"
+    except OSError as error:
+        return b"", f"could not be read: {error.strerror or error}"
+
+
+def parse_submission(data: bytes) -> Submission:
+    """A handed-in notebook's cells and chapter from its bytes; any problem in ``error`` (never raises)."""
+    try:
+        data = json.loads(data.decode("utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
             return Submission(error="not a Jupyter notebook (no list of cells): hand in the .ipynb file")
         if data.get("nbformat") != 4:
@@ -80,14 +122,18 @@ def read_submission(path) -> Submission:
         course = meta.get("transformer_course") if isinstance(meta, dict) else None
         chapter = course.get("chapter") if isinstance(course, dict) else None
         return Submission(cells, chapter if isinstance(chapter, str) else "")
-    except FileNotFoundError:
-        return Submission(error="no such file")
-    except (OSError, UnicodeDecodeError) as error:
+    except UnicodeDecodeError as error:
         return Submission(error=f"could not be read: {error}")
     except json.JSONDecodeError as error:
         return Submission(error=f"not valid notebook JSON ({error.msg} at line {error.lineno}, column {error.colno})")
-    except (ValueError, RecursionError) as error:
+    except (ValueError, RecursionError, MemoryError) as error:
         return Submission(error=f"not a valid notebook: {error}")
+
+
+def read_submission(path) -> Submission:
+    """Read a handed-in notebook safely (:func:`read_hand_in`); any problem is returned in ``error``."""
+    data, error = read_hand_in(path)
+    return Submission(error=error) if error else parse_submission(data)
 
 
 def chapter_for(path, chapter: str, chapters_dir) -> Path | None:
@@ -132,10 +178,14 @@ def stored_verdicts(cells) -> list[tuple[int, str, str]]:
             for exercise, status in printed_verdicts(cell)]
 
 
-def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox: bool = True) -> NotebookGrade:
-    """Grade one notebook; every problem ends up in the grade's ``error``."""
+def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox: bool = True,
+              limits=None) -> NotebookGrade:
+    """Grade one notebook; every problem ends up in the grade's ``error``. The kernel runs the cells of
+    the hand-in's bytes, read once (:func:`read_hand_in`), in a copy of its own, with the course's data
+    (``benchmarks/results`` beside ``chapters_dir``) one level up; ``limits`` go to ``run_cells``."""
     path = Path(path)
-    submission = read_submission(path)
+    data, error = read_hand_in(path)
+    submission = Submission(error=error) if error else parse_submission(data)
     chapter = chapter_for(path, submission.chapter, chapters_dir)
     expected: list[str] = []
     if chapter is not None:
@@ -150,48 +200,88 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
         return grade_cells(path.name, submission.cells, expected, stored_verdicts(submission.cells))
     code = [(i, c["source"]) for i, c in enumerate(submission.cells)
             if c["cell_type"] == "code" and c["source"].strip()]
-    answer = run_cells(code, path.resolve().parent, timeout, sandbox, expected)
+    answer = run_cells(code, hand_in=data, name=path.name, course_data=Path(chapters_dir).parent / DATA_DIR,
+                       timeout=timeout, sandbox=sandbox, expected=expected,
+                       hidden=[str(chapters_dir), str(path.parent)], **(limits or {}))
     return grade_cells(path.name, submission.cells, expected, answer.get("records", []), answer.get("error", ""))
 
 
 def check_timeout(timeout) -> float:
-    return real_number(timeout, "timeout", low=0, low_open=True,
-                       hint="the seconds allowed for a whole notebook, e.g. --timeout 1800 (there is no 'no limit')")
+    return real_number(timeout, "timeout", low=0, low_open=True, high=MAX_TIMEOUT,
+                       hint=f"the seconds allowed for a whole notebook, e.g. --timeout 1800 (at most {MAX_TIMEOUT}, a "
+                            "day; there is no 'no limit')")
+
+
+def expand_notebooks(paths) -> list[Path]:
+    """``paths`` with each folder replaced by the ``.ipynb`` files directly in it, sorted (a link or a
+    FIFO among them is kept, to be refused with a row of its own)."""
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir() and not path.is_symlink():
+            found += sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
+        else:
+            found.append(path)
+    return found
 
 
 def grade_notebooks(paths, timeout: float = DEFAULT_TIMEOUT, execute: bool = True, chapters_dir=None,
-                    sandbox: bool = True, on_grade=None) -> list[NotebookGrade]:
-    """Grade each notebook (``execute=False``: read the verdicts stored in trusted notebooks instead).
+                    sandbox: bool = True, on_grade=None, jobs: int = 1, limits=None) -> list[NotebookGrade]:
+    """Grade each notebook (``execute=False``: read the verdicts stored in trusted notebooks instead); a
+    folder stands for the notebooks in it. One grade per notebook, in order, whatever happens.
 
-    ``timeout`` bounds each whole notebook, in seconds. With ``sandbox`` (the default), refuses to run
-    anything where no sandbox can be made. ``on_grade(grade)`` is called as each grade is ready."""
+    ``timeout`` bounds each whole notebook, in seconds; ``jobs`` notebooks run at once. With ``sandbox``
+    (the default), refuses to run anything where no sandbox can be made. ``on_grade(grade)`` is called
+    as each grade is ready, in order. ``limits`` ({"memory": bytes, "processes": n}) narrow the sandbox's."""
     timeout = check_timeout(timeout)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"jobs must be a whole number from 1 to {MAX_JOBS}, got {jobs!r}")
     chapters_dir = Path(chapters_dir) if chapters_dir else COURSE_CHAPTERS
     if execute and sandbox:
         problem = sandbox_problem()
         if problem:
             raise RuntimeError(f"no sandbox for the learners' code on this machine: {problem}. Nothing was run. "
                                "To grade anyway, with their code running as you, pass --no-sandbox")
-    grades = []
-    for path in paths:
+
+    def one(path) -> NotebookGrade:
         try:
-            grade = grade_one(path, timeout, chapters_dir, execute, sandbox)
+            return grade_one(path, timeout, chapters_dir, execute, sandbox, limits)
         except Exception as error:  # never lose the batch to one notebook
-            grade = NotebookGrade(Path(path).name, {}, f"grading failed: {type(error).__name__}: {error}")
-        grades.append(grade)
-        if on_grade is not None:
-            on_grade(grade)
-        faults.reached("after_grade")  # tests only: TRANSFORMER_COURSE_FAULT=kill:after_grade=1
+            return NotebookGrade(Path(path).name, {}, f"grading failed: {type(error).__name__}: {error}")
+
+    grades = []
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for grade in pool.map(one, expand_notebooks(paths)):
+            grades.append(grade)
+            if on_grade is not None:
+                on_grade(grade)
+            faults.reached("after_grade")  # tests only: TRANSFORMER_COURSE_FAULT=kill:after_grade=1
     return grades
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """Learner text made safe for a terminal and one line: control characters (escape sequences, newlines,
+    carriage returns, bidirectional overrides) shown as ``\\x1b``-style escapes, not sent."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else
+                            f"\\u{ord(m.group()):04x}", str(text))
+
+
+def csv_cell(text: str) -> str:
+    """:func:`printable`, and a cell a spreadsheet would run as a formula (= + - @, a tab) starts with ``'``."""
+    text = printable(text)
+    return f"'{text}" if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 HEADER = f"{'notebook':<36} {'passed':>6} {'failed':>6} {'not done':>8} {'not run':>7} {'missing':>7}  details"
 
 
 def format_row(g: NotebookGrade) -> str:
+    """One line of the table; the notebook's name and error escaped (:func:`printable`)."""
     missing = [f"{e}:{s}" for e, s in g.exercises.items() if s != "passed"]
-    details = ", ".join(missing) + (f" [error: {g.error}]" if g.error else "")
-    return (f"{g.notebook:<36} {g.count('passed'):>6} {g.count('failed'):>6} {g.count('not done'):>8} "
+    details = printable(", ".join(missing) + (f" [error: {g.error}]" if g.error else ""))
+    return (f"{printable(g.notebook):<36} {g.count('passed'):>6} {g.count('failed'):>6} {g.count('not done'):>8} "
             f"{g.count('not run'):>7} {g.count('missing'):>7}  {details.strip()}").rstrip()
 
 
@@ -202,13 +292,14 @@ def format_table(grades: list[NotebookGrade]) -> str:
 
 def write_csv(grades: list[NotebookGrade], path) -> None:
     """One row per (notebook, exercise): notebook, exercise, status, notebook_error (one row with an empty
-    exercise for a notebook without any). Written atomically: the file is whole or absent."""
+    exercise for a notebook without any), learner text escaped (:func:`csv_cell`). Written atomically:
+    the file is whole or absent."""
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer)
     writer.writerow(["notebook", "exercise", "status", "notebook_error"])
     for g in grades:
         for exercise, status in g.exercises.items() or [("", "")]:
-            writer.writerow([g.notebook, exercise, status, g.error])
+            writer.writerow([csv_cell(g.notebook), csv_cell(exercise), status, csv_cell(g.error)])
     path = Path(path)
     handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
                                          delete=False, newline="", encoding="utf-8")
@@ -224,19 +315,34 @@ def write_csv(grades: list[NotebookGrade], path) -> None:
         raise
 
 
+def check_csv_path(csv_path, notebooks) -> None:
+    """Refuse a ``--csv`` that would overwrite a notebook: a ``.ipynb`` name, or one of ``notebooks``."""
+    path = Path(csv_path)
+    if path.name.lower().endswith(".ipynb"):
+        raise ValueError(f"--csv {csv_path}: that is a notebook's name, not a CSV file's (did --csv swallow a hand-in? "
+                         "write e.g. --csv class.csv)")
+    if path.is_dir():
+        raise ValueError(f"--csv {csv_path}: a folder; name the CSV file, e.g. --csv class.csv")
+    if not path.resolve().parent.is_dir():
+        raise ValueError(f"--csv {csv_path}: its folder does not exist")
+    if path.exists() and any(n.exists() and os.path.samefile(path, n) for n in expand_notebooks(notebooks)):
+        raise ValueError(f"--csv {csv_path}: that is one of the notebooks to grade; name another file")
+
+
 def run_grade_command(args) -> int:
     """Exit status: 0 every notebook graded to its end; 1 some could not be (their rows say why); 2 usage."""
     timeout = check_timeout(args.timeout)
-    if args.csv and not Path(args.csv).resolve().parent.is_dir():
-        raise ValueError(f"--csv {args.csv}: its folder does not exist")
+    if args.csv:
+        check_csv_path(args.csv, args.notebooks)
     print(HEADER)
     print("-" * len(HEADER))
     grades = grade_notebooks(args.notebooks, timeout=timeout, chapters_dir=args.chapters,
-                             sandbox=not args.no_sandbox, on_grade=lambda g: print(format_row(g), flush=True))
+                             sandbox=not args.no_sandbox, on_grade=lambda g: print(format_row(g), flush=True),
+                             jobs=getattr(args, "jobs", 1))
     if args.csv:
         write_csv(grades, args.csv)
         print(f"wrote {args.csv}", file=sys.stderr)
-    failed = [g.notebook for g in grades if g.error]
+    failed = [printable(g.notebook) for g in grades if g.error]
     print(f"graded {len(grades)} notebooks" + (f"; {len(failed)} not to the end (see [error: ...]): "
                                                   f"{', '.join(failed)}" if failed else ""), file=sys.stderr)
     return 1 if failed else 0

@@ -1,23 +1,36 @@
-"""Run one handed-in notebook for the grader, in a fresh kernel and a sandbox (hand-written).
+"""Run one handed-in notebook for the grader, in a fresh kernel inside a bubblewrap sandbox (hand-written).
 
-The whole notebook has one time limit; the sandbox is made where Linux allows it. The grader
-(``grading.py``) starts ``python -m transformer_course.classroom.sandbox run`` once per notebook,
-sends the notebook's code cells on stdin and reads one JSON answer on a pipe of its own (the kernel
-never holds that pipe, so nothing a notebook prints can stand in for it)::
+The grader (``grading.py``) calls :func:`run_cells` once per notebook. It starts
+``python -m transformer_course.classroom.sandbox run`` inside the sandbox, sends the notebook's code
+cells on stdin and reads one JSON answer on a pipe of its own (the kernel never holds that pipe, and the
+worker that writes it is not dumpable, so the kernel cannot reach it through ``/proc`` either)::
 
     {"records": [[12, "3.2", "passed"], ...], "error": "", "cells_run": 14, "isolated": true}
 
-``records`` are the verdicts the checks recorded inside the kernel (``transformer_course.checks.results()``),
-each with the notebook index of the cell that ran the check, read after every cell through the kernel's
-reply, not from printed text. ``error`` says why the
-notebook stopped early: a cell raised, the kernel died (``os._exit``, out of memory) or the time ran out.
+``records`` are the grader's own verdicts: after every cell the worker has the kernel re-run, quietly,
+the genuine check of each exercise checked in that cell on the function the check was given
+(``transformer_course.checks._core.regrade``), so an outcome appended to ``results()`` or a printed
+"passed" counts for nothing. ``error`` says why the notebook stopped early: a cell raised, the kernel
+died (``os._exit``, out of memory) or the time ran out.
 
-The sandbox (``unshare`` from util-linux, no root needed) wraps that command in new user, mount,
-network and PID namespaces: every mount is read-only except the notebook's folder (an overlay whose
-writes are thrown away, or the folder itself where overlays are not allowed) and fresh, empty
-``/tmp``, ``/var/tmp`` and ``/dev/shm`` (where the folder lies under one, its tree stays, read-only);
-the only network is an empty loopback; the kernel runs as ``nobody`` without capabilities; and when the
-run ends every process it started is killed with it.
+The sandbox is bubblewrap (``bwrap``, Debian's ``bubblewrap``, what Flatpak uses), no hand-written
+mount code. Each notebook runs
+
+- in a file system of its own: the interpreter, its packages, this package and the course's data
+  (``benchmarks/results``) read-only; a size-bounded, empty tmpfs for ``/tmp``, ``/var/tmp`` and the
+  working directory ``/course/chapters``, which holds the only copy of the hand-in the notebook sees
+  (the chapters of the answer key, the other hand-ins, ``/etc``, ``/home``, ``/run`` are not there); a
+  fresh ``/proc``; ``/dev`` with null, zero, full, random, urandom and a tty only; no ``/sys`` but the
+  read-only CPU list;
+- without a network (a new network namespace: no interface but an empty loopback, and no host socket
+  path is visible, so no Unix socket either), with its own PID, IPC and UTS namespaces;
+- as uid 65534 in a new user namespace mapped to an unprivileged id outside, without capabilities: as
+  the teacher's own uid when the grader is not root; when the grader is root, the sandbox is built by
+  a privileged ``bwrap`` which then becomes ``nobody`` (``setpriv``) before the inner user namespace,
+  so nothing inside is root on the host;
+- under limits: :data:`PROCESS_LIMIT` tasks (``RLIMIT_NPROC``, counted in the sandbox's own user
+  namespace), :data:`MEMORY_LIMIT` bytes of address space per process (``RLIMIT_AS``), no core dumps,
+  and the wall-clock limit; when the run ends, or the grader dies, every process in it is killed.
 """
 
 from __future__ import annotations
@@ -27,44 +40,155 @@ import ctypes
 import json
 import os
 import platform
+import re
+import resource
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from ..checks._core import GRADING_ENV  # set in the kernel: the checks keep their calls for regrade()
 
 KERNEL_START_SECONDS = 120  # a kernel that is not ready by then counts as an error, not as the notebook's time
 STATUSES = ("passed", "failed", "not done")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost",
                **{k: "http://127.0.0.1:9" for k in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}}
 # evaluated in the kernel after each cell and returned in the kernel's reply (never printed)
-_RECORDS = ("(lambda r: __import__('json').dumps([len(r), [(o.exercise, o.status) for o in r[{start}:] "
-            "if o.exercise in {wanted!r}]]))(__import__('transformer_course.checks', fromlist=['results']).results())")
+_REGRADE = "__import__('transformer_course.checks._core', fromlist=['regrade']).regrade()"
 PIPE_ANSWER = os.name == "posix"  # the answer comes on a pipe the kernel never holds; on Windows, in a file
-_NOBODY = 65534
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_NOATIME, _MS_NODIRATIME, _MS_REMOUNT, _MS_BIND = 1024, 2048, 32, 4096
-_MS_REC, _MS_PRIVATE, _MS_RELATIME, _MS_STRICTATIME = 16384, 1 << 18, 1 << 21, 1 << 24
-_KEEP = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC, "noatime": _MS_NOATIME,
-         "nodiratime": _MS_NODIRATIME, "relatime": _MS_RELATIME, "strictatime": _MS_STRICTATIME}
-_CLONE_NEWUSER = 0x10000000
 WORKER_MODULE = "transformer_course.classroom.sandbox"  # this module, as `python -m` runs it
 
+SANDBOX_ID = 65534  # uid and gid inside the sandbox (nobody), and outside it too when the grader is root
+PROCESS_LIMIT = 256 + 4 * (os.cpu_count() or 1)  # tasks (processes and threads: torch starts one per core)
+MEMORY_LIMIT = 8 * 2**30  # bytes of address space per process
+SCRATCH_BYTES = 2 * 2**30  # each tmpfs: the working directory, /tmp, /var/tmp
+COURSE_DIR = "/course"  # inside the sandbox: the course's data in benchmarks/results, the hand-in in chapters/
+WORK_DIR = f"{COURSE_DIR}/chapters"
+DATA_DIR = "benchmarks/results"  # what chapters read by relative path (../benchmarks/results/...)
+INSTALL_HINT = ("install bubblewrap: `sudo apt install bubblewrap` (Debian, Ubuntu), `sudo dnf install bubblewrap` "
+                "(Fedora), `sudo pacman -S bubblewrap` (Arch)")
+USERNS_HINT = ("the kernel must let users create user namespaces: `sudo sysctl -w user.max_user_namespaces=15000` "
+               "and, on Debian 10 and older, `sudo sysctl -w kernel.unprivileged_userns_clone=1`; on Ubuntu 23.10 and "
+               "newer, `sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (or an AppArmor profile that "
+               "allows bwrap); in Docker, run the container with `--security-opt seccomp=unconfined` "
+               "`--security-opt apparmor=unconfined` or grade outside it")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
+                 "/sys/devices/system/cpu")
+_KEPT_ENV = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TZ")
 
-# ------------------------------------------------------------------ the grader's side
 
-def outer_command() -> list[str]:
-    """The ``unshare`` prefix that opens the sandbox's namespaces (the command's path resolved)."""
-    return [shutil.which("unshare") or "unshare", "--user", "--map-root-user", "--net", "--mount", "--pid",
-            "--fork", "--kill-child", "--mount-proc"]
+# ------------------------------------------------------------------ the grader's side: the command line
+
+def _bwrap_features() -> set[str]:
+    """The options of the installed ``bwrap`` among those whose use depends on its version."""
+    try:
+        shown = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    return {option for option in ("--size", "--perms", "--clearenv") if option in shown}
 
 
-def worker_command(folder, sandbox: bool) -> list[str]:
-    """The command line that runs one notebook in ``folder``, inside the sandbox or not."""
-    mode = ["setup", str(folder)] if sandbox else ["run"]
-    return [*(outer_command() if sandbox else []), sys.executable, "-m", WORKER_MODULE, *mode]
+def _outermost(paths) -> list[str]:
+    """``paths`` without those inside another of them, parents first."""
+    kept: list[str] = []
+    for path in sorted({os.path.normpath(p) for p in paths}):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def runtime_paths(hidden=()) -> list[str]:
+    """The folders a kernel needs, bound read-only: the interpreter, its standard library and packages,
+    and this package. A ``sys.path`` folder holding one of ``hidden`` (the answer key's chapters, the
+    hand-ins) or the course's clone is left out; the package itself is bound on its own."""
+    package = Path(__file__).resolve().parents[1]
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(package),
+              str(Path(os.path.realpath(sys.executable)).parents[1])}
+    never = [str(package.parent), *(os.path.realpath(h) for h in hidden)]
+    for entry in sys.path:
+        if entry and os.path.isdir(entry) and not any(_inside(n, os.path.realpath(entry)) for n in never):
+            wanted.add(os.path.realpath(entry))
+    return [p for p in _outermost(wanted) if p != "/" and not any(_inside(p, s) for s in _SYSTEM_DIRS)]
+
+
+def _folder_args(path: str, made: set[str], perms: bool) -> list[str]:
+    """``--dir`` for each missing parent of ``path``, traversable by everyone (bwrap would copy a host
+    parent's mode: /root is 0700)."""
+    args = []
+    for parent in reversed(Path(path).parents):
+        name = str(parent)
+        if name == "/" or name in made or any(_inside(name, s) for s in _SYSTEM_DIRS):
+            continue
+        made.add(name)
+        args += [*(["--perms", "0755"] if perms else []), "--dir", name]
+    return args
+
+
+def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features=None) -> list[str]:
+    """The ``bwrap`` command line that runs the worker on the hand-in read from ``hand_in_fd`` (copied to
+    ``WORK_DIR/name``), with ``course_data`` (a ``benchmarks/results`` folder, or None) at
+    ``COURSE_DIR/benchmarks/results`` and ``hidden`` folders (the answer key) covered if they lie inside
+    a bound one. When the grader is root, the outer ``bwrap`` is privileged and hands over to ``nobody``."""
+    features = _bwrap_features() if features is None else features
+    perms = "--perms" in features
+
+    def tmpfs(path: str, mode: str) -> list[str]:
+        return ([*(["--size", str(SCRATCH_BYTES)] if "--size" in features else []),
+                 *(["--perms", mode] if perms else []), "--tmpfs", path])
+
+    root = os.geteuid() == 0
+    args = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", *([] if root else ["--unshare-user"]), "--hostname", "sandbox",
+            "--die-with-parent", "--new-session"]
+    for system in _SYSTEM_DIRS:
+        if os.path.islink(system):
+            args += ["--symlink", os.readlink(system), system]
+        elif os.path.isdir(system):
+            args += ["--ro-bind", system, system]
+    made: set[str] = set()
+    for path in [*runtime_paths(hidden), *_SYSTEM_FILES]:
+        if os.path.exists(path):
+            args += [*_folder_args(path, made, perms), "--ro-bind", path, path]
+    for path in hidden:  # the answer key, where a bound folder holds it (a wheel's _course/chapters)
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and any(_inside(real, p) for p in runtime_paths()):
+            args += ["--tmpfs", real]
+    args += ["--proc", "/proc", "--dev", "/dev", *tmpfs("/tmp", "1777"), *tmpfs("/var/tmp", "1777"),
+             *(["--perms", "0755"] if perms else []), "--dir", COURSE_DIR]
+    if course_data is not None and os.path.isdir(course_data):
+        args += [*(["--perms", "0755"] if perms else []), "--dir", f"{COURSE_DIR}/benchmarks",
+                 "--ro-bind", os.path.realpath(course_data), f"{COURSE_DIR}/{DATA_DIR}"]
+    args += [*tmpfs(WORK_DIR, "1777"), *(["--perms", "0666"] if perms else []),
+             "--file", str(hand_in_fd), f"{WORK_DIR}/{name}", "--chdir", WORK_DIR]
+    env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": "nobody",
+           "LOGNAME": "nobody", "PYTHONDONTWRITEBYTECODE": "1",
+           **{k: os.environ[k] for k in _KEPT_ENV if k in os.environ}}
+    if "--clearenv" in features:
+        args.append("--clearenv")
+    else:
+        args += [part for key in os.environ if key not in env for part in ("--unsetenv", key)]
+    args += [part for key, value in env.items() for part in ("--setenv", key, value)]
+    if root:  # nothing inside is root on the host: the rest runs as nobody, without any capability
+        args += ["--", shutil.which("setpriv") or "setpriv", "--reuid", str(SANDBOX_ID), "--regid", str(SANDBOX_ID),
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "bwrap",
+                 "--unshare-user", "--dev-bind", "/", "/", "--die-with-parent", "--chdir", WORK_DIR]
+    return [*args, "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID), "--", sys.executable, "-m", WORKER_MODULE,
+            "run"]
+
+
+def safe_name(name: str) -> str:
+    """A file name for the hand-in's copy: letters, digits, ``._-`` only (never a path)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", Path(name).name)[:120].lstrip(".")
+    return cleaned or "notebook.ipynb"
 
 
 _PRCTL = ctypes.CDLL(None).prctl if platform.system() == "Linux" else None  # looked up before any fork
@@ -76,22 +200,41 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def run_cells(cells: list[tuple[int, str]], folder, timeout: float, sandbox: bool, expected=()) -> dict:
-    """Run ``cells`` ([(notebook index, source), ...]) in a fresh kernel working in ``folder``; the answer
-    described in the module docstring. ``timeout`` bounds all the cells together (kernel start aside)."""
-    import subprocess
-
-    with tempfile.TemporaryDirectory() as private, tempfile.TemporaryFile() as errors:
+def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str = "notebook.ipynb", course_data=None,
+              timeout: float = 60, sandbox: bool = True, expected=(), hidden=(), memory: int = MEMORY_LIMIT,
+              processes: int = PROCESS_LIMIT) -> dict:
+    """Run ``cells`` ([(notebook index, source), ...]) in a fresh kernel whose working directory holds a
+    copy of ``hand_in`` (the notebook's bytes) named ``name``, with ``course_data`` at
+    ``../benchmarks/results``; the answer described in the module docstring. ``timeout`` bounds all the
+    cells together (kernel start aside); ``memory`` (bytes of address space) and ``processes`` bound each
+    sandbox. Without ``sandbox``, the same layout in a temporary folder, run as the grader."""
+    with tempfile.TemporaryDirectory() as private, tempfile.TemporaryFile() as errors, \
+            tempfile.TemporaryFile() as copy:
+        copy.write(hand_in)
+        copy.flush()
+        copy.seek(0)
+        name = safe_name(name)
+        if sandbox:
+            command, cwd, folder = sandbox_command(copy.fileno(), name, course_data, hidden), None, WORK_DIR
+        else:
+            folder = os.path.join(private, "course", "chapters")
+            os.makedirs(folder)
+            Path(folder, name).write_bytes(hand_in)
+            if course_data is not None and os.path.isdir(course_data):
+                os.makedirs(os.path.join(private, "course", "benchmarks"))
+                os.symlink(os.path.realpath(course_data), os.path.join(private, "course", DATA_DIR))
+            command, cwd = [sys.executable, "-m", WORKER_MODULE, "run"], folder
         if PIPE_ANSWER:
             read_end, write_end = os.pipe()
             channel = {"result_fd": write_end}
         else:  # Windows (no sandbox there): a file in a folder of the grader's own
             channel = {"result_file": os.path.join(private, "answer.json")}
-        payload = json.dumps({"cells": cells, "folder": str(folder), "timeout": timeout, "expected": list(expected),
+        payload = json.dumps({"cells": cells, "folder": folder, "timeout": timeout, "expected": list(expected),
+                              "limits": {"memory": memory, "processes": processes} if sandbox else {},
                               **channel}).encode()
-        process = subprocess.Popen(worker_command(folder, sandbox), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                   stderr=errors, pass_fds=tuple(channel.values()) if PIPE_ANSWER else (),
-                                   start_new_session=os.name == "posix",
+        passed = (*(channel.values() if PIPE_ANSWER else ()), *((copy.fileno(),) if sandbox else ()))
+        process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
+                                   pass_fds=passed, start_new_session=os.name == "posix",
                                    preexec_fn=_die_with_parent if os.name == "posix" else None)
         if PIPE_ANSWER:
             os.close(write_end)
@@ -99,8 +242,10 @@ def run_cells(cells: list[tuple[int, str]], folder, timeout: float, sandbox: boo
             process.communicate(payload, timeout=timeout + KERNEL_START_SECONDS + 30)
         except subprocess.TimeoutExpired:
             pass
+        except BrokenPipeError:  # the sandbox failed before reading its request: its stderr says why
+            pass
         finally:
-            try:  # whatever the run left in its process group
+            try:  # whatever the run left in its process group (bwrap's PID namespace dies with it)
                 if os.name == "posix":
                     os.killpg(process.pid, signal.SIGKILL)
                 else:
@@ -110,137 +255,79 @@ def run_cells(cells: list[tuple[int, str]], folder, timeout: float, sandbox: boo
             process.wait()
         if PIPE_ANSWER:
             with os.fdopen(read_end, "rb") as pipe:
-                answer = pipe.read()
+                answer = pipe.read(2**24)
         else:
             answer = Path(channel["result_file"]).read_bytes() if os.path.exists(channel["result_file"]) else b""
         errors.seek(0)
         tail = errors.read()[-2000:].decode(errors="replace").strip().splitlines()
     try:
-        return json.loads(answer)
+        result = json.loads(answer)
+        if not isinstance(result, dict):
+            raise ValueError
+        return result
     except ValueError:
         why = tail[-1] if tail else f"exit status {process.returncode}"
         return {"records": [], "error": f"the grading process ended without an answer ({why})", "cells_run": 0}
 
 
 def sandbox_problem() -> str:
-    """"" when this machine can run a notebook in the sandbox, else why not (tried, not guessed)."""
+    """"" when this machine can run a notebook in the sandbox, else why not and the fix (tried, not guessed)."""
     import importlib.util
 
     if missing := [name for name in ("jupyter_client", "ipykernel") if importlib.util.find_spec(name) is None]:
         return (f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed (the course's `teacher` "
                 "extra): the grader runs notebooks in a Jupyter kernel")
     if platform.system() != "Linux":
-        return f"the sandbox needs Linux namespaces (this is {platform.system()})"
-    if shutil.which("unshare") is None:
-        return "the sandbox needs the `unshare` command (util-linux), which is not on PATH"
-    with tempfile.TemporaryDirectory() as folder:
-        answer = run_cells([], folder, timeout=30, sandbox=True)
-    if answer.get("isolated"):
+        return f"the sandbox is bubblewrap, which needs Linux (this is {platform.system()})"
+    if shutil.which("bwrap") is None:
+        return f"the sandbox needs bubblewrap (the `bwrap` command), which is not on PATH: {INSTALL_HINT}"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return "graded as root, the sandbox needs util-linux's `setpriv` to become nobody: `apt install util-linux`"
+    answer = run_cells([(0, "pass")], timeout=60, sandbox=True)  # a kernel started and ran a cell in it
+    if answer.get("isolated") and answer.get("cells_run") == 1 and not answer.get("error"):
         return ""
-    return answer.get("error") or "the sandbox could not be set up (no read-only root, or a network left)"
-
-
-# ------------------------------------------------------------------ inside the sandbox, as the namespaces' root
-
-def _mount(source, target, fstype, flags: int, data: str | None = None) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    args = [None if v is None else os.fsencode(v) for v in (source, target, fstype)]
-    if libc.mount(*args, flags, None if data is None else data.encode()) != 0:
-        error = ctypes.get_errno()
-        raise OSError(error, f"mount {target}: {os.strerror(error)}")
-
-
-def _mounts() -> list[tuple[str, str, str]]:
-    """(mount point, per-mount options, file system type) of every mount this process sees."""
-    found = []
-    for line in Path("/proc/self/mountinfo").read_bytes().decode(errors="surrogateescape").splitlines():
-        fields = line.split()
-        rest = fields[fields.index("-") + 1:]
-        point = fields[4].encode(errors="surrogateescape")
-        for code in (b"\\040", b"\\011", b"\\012", b"\\134"):  # mountinfo escapes space, tab, newline, backslash
-            point = point.replace(code, bytes([int(code[1:], 8)]))
-        found.append((os.fsdecode(point), fields[5], rest[0]))
-    return found
-
-
-def _loopback_up() -> None:
-    """Bring up ``lo`` in the new, empty network namespace (the kernel talks to us over 127.0.0.1)."""
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        flags = struct.unpack("16sH", fcntl.ioctl(s, 0x8913, struct.pack("16sH", b"lo", 0)))[1]  # SIOCGIFFLAGS
-        fcntl.ioctl(s, 0x8914, struct.pack("16sH", b"lo", flags | 1))  # SIOCSIFFLAGS, IFF_UP
-
-
-def _enter_sandbox(folder: str) -> None:
-    """Make every mount read-only, give fresh temporary folders, make ``folder`` writable, drop to nobody."""
-    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing done here reaches the grader's mounts
-    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)  # the folder, before a tmpfs may hide its path
-    for point, options, fstype in _mounts():
-        if fstype == "proc":
-            continue  # this PID namespace's own /proc (the uid map below is written through it)
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        for option in options.split(","):
-            flags |= _KEEP.get(option, 0)
-        try:
-            _mount(None, point, None, flags)
-        except OSError as error:
-            if os.path.exists(point) and not os.statvfs(point).f_flag & os.ST_RDONLY:
-                raise RuntimeError(f"could not make {point} read-only: {error}") from error
-    # what must stay visible even where it lies under a temporary folder (a clone in /tmp, say): the
-    # graded folder's tree (../benchmarks/...), the Python that runs the kernel and this package
-    needed = {folder, sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)),
-              str(Path(__file__).resolve().parents[2])}
-    for temp in ("/tmp", "/var/tmp", "/dev/shm"):
-        if not os.path.isdir(temp) or folder == temp:
-            continue
-        tops = {os.path.relpath(path, temp).split(os.sep)[0] for path in needed}
-        keep = {top: os.open(os.path.join(temp, top), os.O_RDONLY | os.O_DIRECTORY)
-                for top in sorted(tops) if top not in ("..", ".") and os.path.isdir(os.path.join(temp, top))}
-        _mount("tmpfs", temp, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=1777,size=1g")
-        for top, handle_top in keep.items():  # their trees stay visible, read-only
-            os.mkdir(os.path.join(temp, top))
-            _mount(f"/proc/self/fd/{handle_top}", os.path.join(temp, top), None, _MS_BIND | _MS_REC)
-            _mount(None, os.path.join(temp, top), None, _MS_REMOUNT | _MS_BIND | _MS_RDONLY)
-            os.close(handle_top)
-    scratch = tempfile.mkdtemp(prefix="overlay-", dir="/tmp")
-    os.makedirs(f"{scratch}/upper")
-    os.makedirs(f"{scratch}/work")
-    try:  # writes land in the throw-away upper layer: submissions side by side stay untouched
-        _mount("overlay", folder, "overlay", 0,
-               f"lowerdir=/proc/self/fd/{handle},upperdir={scratch}/upper,workdir={scratch}/work")
-    except OSError:  # kernels before 5.11 refuse overlays in a user namespace: the folder itself, writable
-        _mount(f"/proc/self/fd/{handle}", folder, None, _MS_BIND)
-        _mount(None, folder, None, _MS_REMOUNT | _MS_BIND)
-    os.close(handle)
-    _loopback_up()
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWUSER) != 0:  # a user namespace inside: root here becomes nobody there
-        raise RuntimeError(f"could not drop root: {os.strerror(ctypes.get_errno())}")
-    Path("/proc/self/setgroups").write_text("deny")
-    Path("/proc/self/uid_map").write_text(f"{_NOBODY} 0 1")
-    Path("/proc/self/gid_map").write_text(f"{_NOBODY} 0 1")
+    error = answer.get("error") or "the sandbox started but is not isolated (root, capabilities or a network left)"
+    if re.search(r"namespace|uid map|Operation not permitted|Permission denied", error):
+        return f"bubblewrap could not make the sandbox ({error}): {USERNS_HINT}"
+    return error
 
 
 # ------------------------------------------------------------------ the worker (in the sandbox or not)
 
+def _capabilities() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return -1
+
+
 def _isolated() -> bool:
-    """Read-only root, a network of loopback only, not root: what the sandbox promises."""
-    if not hasattr(os, "statvfs"):
+    """Not root, no capability, no network but loopback: what the sandbox promises (and the grader tests)."""
+    if platform.system() != "Linux":
         return False
-    return bool(os.statvfs("/").f_flag & os.ST_RDONLY) and [n for _, n in socket.if_nameindex()] == ["lo"] \
-        and os.getuid() != 0
+    return os.getuid() != 0 and _capabilities() == 0 and [n for _, n in socket.if_nameindex()] == ["lo"]
 
 
-def _new_records(reply, seen: int) -> tuple[int, list[tuple[str, str]]]:
-    """(outcomes recorded in all, the new (exercise, status) pairs) from a cell's reply; nothing new when unreadable."""
+def confine(limits: dict) -> None:
+    """In the sandbox's worker, before the kernel: not dumpable (the kernel, same uid, cannot open this
+    process's answer pipe through /proc or trace it), and the limits every process started here inherits."""
+    if _PRCTL is not None:
+        _PRCTL(4, 0)  # PR_SET_DUMPABLE
+    if "processes" in limits:
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
+    if "memory" in limits:
+        resource.setrlimit(resource.RLIMIT_AS, (limits["memory"],) * 2)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _new_records(reply) -> list[tuple[str, str]]:
+    """The (exercise, status) pairs of the grader's re-run in a cell's reply; none when unreadable."""
     found = (reply or {}).get("content", {}).get("user_expressions", {}).get("records", {})
     try:
-        total, verdicts = json.loads(ast.literal_eval(found["data"]["text/plain"]))
-        return int(total), [(e, v) for e, v in verdicts if isinstance(e, str) and v in STATUSES]
-    except (KeyError, TypeError, ValueError, SyntaxError):
-        return seen, []
+        verdicts = json.loads(ast.literal_eval(found["data"]["text/plain"]))
+        return [(e, v) for e, v in verdicts if isinstance(e, str) and v in STATUSES]
+    except (KeyError, TypeError, ValueError, SyntaxError, MemoryError, RecursionError):
+        return []
 
 
 def _wait_reply(km, kc, msg_id: str, deadline: float):
@@ -286,21 +373,21 @@ def execute(cells, folder: str, timeout: float, expected) -> dict:
     if not cells:
         return answer
     scratch = tempfile.mkdtemp(prefix="grade-kernel-")
-    env = {**os.environ, **OFFLINE_ENV, "JUPYTER_RUNTIME_DIR": f"{scratch}/runtime", "IPYTHONDIR": f"{scratch}/ipython",
-           "MPLCONFIGDIR": f"{scratch}/matplotlib"}
+    env = {**os.environ, **OFFLINE_ENV, GRADING_ENV: "1", "JUPYTER_RUNTIME_DIR": f"{scratch}/runtime",
+           "IPYTHONDIR": f"{scratch}/ipython", "MPLCONFIGDIR": f"{scratch}/matplotlib"}
     km = KernelManager(kernel_name="python3")
     km.start_kernel(cwd=folder, env=env, stdin=DEVNULL, stdout=DEVNULL, stderr=DEVNULL)
     kc = km.client()
     kc.start_channels()
     where = ""
+    wanted = set(expected)
     try:
         kc.wait_for_ready(timeout=KERNEL_START_SECONDS)
         deadline = time.monotonic() + timeout
-        seen = 0  # outcomes recorded so far: each cell's reply brings only the new ones
         for index, source in cells:
             first = next((line.strip() for line in source.splitlines() if line.strip()), "")
             where = f"cell {index + 1} ({first[:40]!r})"
-            records = {"records": _RECORDS.format(start=seen, wanted=tuple(expected))}
+            records = {"records": _REGRADE}
             msg_id = kc.execute(source, store_history=True, allow_stdin=False, stop_on_error=False,
                                 user_expressions=records)
             reply = _wait_reply(km, kc, msg_id, deadline)
@@ -317,8 +404,7 @@ def execute(cells, folder: str, timeout: float, expected) -> dict:
                     reply = _wait_reply(km, kc, msg_id, time.monotonic() + 30)
                 except TimeoutError:  # a thread the notebook left running holds the kernel: keep the cell's error
                     break
-            seen, new = _new_records(reply, seen)
-            answer["records"] += [[index, e, v] for e, v in new]
+            answer["records"] += [[index, e, v] for e, v in _new_records(reply) if e in wanted]
             if answer["error"]:
                 break
     except TimeoutError:
@@ -333,14 +419,12 @@ def execute(cells, folder: str, timeout: float, expected) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    """``setup FOLDER`` (as the namespaces' root: build the sandbox, then become the worker) or ``run``."""
-    if argv[:1] == ["setup"]:
-        _enter_sandbox(argv[1])
-        os.execv(sys.executable, [sys.executable, "-m", WORKER_MODULE, "run"])
+    """``run``: read the request on stdin, run the notebook, write the answer to the grader's pipe."""
     request = json.loads(sys.stdin.buffer.read())
     if "result_fd" in request:
         os.set_inheritable(request["result_fd"], False)  # the kernel never holds the answer's pipe
     try:
+        confine(request.get("limits", {}))
         answer = execute([tuple(c) for c in request["cells"]], request["folder"], request["timeout"],
                          request["expected"])
     except Exception as error:  # report, do not crash the batch
