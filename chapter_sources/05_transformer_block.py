@@ -640,6 +640,8 @@ def my_prediction() -> int:
 check_predict_block_parameters(my_prediction)
 
 # %% [markdown]
+# <details><summary><b>The count, once you have answered</b> (click to open)</summary>
+#
 # For width C (any number of heads, since the heads split C between them):
 #
 # | part | weights | biases |
@@ -651,6 +653,8 @@ check_predict_block_parameters(my_prediction)
 # In total $12C^2 + 13C$, or $12C^2 + 2C$ with `bias=False`. For GPT-2 small (C = 768) that is
 # 7,087,872 per block, and GPT-2 small has 12 blocks. Two thirds of a block's weights are in the
 # feed-forward network.
+#
+# </details>
 
 # %%
 #| export

@@ -498,7 +498,7 @@ assert work_naive == [min(T0 + i, cfg.block_size) for i in range(n_new)]  # the 
 # ### Your turn: predict the work
 #
 # With the cache, how many forward passes generate 40 new tokens after our 7-token prompt `"ROMEO:\n"`,
-# and how many positions do they feed the model in all? (Without it: 40 passes, over a thousand.)
+# and how many positions do they feed the model in all? (Without it, over a thousand positions.)
 
 # %%
 # Your turn - Exercise 7.4 (★☆☆, predict): the work of a cached generation.

@@ -23,13 +23,14 @@ from .exercise_cells import (
     BEGIN,
     COURSE_CHAPTERS,
     END,
+    EXERCISE_HEADING,
     EXERCISE_TAG,
     cell_source,
     exercise_label,
     printed_verdicts,
     solution_regions,
 )
-from .leak_check import find_leaks
+from .leak_check import find_leaks, output_shows_an_answer, predict_answers
 
 _DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)|^\s*class\s+(\w+)")
 
@@ -62,13 +63,34 @@ def solution_lines(nb) -> set[str]:
     return inside - outside
 
 
+def _reveal_cells(cells) -> set[int]:
+    """The code cells that answer a predict exercise: those after it, up to the next markdown heading."""
+    found, after_predict = set(), False
+    for index, cell in enumerate(cells):
+        if cell.cell_type == "markdown" and re.search(r"^#{1,6} ", cell_source(cell), re.M):
+            after_predict = False
+        elif cell.cell_type == "code" and BEGIN in cell_source(cell):
+            after_predict = (m := EXERCISE_HEADING.search(cell_source(cell))) is not None and m.group(3) == "predict"
+        elif cell.cell_type == "code" and after_predict:
+            found.add(index)
+    return found
+
+
 def student_notebook(nb, chapter: str = ""):
-    """A copy of notebook ``nb`` with every solution stubbed, and the outputs of exercise cells and of
-    cells that print a check's verdict cleared. ``chapter`` ("03_single_head_attention") is written into
-    the metadata, so the grader knows the chapter of a handed-in notebook whatever its file name."""
+    """A copy of notebook ``nb`` with every solution stubbed, and the outputs of exercise cells, of
+    cells that print a check's verdict and of the cells that reveal a predict exercise's answer (those
+    after it up to the next heading, and any whose output shows the answer: the learner runs them once
+    they have answered) cleared. ``chapter``
+    ("03_single_head_attention") is written into the metadata, so the grader knows the chapter of a
+    handed-in notebook whatever its file name."""
     out = copy.deepcopy(nb)
     if chapter:
         out.metadata["transformer_course"] = {"chapter": chapter}
+    answers, reveal = predict_answers(nb), _reveal_cells(out.cells)
+    for index, cell in enumerate(out.cells):
+        if index in reveal or (cell.cell_type == "code" and output_shows_an_answer(cell, answers)):
+            cell.outputs = []
+            cell.execution_count = None
     for index, cell in enumerate(out.cells):
         if cell.cell_type == "code" and BEGIN not in cell_source(cell) and printed_verdicts(cell):
             cell.outputs = []  # a check cell after an exported exercise: its stored "passed" is the key's
