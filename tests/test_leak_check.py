@@ -61,14 +61,20 @@ def _nb(*cells):
     return nbformat.v4.new_notebook(cells=made)
 
 
-def test_half_of_a_solutions_statements_in_one_cell_is_a_leak():
+def test_half_of_a_solutions_statements_elsewhere_is_a_leak():
     nb = _nb("import torch\nimport torch.nn.functional as F", TRAIN_STEP, ACCUMULATED)
     assert statement_leaks(nb, student_notebook(nb)) == [
-        "Exercise 6.3: 3 of its solution's 6 statements are in student cell 2"]
+        "Exercise 6.3: 3 of its solution's 6 statements are in student cells 2"]
     assert statement_leaks(nb, student_notebook(nb)) == [leak for leak in find_leaks(nb, student_notebook(nb))
                                                           if "statements" in leak]
     quiet = _nb("import torch\nimport torch.nn.functional as F", TRAIN_STEP, SHARED_LITTLE)
     assert statement_leaks(quiet, student_notebook(quiet)) == []
+    # the same statements spread over two cells leak as well
+    spread = _nb("import torch\nimport torch.nn.functional as F", TRAIN_STEP, SHARED_LITTLE,
+                 "def scaled_loss(net, x, y, n):\n    return F.cross_entropy(net(x).flatten(0, 1), y.flatten()) / n",
+                 "total = 0.0\nfor l in losses:\n    total += l.item()\nprint(total)\nl.backward()")
+    assert statement_leaks(spread, student_notebook(spread)) == [
+        "Exercise 6.3: 3 of its solution's 6 statements are in student cells 2, 4"]
 
 
 def test_a_debug_exercise_and_a_short_solution_are_exempt():

@@ -5,8 +5,8 @@ away) and by ``tests/test_classroom.py``. Three ways an answer leaks:
 
 - a copy of a solution region elsewhere (``find_leaks``): regions and code cells are compared as
   syntax trees, so renamed variables or another layout do not hide a copy;
-- half or more of a build exercise's statements in one other cell (``statement_leaks``), even spread
-  out among other statements, as a helper written "in the same way" would show them;
+- half or more of a build exercise's statements elsewhere in the notebook (``statement_leaks``), even
+  spread out among other statements, as a helper written "in the same way" would show them;
 - a predict exercise's answer in sight before the learner answers (``prediction_leaks``): in a stored
   output anywhere, or in the text above the exercise or just below it (``docs/authoring.md``).
 """
@@ -210,7 +210,7 @@ def _statement_forms(statement, keep: set[str]) -> set[str]:
 def statement_leaks(instructor_nb, student_nb) -> list[str]:
     """Build and extend exercises (not debug ones, whose buggy version is shown on purpose, nor predict
     ones) of ``_MIN_STATEMENTS`` statements or more, half or more of whose statements (``STATEMENT_SHARE``)
-    appear in one code cell of ``student_nb``. Returns one line per leak."""
+    appear anywhere in ``student_nb``'s code. Returns one line per leak, naming the cells."""
     student = [(i, t) for i, c in enumerate(student_nb.cells)
                if c.get("cell_type") == "code" and (t := _parse(cell_source(c))) is not None]
     keep = _bound_globals([t for _, t in student])
@@ -225,12 +225,13 @@ def statement_leaks(instructor_nb, student_nb) -> list[str]:
             statements = list(_leaf_statements(_region_statements(source, begin, end) or []))
             if len(statements) < _MIN_STATEMENTS:
                 continue
-            label = exercise_label(instructor_nb.cells, index) or f"cell {index}"
-            for where, forms in cells.items():
-                shown = sum(1 for s in statements if _statement_forms(s, keep) & forms)
-                if shown >= STATEMENT_SHARE * len(statements):
-                    leaks.append(f"{label}: {shown} of its solution's {len(statements)} statements are in student "
-                                 f"cell {where}")
+            where = [sorted(i for i, forms in cells.items() if _statement_forms(s, keep) & forms) for s in statements]
+            shown = sum(1 for found in where if found)
+            if shown >= STATEMENT_SHARE * len(statements):
+                label = exercise_label(instructor_nb.cells, index) or f"cell {index}"
+                places = ", ".join(map(str, sorted({i for found in where for i in found})))
+                leaks.append(f"{label}: {shown} of its solution's {len(statements)} statements are in student "
+                             f"cells {places}")
     return leaks
 
 
