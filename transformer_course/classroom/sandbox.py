@@ -107,16 +107,18 @@ def _inside(path: str, folder: str) -> bool:
 
 
 def runtime_paths(hidden=()) -> list[str]:
-    """The folders a kernel needs, bound read-only: the interpreter, its standard library and packages,
-    and this package. A ``sys.path`` folder holding one of ``hidden`` (the answer key's chapters, the
-    hand-ins) or the course's clone is left out; the package itself is bound on its own."""
+    """The folders a kernel needs, bound read-only: the interpreter (its prefixes: standard library and
+    packages), this package, and the site-packages folders on ``sys.path`` except one holding one of
+    ``hidden`` (the answer key's chapters, the hand-ins) or the course's clone."""
     package = Path(__file__).resolve().parents[1]
     wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, str(package),
               str(Path(os.path.realpath(sys.executable)).parents[1])}
     never = [str(package.parent), *(os.path.realpath(h) for h in hidden)]
-    for entry in sys.path:
-        if entry and os.path.isdir(entry) and not any(_inside(n, os.path.realpath(entry)) for n in never):
-            wanted.add(os.path.realpath(entry))
+    for entry in sys.path:  # packages only (a user's site-packages): never the folder python was started in
+        real = os.path.realpath(entry) if entry else ""
+        if os.path.basename(real) in ("site-packages", "dist-packages") and os.path.isdir(real) \
+                and not any(_inside(n, real) for n in never):
+            wanted.add(real)
     return [p for p in _outermost(wanted) if p != "/" and not any(_inside(p, s) for s in _SYSTEM_DIRS)]
 
 

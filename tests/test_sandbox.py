@@ -1,0 +1,227 @@
+"""The grader's sandbox holds against a hostile notebook (issue 39): each probe of the issue is a cell that
+tries the attack and records whether it got through. Every probe runs in one sandboxed kernel (one ~3 s
+notebook); the last cell raises with the record, so the grade's error carries it back (nothing the
+notebook prints is read). The probes only try to open what would be dangerous to write: nothing is ever
+written to /proc/sys, /proc/sysrq-trigger or /dev/kmsg, so a broken sandbox harms nothing."""
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import nbformat
+import pytest
+from test_grading import SANDBOX, handed_in, solve, toy_chapter
+
+from transformer_course.classroom import sandbox
+from transformer_course.classroom.grading import format_table, grade_notebooks
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {sandbox.sandbox_problem()}")
+
+PROBE_SETUP = '''import json, os, socket
+leaked = {}
+def probe(name, attempt):
+    """leaked[name]: what got through (``attempt()`` is true when it did), or "" when it was stopped."""
+    try:
+        got = attempt()
+        leaked[name] = str(got) if got else ""
+    except (OSError, MemoryError):
+        leaked[name] = ""
+def open_for_writing(path):  # opened, never written
+    os.close(os.open(path, os.O_WRONLY))
+    return "opened for writing"
+'''
+
+
+FORKS = """import signal, time
+def forks():
+    children = []
+    try:
+        for _ in range(300):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(600)
+                os._exit(0)
+            children.append(pid)
+        return len(children)
+    finally:  # room again for the kernel's own threads
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+probe('processes', forks)"""
+
+
+def probes(classmate: Path, secret: Path, unix_socket: Path) -> list[str]:
+    """The issue's attacks, a cell for each kind (the limits last)."""
+    return [
+        PROBE_SETUP,
+        f"probe('classmate', lambda: open({str(classmate)!r}).read(10))\n"
+        f"probe('classmate_here', lambda: open({classmate.name!r}).read(10))",
+        f"probe('answer_key', lambda: open({str(ROOT / 'chapters' / '03_single_head_attention.ipynb')!r}).read(10))\n"
+        f"probe('clone', lambda: set(os.listdir({str(ROOT)!r})) - {{'transformer_course', '.venv'}})",
+        f"probe('teacher_file', lambda: open({str(secret)!r}).read())",
+        "probe('shadow', lambda: open('/etc/shadow').read(10))\n"
+        "probe('etc', lambda: {'shadow', 'passwd', 'hostname', 'ssh'} & set(os.listdir('/etc')))",
+        "probe('hostname', lambda: open_for_writing('/proc/sys/kernel/hostname'))\n"
+        "probe('core_pattern', lambda: open_for_writing('/proc/sys/kernel/core_pattern'))\n"
+        "probe('sysrq', lambda: open_for_writing('/proc/sysrq-trigger'))\n"
+        "probe('kmsg', lambda: open_for_writing('/dev/kmsg'))\n"
+        "probe('sys', lambda: open_for_writing('/sys/kernel/uevent_helper'))",
+        "probe('devices', lambda: sorted(set(os.listdir('/dev')) - {'null', 'zero', 'full', 'random', 'urandom', "
+        "'tty', 'ptmx', 'pts', 'shm', 'fd', 'stdin', 'stdout', 'stderr', 'core', 'mqueue'}))",
+        f"probe('unix_socket', lambda: socket.socket(socket.AF_UNIX).connect({str(unix_socket)!r}) or 'connected')\n"
+        "probe('run', lambda: os.listdir('/run'))\nprobe('tcp', lambda: socket.create_connection(('1.1.1.1', 53), 2))",
+        "probe('root', lambda: os.getuid() == 0 or None)\n"
+        "probe('capabilities', lambda: [l for l in open('/proc/self/status') if l.startswith('CapEff')"
+        " and int(l.split()[1], 16)])\n"
+        "probe('host_root', lambda: [l for l in open('/proc/self/uid_map') if l.split()[1] == '0'])\n"
+        "probe('cwd', lambda: (os.getcwd(), sorted(os.listdir('.'))) != ('/course/chapters', ['me_03_toy.ipynb']) "
+        "and (os.getcwd(), os.listdir('.')))",
+        "probe('memory', lambda: len(bytearray(3 * 2**30)))",
+        FORKS,
+        "raise RuntimeError('PROBES ' + json.dumps({k: v[:12] for k, v in leaked.items() if v}))",
+    ]
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory):
+    """The record of every probe, as {probe: what got through} (empty: all stopped), and the grade."""
+    tmp = tmp_path_factory.mktemp("probe")
+    chapters, subs = tmp / "chapters", tmp / "submissions"
+    chapters.mkdir()
+    subs.mkdir()
+    nbformat.write(toy_chapter(), chapters / "03_toy.ipynb")
+    classmate = handed_in(subs, "bob_03_toy.ipynb", solve)
+    secret = tmp / "teacher-secret.txt"
+    secret.write_text("the teacher's")
+    secret.chmod(0o600)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(tmp / "agent.sock"))  # as a session bus or an agent socket the teacher can reach
+    server.listen()
+    me = handed_in(subs, "me_03_toy.ipynb", solve, probes(classmate, secret, tmp / "agent.sock"))
+    (grade,) = grade_notebooks([me], timeout=120, chapters_dir=chapters, sandbox=True,
+                               limits={"processes": 100, "memory": 2 * 2**30})
+    server.setblocking(False)
+    with contextlib.suppress(BlockingIOError):
+        server.accept()
+        pytest.fail("a notebook reached the teacher's Unix socket")
+    server.close()
+    found = re.search(r"raised RuntimeError: PROBES (\{.*\})$", grade.error)
+    assert found, format_table([grade])  # every probe cell ran
+    return json.loads(found.group(1)), grade
+
+
+@needs_sandbox
+@pytest.mark.parametrize("case", [
+    "classmate", "classmate_here", "answer_key", "clone", "teacher_file",  # 1: reads
+    "shadow", "etc",
+    "hostname", "core_pattern", "sysrq", "kmsg", "sys", "devices", "root", "capabilities", "host_root",  # 2: root
+    "unix_socket", "run", "tcp",  # 3: sockets
+    "processes", "memory",  # 4: limits
+    "cwd",  # 5: the kernel works in its own copy, not beside the answer key or the classmates
+])
+def test_the_sandbox_stops_the_probe(probed, case):
+    leaked, grade = probed
+    assert case not in leaked, f"{case}: {leaked[case]} ({format_table([grade])})"
+
+
+@needs_sandbox
+def test_the_probe_notebook_still_grades(probed):
+    assert probed[1].exercises == {"3.1": "passed", "3.2": "passed"}
+
+
+def test_the_command_keeps_nothing_of_the_host_but_what_a_kernel_needs(tmp_path):
+    """The bwrap command line: no host socket folder, home or clone bound; the answer key covered where a
+    bound folder holds it; as root, the sandbox becomes nobody before its user namespace."""
+    command = sandbox.sandbox_command(9, "a_03_x.ipynb", ROOT / "benchmarks" / "results",
+                                      hidden=[str(ROOT / "chapters")], features={"--size", "--perms", "--clearenv"})
+    bound = {command[i + 1] for i, part in enumerate(command) if part in ("--ro-bind", "--bind", "--dev-bind")}
+    assert not bound & {"/run", "/var/run", "/tmp", "/home", "/root", "/etc", str(ROOT), str(ROOT / "chapters")}
+    assert not any(path.startswith(("/run/", "/tmp/", "/var/run/")) for path in bound), bound
+    assert {"--unshare-net", "--unshare-pid", "--die-with-parent", "--new-session", "--clearenv"} <= set(command)
+    assert command[command.index("--file") + 1:command.index("--file") + 3] == ["9", "/course/chapters/a_03_x.ipynb"]
+    if os.geteuid() == 0:
+        drop = command.index("--reuid")
+        assert command[drop + 1] == "65534" and "--bounding-set=-all" in command and "--no-new-privs" in command
+        assert command.index("--unshare-user") > drop  # the user namespace is made by nobody, mapped to nobody
+    else:
+        assert "--unshare-user" in command and "setpriv" not in " ".join(command)
+    assert command[command.index("--uid") + 1] == "65534"
+
+
+def test_a_hand_ins_name_never_becomes_a_path():
+    assert sandbox.safe_name("../../etc/passwd") == "passwd"
+    assert sandbox.safe_name("a b\n\x1b.ipynb") == "a_b__.ipynb"
+    assert sandbox.safe_name("...") == "notebook.ipynb"
+
+
+def test_without_bubblewrap_the_grader_names_the_package(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    problem = sandbox.sandbox_problem()
+    assert "bubblewrap" in problem and "apt install bubblewrap" in problem, problem
+
+
+def test_a_refused_user_namespace_names_the_kernel_setting(monkeypatch):
+    monkeypatch.setattr(sandbox, "run_cells", lambda *a, **k: {
+        "records": [], "cells_run": 0,
+        "error": "the grading process ended without an answer (bwrap: No permissions to create new namespace)"})
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    problem = sandbox.sandbox_problem()
+    assert "user.max_user_namespaces" in problem and "kernel.unprivileged_userns_clone" in problem, problem
+
+
+# ------------------------------------------------------------------ the same, as an unprivileged user
+
+UNPRIVILEGED_PROBE = '''import sys
+sys.path.insert(0, ROOT)
+from transformer_course.classroom.sandbox import run_cells
+CELL = """import os
+assert os.getuid() == 65534 and open("/proc/self/uid_map").read().split()[1] == "65534"
+for path in ("/proc/sys/kernel/hostname", "/proc/sys/kernel/core_pattern", "/etc/shadow"):
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+    except OSError:
+        continue
+    raise SystemExit(path + " opened for writing")"""
+answer = run_cells([(0, CELL)], timeout=60)
+assert answer["isolated"] and not answer["error"] and answer["cells_run"] == 1, answer
+'''
+
+
+def _unprivileged_python() -> str:
+    """Why this Python cannot run as uid 65534 here ("" when it can)."""
+    if os.geteuid() != 0:
+        return "the tests already run as an unprivileged user"
+    if shutil.which("setpriv") is None:
+        return "no setpriv (util-linux) to become uid 65534"
+    real = os.path.realpath(sys.executable)
+    probe = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
+                            f"import os, transformer_course, jupyter_client; assert os.path.exists({real!r})"],
+                           capture_output=True, text=True, timeout=120)
+    return "" if probe.returncode == 0 else (f"uid 65534 cannot read this Python ({real}) or the course: install them "
+                                             "where every user can read them to run this test as an unprivileged user")
+
+
+@needs_sandbox
+@pytest.mark.slow
+def test_the_sandbox_holds_for_an_unprivileged_grader():
+    """A teacher without root: the sandbox is bwrap's user namespace mapped to the teacher; same probes."""
+    why = _unprivileged_python()
+    if why:
+        pytest.skip(why)
+    folder = Path(tempfile.mkdtemp(prefix="grade-as-nobody-"))  # not under pytest's 0700 folder
+    folder.chmod(0o755)
+    script = folder / "probe.py"
+    script.write_text(UNPRIVILEGED_PROBE.replace("ROOT", repr(str(ROOT)), 1))
+    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                             str(script)], capture_output=True, text=True, timeout=300, cwd=folder,
+                            env={**os.environ, "HOME": str(folder)})
+    shutil.rmtree(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
