@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -115,13 +116,43 @@ def _sha256(path: Path) -> str:
 
 
 def read_manifest(out_dir) -> dict[str, str]:
+    """The manifest's {relative path: SHA-256}, {} when there is none or it is not one (a link, bad JSON).
+    It lies in the learners' folder: :func:`remove_student_edition` trusts none of its entries blindly."""
     path = Path(out_dir) / MANIFEST
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        handle = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(handle, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return {}
+            data = json.loads(file.read(2**22).decode("utf-8"))
     except (OSError, ValueError):
         return {}
     return ({k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, str)}
             if isinstance(data, dict) else {})
+
+
+# what the edition writes, relative to its folder: the chapters, and the files they read (SIDE_FILES)
+_OWN_PATH = re.compile(r"chapters/\d\d_[\w-]+\.ipynb|benchmarks/results/[\w.-]+(?:/[\w.-]+)*")
+
+
+def removable(out_dir, rel: str, digest: str) -> str:
+    """"" when the manifest's entry ``rel`` names a file :func:`remove_student_edition` may delete, else
+    why not: one of the edition's own paths (``_OWN_PATH``: no absolute path, no ``..``, no learner's
+    folder such as submissions/), inside ``out_dir`` once links are resolved, a regular file and not a
+    link, whose content still hashes to ``digest``."""
+    out = Path(out_dir).resolve()
+    if not _OWN_PATH.fullmatch(rel) or ".." in rel.split("/"):
+        return "not a file the student edition writes"
+    path = out / rel
+    if any((out / folder).is_symlink() for folder in Path(rel).parents) or not path.resolve().is_relative_to(out):
+        return "outside the edition's folder (through a link)"
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return "gone"
+    if not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    return "" if _sha256(path) == digest else "changed since the edition wrote it"
 
 
 def _write_manifest(out_dir: Path, manifest: dict[str, str]) -> None:
@@ -181,28 +212,31 @@ def write_student_edition(out_dir, chapters_dir=None, force: bool = False) -> li
 
 
 def remove_student_edition(out_dir) -> tuple[list[Path], list[Path]]:
-    """Remove the files the edition wrote and nobody changed since; keep everything else (submissions,
-    edited notebooks). Returns (removed, kept); empty folders left behind are removed too."""
+    """Remove the files the edition wrote and nobody changed since (:func:`removable`: an entry of the
+    manifest naming anything else, an absolute or ``../`` path, a learner's hand-in, a link, is refused);
+    keep everything else (submissions, edited notebooks). Returns (removed, kept); the folders the
+    edition made, left empty, are removed too."""
     out = Path(out_dir)
     manifest = read_manifest(out)
-    removed, kept = [], []
+    removed, folders = [], set()
     for rel, digest in manifest.items():
-        path = out / rel
-        if path.is_file() and _sha256(path) == digest:
-            path.unlink()
-            removed.append(path)
-    for path in sorted(out.rglob("*"), reverse=True):  # deepest first
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-        elif path.is_file() and path.name != MANIFEST:
-            kept.append(path)
+        if not removable(out, rel, digest):
+            (out / rel).unlink()
+            removed.append(out / rel)
+            folders |= {out / parent for parent in Path(rel).parents if str(parent) != "."}
+    for folder in sorted(folders, key=lambda f: len(f.parts), reverse=True):  # deepest first
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
+    kept = sorted(p for p in out.rglob("*") if p.name != MANIFEST and (p.is_symlink() or p.is_file())) \
+        if out.is_dir() and not out.is_symlink() else []
     if not kept:
         (out / MANIFEST).unlink(missing_ok=True)
-        if out.is_dir() and not any(out.iterdir()):
+        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
             out.rmdir()
     else:
-        _write_manifest(out, {rel: d for rel, d in manifest.items() if (out / rel).is_file()})
-    return removed, sorted(kept)
+        _write_manifest(out, {rel: d for rel, d in manifest.items()  # what a learner changed stays known as such
+                              if removable(out, rel, d) == "changed since the edition wrote it"})
+    return removed, kept
 
 
 def run_student_edition_command(args) -> int:

@@ -214,13 +214,13 @@ def check_timeout(timeout) -> float:
 
 def expand_notebooks(paths) -> list[Path]:
     """``paths`` with each folder replaced by the ``.ipynb`` files directly in it, sorted (a link or a
-    FIFO among them is kept, to be refused with a row of its own)."""
+    FIFO among them is kept, to be refused with a row of its own; a folder without any stays, a row)."""
     found: list[Path] = []
     for path in map(Path, paths):
+        inside = []
         if path.is_dir() and not path.is_symlink():
-            found += sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
-        else:
-            found.append(path)
+            inside = sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
+        found += inside or [path]
     return found
 
 
