@@ -14,7 +14,7 @@
 #
 # **What you will be able to do.**
 # - follow the shapes from token ids `[B, T]` to logits `[B, T, V]`, and say what logits are (and are not);
-# - explain why a fresh model's loss is almost exactly ln V, and why GPT-2 initialises as it does;
+# - predict the loss of a model that has not been trained yet, and explain why GPT-2 initialises as it does;
 # - count a GPT's parameters from its config alone, GPT-2 XL included;
 # - write the GPT's forward pass, the training step, the weight-decay groups and the learning-rate
 #   schedule yourself, and watch your own code train the model;
@@ -262,7 +262,8 @@ class GPTConfig(_DictFields):
 PRESETS: dict[str, GPTConfig] = {
     # nanoGPT's CPU recipe shapes, biases off as there (about 0.8 M parameters)
     "tiny": GPTConfig(vocab_size=65, block_size=64, n_layer=4, n_head=4, d_model=128, bias=False),
-    # nanoGPT's shakespeare-char GPU recipe (about 10.8 M parameters)
+    # nanoGPT's shakespeare-char GPU shapes, with biases (10.77 M parameters); nanoGPT's run turns them off
+    # (10.75 M, which it reports as 10.65 M: its count leaves out the position table)
     "small": GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, d_model=384, dropout=0.2),
     # GPT-2 (Radford et al. 2019): BPE vocabulary, context 1024, tanh-approximated GELU
     "gpt2": GPTConfig(50257, 1024, n_layer=12, n_head=12, d_model=768, activation="gelu_tanh"),
@@ -478,8 +479,8 @@ print(tuple(logits.shape), "| loss:", loss, "| head tied to the embedding:", toy
 
 # %% [markdown]
 # The same pipeline at a larger size: a batch of 4 windows of 16 tokens, C = 64, and a vocabulary of
-# 3,771 tokens gives logits of shape `[4, 16, 3771]`: for each of the 64 positions, 3,771 scores.
-# The head's weight is a `[3771, 64]` matrix.
+# 3,771 tokens gives logits of shape `[4, 16, 3771]`: 3,771 scores for every position of every window.
+# The head's weight is a `[3771, 64]` matrix (V rows of C numbers).
 
 # %%
 mid = GPT(GPTConfig(vocab_size=3771, block_size=16, n_layer=1, n_head=4, d_model=64))
@@ -566,16 +567,26 @@ from transformer_course.checks.model import check_predict_initial_loss  # noqa: 
 check_predict_initial_loss(my_prediction)
 
 # %% [markdown]
-# ### The loss of a fresh model is about ln V
+# Answer, and run the check, before you read on: the cells below measure the loss and explain it.
+# First, for contrast, a model built the way a fresh GPT-2 is *not*: the same `tiny` shape with every
+# weight drawn from N(0, 1) instead of N(0, 0.02), scored on a batch of random ids and random targets.
+
+# %%
+torch.manual_seed(0)
+V = 65
+x_random, y_random = torch.randint(0, V, (8, 64)), torch.randint(0, V, (8, 64))
+big = GPT(replace(PRESETS["tiny"], vocab_size=V))
+init_gpt_weights(big, big.cfg.n_layer, std=1.0)  # what N(0, 1) everywhere would do
+print(f"with std 1.0: loss {big(x_random, y_random)[1].item():.2f}, logit std {big(x_random)[0].std().item():.2f}")
+
+# %% [markdown]
+# ### The untrained loss, checked
 #
-# Before training, every weight is small (standard deviation 0.02), so the logits are small: the
-# vector entering the head has been normalised to about unit size per channel, and each logit is a
+# With GPT-2's initialisation every weight is small (standard deviation 0.02), so the logits are small:
+# the vector entering the head has been normalised to about unit size per channel, and each logit is a
 # dot product of C such numbers with weights of size 0.02, so its spread is about 0.02·√C. With all
 # V logits close to 0, the softmax is close to uniform, every token gets about 1/V, and the loss is
 # about −ln(1/V) = ln V. (Small logit noise of variance s² raises the expected loss by about s²/2.)
-#
-# A loss far above ln V at step 0 is a symptom worth checking for: it means the untrained model is
-# confidently wrong, usually because of a too-large initialisation.
 
 # %%
 torch.manual_seed(0)
@@ -587,10 +598,9 @@ logits, loss = fresh(x, y)
 s = logits.std().item()
 print(f"loss {loss.item():.4f} | ln V {math.log(V):.4f} | ln V + s²/2 {math.log(V) + s * s / 2:.4f} | logit std s {s:.4f}")
 
-# %%
-big = GPT(replace(PRESETS["tiny"], vocab_size=V))
-init_gpt_weights(big, big.cfg.n_layer, std=1.0)  # what N(0, 1) everywhere would do
-print(f"with std 1.0: loss {big(x, y)[1].item():.2f}, logit std {big(x)[0].std().item():.2f}")
+# %% [markdown]
+# A loss far above ln V at step 0 is a symptom worth checking for: it means the untrained model is
+# confidently wrong, usually because of a too-large initialisation, as in the N(0, 1) model above.
 
 # %% [markdown]
 # ## 3. Why the residual projections start smaller
@@ -824,19 +834,21 @@ def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_b
     backward only."""
     if len(x) % micro_batches:
         raise ValueError(f"a batch of {len(x)} rows does not split into {micro_batches} equal micro-batches")
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for i, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
-        last = i == micro_batches - 1
-        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():
-            with autocast or nullcontext():
-                _, loss = model(xs, ys)
-            (loss / micro_batches).backward()
-        total += loss.item()
+    model.zero_grad()  # no gradient yet: each backward below adds one micro-batch's share
+    shares = []  # each micro-batch's loss divided by micro_batches: together, the mean loss
+    pieces = zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)
+    for i, (xs, ys) in enumerate(pieces):
+        # a DDP model (appendix 90) all-reduces in the last backward only
+        syncs = i == micro_batches - 1 or not hasattr(model, "no_sync")
+        with nullcontext() if syncs else model.no_sync():
+            with nullcontext() if autocast is None else autocast:
+                share = model(xs, ys)[1] / micro_batches
+            share.backward()
+        shares.append(share.detach())
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip)
     optimizer.step()
-    return total / micro_batches
+    return float(sum(shares))
 
 # %%
 big = GPT(GPTConfig(vocab_size=65, block_size=16, n_layer=1, n_head=2, d_model=32))
@@ -1371,9 +1383,11 @@ def load_checkpoint(path, model=None, map_location="cpu", *,
 # on a CUDA GPU that has it (`torch.cuda.is_bf16_supported(including_emulation=False)`) the trainer
 # uses it by default.
 # On a CPU it is **opt-in** (`TrainConfig(bf16=True)`): some CPUs multiply bf16 natively
-# (AVX512-BF16 on AMD Zen 4 and later and some Intel Xeons, AMX on Intel's newer Xeons) and can train
-# faster with it; on all others bf16 is emulated and slower than float32
-# (`runtime.cpu_has_fast_bf16()` says which kind of CPU you have). Either way, bf16 products round
+# (AVX512-BF16 on AMD Zen 4 and later and some Intel Xeons, AMX on Intel's newer Xeons), and there the
+# matrix products get faster; on all others bf16 is emulated and slower than float32
+# (`runtime.cpu_has_fast_bf16()` says which kind of CPU you have). Faster products do not make a
+# faster step at this chapter's small shapes: PyTorch's CPU attention kernel is slower in bf16 even on
+# those CPUs, and section 10 says what that costs. Either way, bf16 products round
 # differently from float32 ones, so a run in bf16 gives different numbers than the same run in
 # float32. The course trains in float32 on the CPU so that every machine prints the same results; the
 # appendix measures what bf16 buys.
@@ -1693,8 +1707,8 @@ assert history.val_loss[-1] < 2.0 and abs(history.val_loss[-1] - shipped.history
 # **Perplexity**, e^loss, is the number of equally likely characters the model is as unsure as: a
 # uniform guess among V characters has loss ln V and perplexity exactly V. **Bits per character**,
 # loss / ln 2, is what an ideal compressor driven by the model would spend to store each character
-# of the text (8 bits per character is plain ASCII). The loss at step 0 and the shipped run's last
-# validation loss, both ways:
+# of the text (a file that stores one byte per character spends 8; ASCII itself is a 7-bit code).
+# The loss at step 0 and the shipped run's last validation loss, both ways:
 
 # %%
 for label, loss in (("step 0 (about uniform)", shipped.history.val_loss[0]),
@@ -1888,9 +1902,11 @@ print("the notebook's recipe is TRAIN_PRESETS['tiny']:", TRAIN_PRESETS["tiny"] =
 # 4 heads, C = 128, context 64, batch 12) and writes `benchmarks/results/training.md` and `.json`;
 # run it yourself with `python benchmarks/bench_training.py` (about ten minutes). Below are the
 # figures stored from the machine named in the table's first line, read from that file: yours will
-# differ, the ratios less so, and a CPU without native bf16 shows no gain from bf16. nanoGPT itself cannot be downloaded here, so the benchmark also runs our model with
+# differ, the ratios less so. nanoGPT's own `train.py` is not part of the benchmark: it was timed once,
+# on another day and a quiet machine, and those figures are the table's last rows, not comparable
+# with the others to the percent. So the benchmark also runs our model with
 # the operations nanoGPT's `model.py` runs on a CPU (fused attention, `F.layer_norm`, float32): that
-# row stands in for nanoGPT's speed, measured in the same run. One difference: the row updates with
+# row stands in for nanoGPT's speed, measured in the same run as ours. One difference: the row updates with
 # AdamW's `foreach` kernel, where nanoGPT's `train.py` keeps PyTorch's default, which on a CPU is the
 # plain loop over tensors (the same formula, one tensor at a time).
 
@@ -1954,14 +1970,16 @@ if bench is not None:
 #   device, so `make_optimizer` first tries one step of it on a one-number tensor there
 #   (`fused_adamw_works`) and falls back to the plain loop, which computes the same update (equal up to
 #   rounding in the last bit).
-# - **bf16 autocast (opt-in).** Most of a step is matrix products, and a CPU with native bf16 (the
-#   machine of the stored table, if its header says AVX512-BF16 or AMX) can run them faster in bf16
-#   (the kernel lines above say how much faster on that machine); without those instructions bf16 is
-#   emulated and slower than fp32, which is why the trainer uses bf16 on a CPU only when you ask
-#   (`TrainConfig(bf16=True)`). Under autocast the attention kernel runs in bf16 too, and PyTorch's
-#   CPU attention kernel is slower in bf16 than in fp32 on a machine without native bf16 (one more
-#   reason the CPU default is fp32). The cost in quality is the gap between the two `tiny` runs
-#   above, printed on the last line when the stored file holds whole runs.
+# - **bf16 autocast (opt-in), no gain here.** Most of a step is matrix products, and a CPU with native
+#   bf16 (the machine of the stored table, if its header says AVX512-BF16 or AMX) can run them faster
+#   in bf16 (the kernel lines above say how much faster on that machine); without those instructions
+#   bf16 is emulated and slower than fp32. Under autocast the attention kernel runs in bf16 too, and
+#   PyTorch's fused CPU attention kernel is slower in bf16 than in fp32 even with native bf16: on an
+#   Intel Xeon with AMX the course measured its forward and backward 3 to 5 times slower, and the whole
+#   step of this chapter's model at about 0.7 times fp32's speed, although the products ran 3 to 4 times
+#   faster. That is why the trainer uses bf16 on a CPU only when you ask (`TrainConfig(bf16=True)`). The
+#   cost in quality is the gap between the two `tiny` runs above, printed on the last line when the
+#   stored file holds whole runs.
 # - **No `torch.compile` here.** Compiling costs time before the first step (tens of seconds the first
 #   time; less once PyTorch has cached the compiled code: the "first steps" column of
 #   `benchmarks/results/training.md` shows what it cost there) and more memory (the last step row),
@@ -2023,7 +2041,7 @@ quiz([
 # **Exported.** `transformer_course.config`: `GPTConfig`, `PRESETS`, `TrainConfig`, `TRAIN_PRESETS`,
 # `History`. `transformer_course.model`: `init_gpt_weights`, `GPT` (`forward`, `new_cache`,
 # `num_parameters`, `from_preset`), `count_parameters`.
-# `transformer_course.training`: `train_step`, `param_groups`, `fused_adamw_works`, `make_optimizer`,
+# `transformer_course.training`: `train_step`, `accumulated_step`, `param_groups`, `fused_adamw_works`, `make_optimizer`,
 # `lr_at`, `estimate_loss`, `autocast_for`, `train`, `plot_history`, `encode_corpus`.
 # `transformer_course.checkpoint`: `save_checkpoint`, `load_checkpoint`, `Checkpoint`,
 # `CheckpointError`, `config_differences`, `state_sha256`, `MAX_PARAMETERS`, `CHECKPOINT_FORMAT`. The `train` command

@@ -49,19 +49,21 @@ def accumulated_step(model, optimizer, x: torch.Tensor, y: torch.Tensor, micro_b
     backward only."""
     if len(x) % micro_batches:
         raise ValueError(f"a batch of {len(x)} rows does not split into {micro_batches} equal micro-batches")
-    optimizer.zero_grad(set_to_none=True)
-    total = 0.0
-    for i, (xs, ys) in enumerate(zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)):
-        last = i == micro_batches - 1
-        with nullcontext() if last else getattr(model, "no_sync", nullcontext)():
-            with autocast or nullcontext():
-                _, loss = model(xs, ys)
-            (loss / micro_batches).backward()
-        total += loss.item()
+    model.zero_grad()  # no gradient yet: each backward below adds one micro-batch's share
+    shares = []  # each micro-batch's loss divided by micro_batches: together, the mean loss
+    pieces = zip(x.chunk(micro_batches), y.chunk(micro_batches), strict=True)
+    for i, (xs, ys) in enumerate(pieces):
+        # a DDP model (appendix 90) all-reduces in the last backward only
+        syncs = i == micro_batches - 1 or not hasattr(model, "no_sync")
+        with nullcontext() if syncs else model.no_sync():
+            with nullcontext() if autocast is None else autocast:
+                share = model(xs, ys)[1] / micro_batches
+            share.backward()
+        shares.append(share.detach())
     if grad_clip > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=grad_clip)
     optimizer.step()
-    return total / micro_batches
+    return float(sum(shares))
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
