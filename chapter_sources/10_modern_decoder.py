@@ -55,9 +55,18 @@ transformers.logging.set_verbosity_error()  # its log messages would vary betwee
 #
 # `y = x / rms(x) · g`
 #
-# It is a little cheaper (one reduction instead of two) and has half the parameters of LayerNorm
-# with a shift. Llama, Mistral, Qwen and Gemma all use it. `eps` is 1e-6 in Llama, 1e-5 in GPT-2's
-# LayerNorm.
+# In arithmetic it is a little cheaper than LayerNorm: no mean to subtract, one reduction instead of
+# two, no shift to add. It also has half the parameters of LayerNorm with a shift. Llama, Mistral,
+# Qwen and Gemma all use it. `eps` was 1e-6 in the first Llama and is 1e-5 in Llama 2 and 3 (their
+# configs' `rms_norm_eps`), as in GPT-2's LayerNorm.
+#
+# Arithmetic is not the whole cost. The RMSNorm you write here is a chain of separate PyTorch
+# operations (square, mean, square root, division, gain), each a pass over the numbers, while chapter
+# 05's LayerNorm hands its whole formula to one fused kernel, `F.layer_norm`. Measured on the course's
+# CPU, the plain RMSNorm is the slower of the two, and section 8 shows the consequence: in the same
+# time, the model with RMSNorm makes fewer steps than the GPT-2 style model. The saving in arithmetic
+# shows only once RMSNorm, too, runs as one fused kernel, as it does in the libraries that train and
+# serve large models.
 #
 # The numbers are computed in float32 even when the model runs in bfloat16 (a mean of squares of
 # 4,096 bf16 numbers loses too many digits), then turned back into the input's type before the gain,
@@ -90,8 +99,10 @@ from transformer_course.positional import InputEmbedding
 # %% [markdown]
 # **Your turn.** Write `RMSNorm.forward`: x [..., C] to y [..., C], each row divided by its root mean
 # square (eps inside the square root, the mean over the last dimension), computed in float32 and
-# returned in x's dtype, then times `self.weight` [C]. The check compares it with `torch.nn.RMSNorm`
-# and with bfloat16 input.
+# returned in x's dtype, then times `self.weight` [C]. The check compares it with the formula on rows
+# with a non-zero mean, with a small and a large eps (so an eps in the wrong place shows) and on a
+# single row without a batch dimension. Its inputs are float32, so it cannot tell whether you computed
+# in float32: do it anyway (the paragraph above says why).
 
 # %%
 #| export
@@ -107,7 +118,7 @@ class RMSNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-6):
         super().__init__()
         self.d_model = whole_number(d_model, "d_model")
-        self.eps = real_number(eps, "eps", low=0, low_open=True, hint="Llama uses 1e-6")
+        self.eps = real_number(eps, "eps", low=0, low_open=True, hint="the first Llama used 1e-6, Llama 2 and 3 1e-5")
         self.weight = nn.Parameter(torch.ones(d_model))  # g [C]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,9 +176,12 @@ print(f"parameters: RMSNorm {sum(p.numel() for p in ours.parameters())}, "
 #
 # GPT-2's MLP widens each token to 4C numbers, applies GELU to each, and narrows back: two matrices.
 # The **gated** MLP of PaLM and Llama (Shazeer 2020) computes two widenings of the same token, passes
-# one through **SiLU**, `silu(z) = z · sigmoid(z)` (smooth like GELU, and nearly the same curve), and
-# multiplies the two element by element: the first acts as a gate that decides, per hidden unit and
-# per token, how much of the second passes. Then the narrowing:
+# one through **SiLU**, `silu(z) = z · sigmoid(z)` (smooth like GELU and of a similar shape, though not
+# the same curve: the plot below shows both), and multiplies the two element by element. "Gate" is the
+# usual name for the first, but it is not a gate that lets through a fraction between 0 and 1:
+# `silu(gate(x))` grows without bound for large inputs and dips below 0 for negative ones, so it can
+# amplify or flip the sign of `up(x)`. The product is a learned multiplicative interaction between two
+# projections of the same token. Then the narrowing:
 #
 # `SwiGLU(x) = proj( silu(gate(x)) ⊙ up(x) )`, with `gate`, `up`: C → H and `proj`: H → C.
 #
@@ -234,7 +248,7 @@ z = torch.linspace(-5, 5, 201)
 fig, ax = plt.subplots(figsize=(5, 2.6))
 ax.plot(z, F.silu(z), label="SiLU  z·sigmoid(z)")
 ax.plot(z, F.gelu(z), "--", label="GELU  z·Φ(z)")
-ax.set(xlabel="z", title="SiLU and GELU: nearly the same curve")
+ax.set(xlabel="z", title="SiLU and GELU: similar, not equal")
 ax.legend()
 plt.show()
 
@@ -446,17 +460,18 @@ except ValueError as e:
 # %% [markdown]
 # ## 4. Grouped-query attention: fewer key and value heads
 #
-# Generating a token reads the whole KV cache of every layer (chapter 07 measured it: decoding is
-# limited by memory reads, not arithmetic). Its size is, for each layer, keys and values (2) of every
+# Generating a token reads the whole KV cache of every layer (appendix 90 measures why that matters:
+# decoding one sequence is limited by memory reads, not arithmetic). Its size is, for each layer, keys and values (2) of every
 # batch row, key/value head, position and channel:
 #
 # `bytes = 2 · n_layer · B · n_kv_head · T · hs · bytes per number`
 #
 # **Multi-query attention** (Shazeer 2019) gives all query heads a single key head and a single value
 # head; **grouped-query attention** (Ainslie et al. 2023) takes the middle way: `n_kv_head` key/value
-# heads, each shared by a group of `n_head // n_kv_head` consecutive query heads. Llama 2 70B and
-# Llama 3 use 8 key/value heads for 64 and 32 query heads. The queries keep all their heads; only the
-# cache shrinks, by `n_head / n_kv_head`.
+# heads, each shared by a group of `n_head // n_kv_head` consecutive query heads. Llama 2 70B (64
+# query heads) and Llama 3 8B (32 query heads) both use 8 key/value heads. The queries keep all their
+# heads. The cache shrinks by `n_head / n_kv_head`, and so do the key and value projections W_k and
+# W_v, their parameters and the arithmetic they cost; W_q and the output projection stay as they were.
 
 # %%
 # Your turn - Exercise 10.4 (★☆☆, predict): the size of a KV cache.
@@ -499,8 +514,11 @@ share_kv_heads = check_share_kv_heads(share_kv_heads).use
 # q and k by their positions *before* the keys go into the cache: a key's angle depends only on its own
 # position, which never changes, so the cache keeps turned keys and no step turns them again.
 #
-# `fast=True` hands everything to `F.scaled_dot_product_attention` with `enable_gqa=True`, which reads
-# each key/value head for its whole group and copies nothing. `fast=False` is the teaching path: each
+# `fast=True` hands everything to `F.scaled_dot_product_attention` with `enable_gqa=True`. Its fused
+# kernels read each key/value head for its whole group and copy nothing; when PyTorch has to fall back
+# to its plain implementation (on the CPU it does so whenever dropout is on, as in training with
+# `dropout > 0`), that path repeats K and V for every query head, as `share_kv_heads` does, and the
+# saving is in the cache only. `fast=False` is the teaching path: each
 # key/value head repeated for its group, as `share_kv_heads` does, then chapter 03's attention, keeping
 # the weights in `.last_weights`.
 
@@ -857,8 +875,10 @@ for name, change in changes.items():
 # %% [markdown]
 # ## 7. Your turn: Mistral's sliding window
 #
-# Mistral 7B adds one more change: each query attends to at most the last `window` positions (itself
-# included), not to the whole past. Information still travels further, one window per layer, but the
+# The first Mistral 7B (v0.1) added one more change: each query attends to at most the last `window`
+# positions (itself included; 4,096 there), not to the whole past. Later Mistral 7B releases, from
+# v0.2 on, dropped it for full attention over a longer context, so a sliding window is a choice, not
+# part of every modern decoder. Information still travels further, one window per layer, but the
 # cost of attention and the KV cache stop growing with the context.
 #
 # **Your turn (extend).** Write `sliding_window_mask(T, window, past=0)`: bool [T, past + T], True
@@ -999,7 +1019,8 @@ quiz([
              answer=2, explain="Turning both by their angles leaves a dot product that sees only the difference of the angles."),
     Question("A model has 32 query heads and 8 key/value heads. What shrinks, and by how much?",
              ["The KV cache, 4x", "The number of query heads, 4x", "The parameters of the MLP, 4x"],
-             answer=0, explain="Keys and values are stored per key/value head: 8 instead of 32."),
+             answer=0, explain="Keys and values are stored per key/value head: 8 instead of 32 (W_k and W_v "
+                               "shrink 4x too)."),
 ])
 
 # %% [markdown]
@@ -1007,16 +1028,16 @@ quiz([
 #
 # - **RMSNorm** divides each token's vector by its root mean square and multiplies by a gain: LayerNorm
 #   without the centring and the shift. You wrote it; it equals `torch.nn.RMSNorm` to 1e-6.
-# - **SwiGLU** gates one widening of the token with SiLU of another; with three matrices, the hidden
-#   width 8C/3 keeps the parameters of GPT-2's 4C MLP.
+# - **SwiGLU** multiplies one widening of the token by SiLU of another (a learned product, not a 0-1
+#   gate); with three matrices, the hidden width 8C/3 keeps the parameters of GPT-2's 4C MLP.
 # - **RoPE** turns each head's query and key pairs by angles p·θ_i, θ_i = base^(-2i/hs) (you fixed a
 #   table that got the exponent wrong, and wrote the rotation); the scores then depend only on the
 #   distance between positions, checked for every pair of 48 positions. Hugging Face's Llama pairs
 #   split halves, the paper neighbours: the same rotation on reordered channels. The cos/sin tables are
 #   made once per model, and the cache keeps turned keys.
 # - **Grouped-query attention** shares each key/value head among a group of query heads; at
-#   `n_kv_head == n_head` it is chapter 04's attention, and the KV cache shrinks by n_head / n_kv_head,
-#   by the formula and as measured. The fused path shares without copying.
+#   `n_kv_head == n_head` it is chapter 04's attention, and the KV cache (and W_k, W_v) shrink by
+#   n_head / n_kv_head, by the formula and as measured. PyTorch's fused kernels share without copying.
 # - One `GPT` class builds GPT-2 and a Llama-style decoder from `GPTConfig`; the cache and `generate`
 #   work for both, and a Hugging Face `LlamaForCausalLM` loads into it with hidden states and logits
 #   within 1e-5 and the same greedy tokens.

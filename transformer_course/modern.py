@@ -40,7 +40,7 @@ class RMSNorm(nn.Module):
     def __init__(self, d_model: int, eps: float = 1e-6):
         super().__init__()
         self.d_model = whole_number(d_model, "d_model")
-        self.eps = real_number(eps, "eps", low=0, low_open=True, hint="Llama uses 1e-6")
+        self.eps = real_number(eps, "eps", low=0, low_open=True, hint="the first Llama used 1e-6, Llama 2 and 3 1e-5")
         self.weight = nn.Parameter(torch.ones(d_model))  # g [C]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
