@@ -131,7 +131,11 @@ def test_gelu_tanh_reference_passes():
         (lambda x: x * (1 + torch.tanh(C * (x + 0.044715 * x**3))), "multiply by 0.5"),
         (lambda x: 0.5 * x * (1 + torch.tanh(C * (x + 0.044715 * x**2))), "not x squared"),
         (lambda x: torch.relu(x), "values differ from 0.5 x"),
-        (lambda x: F.gelu(x.float(), approximate="tanh"), "float64 input should give float64"),
+        (lambda x: 0.5 * x.float() * (1 + torch.tanh(C * (x.float() + 0.044715 * x.float()**3))),
+         "float64 input should give float64"),
+        # PyTorch's own GELU, which the chapter names two cells above: right values, not the exercise
+        (lambda x: F.gelu(x, approximate="tanh"), "calls PyTorch's GELU"),
+        (lambda x: torch.nn.GELU(approximate="tanh")(x), "calls PyTorch's GELU"),
     ],
 )
 def test_gelu_tanh_mistakes_are_named(buggy, hint):
@@ -213,6 +217,18 @@ def _in_place(b, x, mask, cache):
     return _right(b, x, mask, cache)
 
 
+def _no_attention_residual(b, x, mask, cache):
+    if b.norm == "pre":
+        x = b.attn(b.ln1(x), mask=mask, cache=cache)
+        return x + b.mlp(b.ln2(x))
+    x = b.ln1(b.attn(x, mask=mask, cache=cache))
+    return b.ln2(x + b.mlp(x))
+
+
+def _post_without_attention_residual(b, x, mask, cache):
+    return _no_attention_residual(b, x, mask, cache) if b.norm == "post" else _right(b, x, mask, cache)
+
+
 def test_block_reference_and_rewrite_pass():
     assert run(check_transformer_block, TransformerBlock).passed
     assert run(check_transformer_block, _block_with(_right)).passed
@@ -229,6 +245,8 @@ def test_block_reference_and_rewrite_pass():
         (_ignores_mask, "pass mask=mask on to self.attn"),
         (_ignores_cache, "pass cache=cache on to self.attn"),
         (_in_place, "do not change x in place"),
+        (_no_attention_residual, "the attention sublayer needs its residual: x = x + attn(ln1(x))"),
+        (_post_without_attention_residual, "needs its residual: x = ln1(x + attn(x))"),
         (lambda b, x, mask, cache: x, "differs from the block's definition"),
     ],
 )

@@ -75,10 +75,26 @@ def _rms_variant(body):
             lambda self, x: x / (x.pow(2).mean(0, keepdim=True) + self.eps).sqrt() * self.weight,
             "differs from x / sqrt",
         ),
+        (  # right in float32, but computed in bf16 when x is bf16
+            lambda self, x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight,
+            "ran in bf16",
+        ),
+        (  # float32 inside, but the result left in float32
+            lambda self, x: x.float() / (x.float().pow(2).mean(-1, keepdim=True) + self.eps).sqrt() * self.weight,
+            "bf16 in must give bf16 out",
+        ),
     ],
 )
 def test_rms_norm_mistakes(body, hint):
     assert_rejected(check_rms_norm, _rms_variant(body), hint)
+
+
+def test_rms_norm_in_float32_passes_whatever_the_order_of_its_operations():
+    """rsqrt or a division, the gain applied in float32 or in x's dtype: all round to the same bf16."""
+    def gain_in_float32(self, x):
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.float()).to(x.dtype)
+    assert check_rms_norm(_rms_variant(gain_in_float32), quiet=True).status == "passed"
 
 
 # ---------------------------------------------------------------- 10.2 rope_frequencies
@@ -143,7 +159,8 @@ def test_rotate_halves_mistakes(fn, hint):
 
 
 @pytest.mark.parametrize("answer, hint", [
-    (20480, "not query heads (8)"), (2560, "a factor of 2"), (1280, "each float32 takes 4 bytes"),
+    (20480, "not query heads (8)"), (2560, "a factor of 2"), (2560, "not 2 (bf16's)"),
+    (10240, "not 8 (float64's)"), (1280, "each float32 takes 4 bytes"), (640, "int8's"),
     (5120.0, "whole number"), (4000, "is not it"),
 ])
 def test_predict_mistakes(answer, hint):
@@ -177,6 +194,8 @@ def test_share_kv_heads_mistakes(fn, hint):
             "stay causal",
         ),
         (lambda T, w, past=0: _sliding_window_mask(T, w, 0), "one row per new query"),
+        # the right shape, but the new queries placed at 0 .. T-1 instead of after the cached keys
+        (lambda T, w, past=0: _sliding_window_mask(past + T, w, 0)[:T], "shift the query positions by past"),
         (lambda T, w, past=0: _sliding_window_mask(T, w, past).int(), "bool tensor"),
     ],
 )

@@ -11,6 +11,7 @@ notebook's random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``Transfo
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -161,8 +162,26 @@ def check_layer_norm(cls):
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GPT-2's tanh approximation of GELU, elementwise: the chapter's fallback when 5.2 is not
-    done."""
-    return F.gelu(x, approximate="tanh")
+    done (the formula itself, as the exercise asks: the check refuses a call of F.gelu)."""
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+@contextlib.contextmanager
+def _without_torch_gelu():
+    """F.gelu (and nn.GELU, which calls it) raise while the learner's function runs."""
+    def refused(*args, **kwargs):
+        raise _GeluCalled
+
+    saved = F.gelu
+    F.gelu = refused
+    try:
+        yield
+    finally:
+        F.gelu = saved
+
+
+class _GeluCalled(Exception):
+    pass
 
 
 @check("5.2", "my_gelu_tanh", reference=gelu_tanh)
@@ -171,6 +190,12 @@ def check_gelu_tanh(fn):
     what = "a tensor from my_gelu_tanh"
     x = torch.linspace(-5.0, 5.0, 201).reshape(3, 67)
     x_before = x.clone()
+    try:
+        with _without_torch_gelu():
+            fn(x)
+    except _GeluCalled:
+        expect(False, "my_gelu_tanh calls PyTorch's GELU (F.gelu or nn.GELU): write the formula of "
+                      "the cell above with torch.tanh, fixed, so you know what GPT-2 computes")
     got = expect_tensor(fn(x), what=what)
     expect_unchanged(x, x_before)
     _expect_shape_kept(got, x)
@@ -233,6 +258,9 @@ def _block_mistakes(block, x):
              on_normed + mlp(on_normed)),
             ("the feed-forward sublayer needs its own residual: x = x + mlp(ln2(x))",
              mlp(ln2(pre))),
+            ("the attention sublayer needs its residual: x = x + attn(ln1(x)), "
+             "not x = attn(ln1(x))",
+             (a := attn(ln1(x))) + mlp(ln2(a))),
         ]
     return [
         (twice, ln1(post + mlp(post))),
@@ -242,6 +270,8 @@ def _block_mistakes(block, x):
         ("add each sublayer's output back to its input (the residual connection): "
          "x = ln1(x + attn(x))", ln2(mlp(ln1(attn(x))))),
         ("the feed-forward sublayer needs its own residual: x = ln2(x + mlp(x))", ln2(mlp(post))),
+        ("the attention sublayer needs its residual: x = ln1(x + attn(x)), not x = ln1(attn(x))",
+         ln2((a := ln1(attn(x))) + mlp(a))),
     ]
 
 

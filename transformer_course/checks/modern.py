@@ -54,10 +54,37 @@ def check_rms_norm(cls):
                      f"the output differs from x / sqrt(mean(x²) + eps) * weight (eps={eps})",
                      mistakes=[(hint, _rms_norm(x, weight, eps, **switch))
                                for hint, switch in _RMS_MISTAKES])
+        torch_norm = torch.nn.RMSNorm(16, eps=eps)  # PyTorch's own, an independent reference
+        with torch.no_grad():
+            torch_norm.weight.copy_(weight)
+            expect_close(got, torch_norm(x),
+                         f"the output differs from torch.nn.RMSNorm's (eps={eps})")
     with torch.no_grad():
         one = norm(torch.tensor([1.0, 7.0, 1.0, 7.0] * 4))
     expect_close(one, _rms_norm(torch.tensor([1.0, 7.0, 1.0, 7.0] * 4), norm.weight.detach(), 0.5),
                  "a single row [C] (no batch dimension) gives another result")
+    _expect_float32_inside(cls)
+
+
+def _expect_float32_inside(cls):
+    """bf16 rows in, bf16 out, computed in float32: with the gain at 1, any float32 computation
+    rounds to the same bf16 numbers (measured: 100%), one done in bf16 does not (60-75% agree)."""
+    with fresh_rng():
+        norm = cls(256, eps=1e-6).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(11)
+    scales = torch.logspace(-1, 1, 8)[:, None]  # rows of small and of large numbers
+    x = (torch.randn(8, 256, generator=g) * scales + 0.3).to(torch.bfloat16)
+    with torch.no_grad():
+        got = expect_tensor(norm(x), what="a tensor from forward")
+    expect(got.dtype == torch.bfloat16,
+           f"bf16 in must give bf16 out (return x's dtype), got {got.dtype}")
+    x32 = x.float()
+    want = (x32 / (x32.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt()).to(torch.bfloat16)
+    agree = (got == want).float().mean().item()
+    expect(agree >= 0.97,
+           f"with bf16 input only {agree:.0%} of the outputs equal the float32 computation's: the "
+           "mean of squares and the division ran in bf16; compute them on x.float() and convert "
+           "the result back with .to(x.dtype) before the gain")
 
 
 # ---------------------------------------------------------------- 10.2 debug: rope_frequencies
@@ -145,9 +172,13 @@ def check_predict_kv_bytes(fn):
     right = 2 * 2 * 1 * 2 * 10 * 16 * 4
     expect(got == right, name_mistake(got, [
         ("the cache holds key/value heads (2), not query heads (8)", right * 4),
-        ("keys *and* values are cached: a factor of 2", right // 2),
+        ("half of it: keys *and* values are cached (a factor of 2), and a float32 takes 4 bytes, "
+         "not 2 (bf16's)", right // 2),
+        ("a float32 takes 4 bytes, not 8 (float64's)", right * 2),
         ("that counts numbers: each float32 takes 4 bytes", right // 4),
         ("keys and values (2), of each of the 2 layers (2)", right // 2 // 2),
+        ("one byte per number is int8's: a float32 takes 4, and keys *and* values are cached",
+         right // 4 // 2),
     ]) or f"{got} is not it: multiply keys and values, layers, batch, key/value heads, positions, "
           "head size and bytes per number")
 
@@ -200,5 +231,7 @@ def check_sliding_window_mask(fn):
              _sliding_window_mask(T, window + 1, past)),
             ("one key too few: a query sees itself and the window - 1 keys before it",
              _sliding_window_mask(T, window - 1, past)),
+            ("the new queries sit at positions past .. past + T - 1, after the cached keys: shift "
+             "the query positions by past", _sliding_window_mask(past + T, window, 0)[:T]),
         ], want=want, atol=0, rtol=0)
             or f"the mask differs from the reference for T={T}, window={window}, past={past}")
