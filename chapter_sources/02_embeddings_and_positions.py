@@ -227,12 +227,12 @@ print("rows that got a gradient:", (tied.weight.grad.abs().sum(dim=1) > 0).nonze
 assert (tied.weight.grad.abs().sum(dim=1) > 0).all()
 
 # %% [markdown]
-# ### The shapes of a real batch (seed 003)
+# ### The shapes of a real batch (source 3)
 #
-# One of our sources walks through this step with the GPT-4 tokenizer (`cl100k_base`) and a table
-# 64 wide: a batch of 4 sequences of 16 token ids, shape `[4, 16]`, becomes `[4, 16, 64]`. Here is
-# its batch (the ids as printed there); decoding the first row with the same tokenizer gives back
-# its text.
+# Source 3 (chapter 00 lists the five sources) walks through this step with the GPT-4 tokenizer
+# (`cl100k_base`) and a table 64 wide: a batch of 4 sequences of 16 token ids, shape `[4, 16]`,
+# becomes `[4, 16, 64]`. Here is its batch (the ids as printed there); decoding the first row with
+# the same tokenizer gives back its text.
 
 # %%
 batch = torch.tensor([
@@ -256,9 +256,9 @@ print(repr(cl100k.decode(batch[0].tolist())))
 largest_id = cl100k.encode("Clar")[0]
 print("id of 'Clar':", largest_id, "| rows needed for it:", largest_id + 1,
       "| cl100k_base n_vocab:", cl100k.n_vocab)
-seed_table = torch.nn.Embedding(100_069, 64)
+source_table = torch.nn.Embedding(100_069, 64)
 try:
-    seed_table(torch.tensor([largest_id]))
+    source_table(torch.tensor([largest_id]))
 except IndexError as e:
     print("a 100,069-row table cannot look up id 100069:", e)
 
@@ -282,11 +282,11 @@ print("different ids, different vectors:", (batch[0, 10].item(), batch[0, 13].it
 # 26458 " equip") differ. A lookup returns the same row only for the same id, so that printout cannot
 # have come from the lookup it describes.
 #
-# Two other sources (seeds 001 and 002) draw the table the other way round, `[C, V]` with one
+# Sources 1 and 2 draw the table the other way round, `[C, V]` with one
 # *column* per token, and multiply it by a one-hot column vector. That is the same table transposed;
 # PyTorch stores it as `[V, C]`, one row per token, and so does this course.
 #
-# **What does a column mean?** Seed 003 suggests reading each of the 64 columns as a trait of the
+# **What does a column mean?** Source 3 suggests reading each of the 64 columns as a trait of the
 # token, "a noun, verb, adjective, and so on". Nothing gives a column such a meaning. The table starts
 # random, and training only shapes it so that the layers reading it work; those layers see the
 # vectors only through learned weights, so the same model can be written with the columns mixed in
@@ -478,7 +478,7 @@ sinusoidal_positional_encoding = check_sinusoidal(sinusoidal_positional_encoding
 print(sinusoidal_positional_encoding(3, 4))
 
 # %% [markdown]
-# The source with the `[4, 16]` batch (seed 003) prints this table for `C = 64` and positions 0-15,
+# Source 3, the one with the `[4, 16]` batch, prints this table for `C = 64` and positions 0-15,
 # to six decimals. Ours, printed the same way (the first and last six columns; computed in float64 so
 # the sixth decimal is rounded correctly):
 
@@ -501,9 +501,9 @@ show_table(pe64, [0, 1, 2, 3, 4, 5, 58, 59, 60, 61, 62, 63])
 # %%
 import math  # noqa: E402
 
-seed_003_entries = {(1, 2): 0.681561, (3, 1): -0.989992, (11, 0): -0.999990, (15, 62): 0.002000,
+source_3_entries = {(1, 2): 0.681561, (3, 1): -0.989992, (11, 0): -0.999990, (15, 62): 0.002000,
                     (3, 6): 0.953635, (6, 4): -0.230368, (10, 3): 0.347628}
-for (p, col), printed in seed_003_entries.items():
+for (p, col), printed in source_3_entries.items():
     exact = (math.sin if col % 2 == 0 else math.cos)(p / 10000 ** ((col - col % 2) / 64))
     ours = round(pe64[p, col].item(), 6)
     assert ours == round(exact, 6)
@@ -518,23 +518,23 @@ for (p, col), printed in seed_003_entries.items():
 # %% [markdown]
 # ### Two ways our sources get the formula wrong
 #
-# **Seed 001** (and the formula, though not the code, of seed 004) writes the exponent as `2i/C` with
+# **Source 1** (and the formula, though not the code, of source 4) writes the exponent as `2i/C` with
 # `i` the *column* index, switching between sine and cosine by the parity of `i`. Read literally,
 # that gives columns 2i and 2i+1 different frequencies, exponents that run up to 2 instead of 1, and a
-# table that matches neither the paper nor seed 003's printout. The pair index belongs in the
+# table that matches neither the paper nor source 3's printout. The pair index belongs in the
 # exponent: column `j` uses `2⌊j/2⌋/C`.
 
 # %%
-def literal_seed_001_entry(p, j, d_model=64):
-    """One entry as seed 001's formula reads: column j uses the exponent 2j/C (wrong), sin if j is even."""
+def literal_source_1_entry(p, j, d_model=64):
+    """One entry as source 1's formula reads: column j uses the exponent 2j/C (wrong), sin if j is even."""
     return (math.sin if j % 2 == 0 else math.cos)(p / 10000 ** (2 * j / d_model))
 
-print(f"PE[1, 2]: literal reading {literal_seed_001_entry(1, 2):.6f}, paper {pe64[1, 2]:.6f}")
-print(f"PE[1, 1]: literal reading {literal_seed_001_entry(1, 1):.6f}, paper {pe64[1, 1]:.6f} (= cos 1)")
+print(f"PE[1, 2]: literal reading {literal_source_1_entry(1, 2):.6f}, paper {pe64[1, 2]:.6f}")
+print(f"PE[1, 1]: literal reading {literal_source_1_entry(1, 1):.6f}, paper {pe64[1, 1]:.6f} (= cos 1)")
 print(f"largest exponent: literal {2 * 63 / 64:.4f}, paper {2 * 31 / 64:.4f}")
 
 # %% [markdown]
-# **Seed 004** computes the frequencies correctly but counts positions from 1 (its positions run
+# **Source 4** computes the frequencies correctly but counts positions from 1 (its positions run
 # `1 .. n`, as Julia arrays do), so its first token gets `sin(1), cos(1), ...` instead of
 # `0, 1, 0, 1, ...`. It also stores the table as `[C, n]`, one column per position. Its table is
 # therefore ours moved up by one row and transposed. Its first token, first two pairs, next to our
@@ -542,8 +542,8 @@ print(f"largest exponent: literal {2 * 63 / 64:.4f}, paper {2 * 31 / 64:.4f}")
 
 # %%
 w0, w1 = sinusoidal_frequencies(64)[:2].tolist()
-seed_004_first = [math.sin(w0), math.cos(w0), math.sin(w1), math.cos(w1)]  # its position "1" is its first
-print("seed 004, first token:", [round(x, 4) for x in seed_004_first])
+source_4_first = [math.sin(w0), math.cos(w0), math.sin(w1), math.cos(w1)]  # its position "1" is its first
+print("source 4, first token:", [round(x, 4) for x in source_4_first])
 print("our row 1:            ", [round(x, 4) for x in pe64[1, :4].tolist()])
 print("our row 0:            ", [round(x, 4) for x in pe64[0, :4].tolist()])
 
@@ -552,10 +552,10 @@ print("our row 0:            ", [round(x, 4) for x in pe64[0, :4].tolist()])
 # positions looked up from 0) silently shifts every code by one. This course counts from 0, like
 # Python and PyTorch.
 #
-# (Seed 003 also says the pair index `i` runs "from 0 to d_model/2"; it stops at `d_model/2 - 1`,
+# (Source 3 also says the pair index `i` runs "from 0 to d_model/2"; it stops at `d_model/2 - 1`,
 # since pair `C/2` would need columns `C` and `C + 1`.)
 #
-# Seed 003 also describes the code as waves "with a frequency that varies based on the position".
+# Source 3 also describes the code as waves "with a frequency that varies based on the position".
 # It is the other way round: the frequency `ω_i` belongs to the column pair, and the position `p`
 # is only where that wave is read. From one position to the next, every pair turns by the same angle
 # whatever the position, its own `ω_i`, and the angles differ from pair to pair:
@@ -628,7 +628,7 @@ assert torch.allclose(lengths, torch.full_like(lengths, 32 ** 0.5), atol=1e-4)
 # `√(C/2)`, whatever the position: the code never drowns the token vector, and never fades.
 
 # %% [markdown]
-# **Distinct.** Seed 001 asks for a *periodic* code. Each column is periodic, but the row as a whole
+# **Distinct.** Source 1 asks for a *periodic* code. Each column is periodic, but the row as a whole
 # never repeats: already the first pair, `(sin p, cos p)`, would return to the same value only if two
 # whole numbers differed by a multiple of `2π`, which never happens. In floating point we check it
 # instead. The distance between the codes of p and q depends only on the gap `k = q - p` (shown
@@ -798,7 +798,9 @@ draw_encoding(explorer_table, position=7, columns=(0, 5))  # the same view, stor
 # tried both and found them about equally good, and kept the sinusoids in the hope that they would
 # carry over to longer texts.
 #
-# A learned table has two limits. It has no row at all past `block_size`. And a row only learns
+# A learned table has two limits. It has no row at all past `block_size`, the model's context length:
+# 1,024 tokens for GPT-2, 2,048 for GPT-3 (Brown et al. 2020; source 1 says 4,096, twice the real
+# figure). And a row only learns
 # when a training sequence is long enough to reach it: train on sequences of 8 tokens with a table
 # of 16 rows, and rows 8-15 never receive a gradient, so they stay exactly as randomly initialised.
 
@@ -936,7 +938,7 @@ class InputEmbedding(nn.Module):
         return self.drop(tok + pos)  # (B, T, C)
 
 # %% [markdown]
-# The seed 003 batch, end to end, with both kinds of position code. The sum is exactly the token row
+# The source 3 batch, end to end, with both kinds of position code. The sum is exactly the token row
 # plus the position row:
 
 # %%
@@ -958,7 +960,7 @@ print("saved tensors (sinusoidal):", list(embed.state_dict()))
 # each, as printed there:
 
 # %%
-seed_003_final = {  # (sequence, position): the first three numbers of that row, as the source prints them
+source_3_final = {  # (sequence, position): the first three numbers of that row, as the source prints them
     (0, 4): (-1.821736, -0.785214, 0.655805), (1, 4): (-1.821736, -0.785214, 0.655805),
     (0, 5): (1.555663, -0.717588, -0.179829), (1, 5): (1.555663, -0.717588, -0.179829),
     (1, 1): (1.732205, -0.858178, 0.324008), (2, 1): (1.732205, -0.858178, 0.324008),
@@ -967,8 +969,8 @@ seed_003_final = {  # (sequence, position): the first three numbers of that row,
 }
 x = embed(batch)  # (4, 16, 64): the sum, sinusoidal positions
 for position in (4, 5, 1, 14):
-    rows = [(b, t) for (b, t) in seed_003_final if t == position]
-    printed_equal = len({seed_003_final[r] for r in rows}) == 1
+    rows = [(b, t) for (b, t) in source_3_final if t == position]
+    printed_equal = len({source_3_final[r] for r in rows}) == 1
     ours_equal = all(torch.equal(x[rows[0]], x[r]) for r in rows[1:])
     print(f"position {position:2d}, ids {[batch[r].item() for r in rows]}: source rows identical {printed_equal}, ours {ours_equal}")
 
@@ -1136,18 +1138,18 @@ quiz([
 # - A token embedding is a learned table `[V, C]`; looking up row `i` equals multiplying the one-hot
 #   vector of `i` by the table, exactly, at a fraction of the cost, provided the one-hot vectors have
 #   length `V` whatever ids a batch holds. Ids run `0 .. V-1`, so the table needs (largest id + 1)
-#   rows: seed 003's 100,069-row table is one row short for id 100,069. Through the lookup only the
+#   rows: source 3's 100,069-row table is one row short for id 100,069. Through the lookup only the
 #   rows a batch uses get a gradient, one contribution per use; tied to the output layer, as in the
 #   course's GPT, every row gets one.
 # - `[B, T]` ids become `[B, T, C]` vectors; the position vectors `[T, C]` are added to every row of
-#   the batch. No column of the table has a meaning of its own (seed 003's "noun, verb"): rotating
+#   the batch. No column of the table has a meaning of its own (source 3's "noun, verb"): rotating
 #   the columns and undoing it in the next layer changes nothing.
 # - Without positions, attention over the whole text treats it as a bag; causal attention sees a
 #   bag of each token's past, so order leaks in through the mask, but only through it.
 # - The sinusoidal code puts `sin(p·ω_i)` and `cos(p·ω_i)` in columns `2i` and `2i+1`, with
-#   `ω_i = 10000^(-2i/C)` and positions from 0. It reproduces seed 003's table; seed 001's formula
-#   (column index in the exponent) and seed 004's 1-based positions do not. The frequency belongs to
-#   the column pair, not to the position (as seed 003 says), and seed 003's printed sums, identical
+#   `ω_i = 10000^(-2i/C)` and positions from 0. It reproduces source 3's table; source 1's formula
+#   (column index in the exponent) and source 4's 1-based positions do not. The frequency belongs to
+#   the column pair, not to the position (as source 3 says), and source 3's printed sums, identical
 #   for different ids, cannot come from the lookup.
 # - Like the digits of a binary counter, its columns change at different rates; unlike them, they
 #   are smooth and bounded, every row has length `√(C/2)`, every position gets its own code, a shift

@@ -33,9 +33,9 @@
 # **Shapes.** B batch, T time (new positions), L cached positions, T_total = L + T,
 # C = d_model channels, nh heads, hs = C // nh head size.
 #
-# **Sources.** "Source 000" (001, 003, 004) names one of the published walkthroughs of multi-head
-# attention this chapter was checked against; we reuse their examples and numbers, and where one of
-# them gets something wrong we say so and show the right result.
+# **Sources.** "Source 0" (and 1, 3, 4) names one of the published walkthroughs of the transformer this
+# chapter was checked against (chapter 00 lists all five); we reuse their examples and numbers, and
+# where one of them gets something wrong we say so and show the right result.
 
 # %%
 #| default_exp multihead
@@ -79,7 +79,7 @@ _ = torch.manual_seed(0)
 # %% [markdown]
 # ## 2. The loop version
 #
-# Take the tiny batch from source 000: two sequences of six tokens ("The sun dipped below the horizon",
+# Take the tiny batch from source 0: two sequences of six tokens ("The sun dipped below the horizon",
 # ", painting the sky with hues"), each token already a 4-number vector, so x is [B, T, C] = [2, 6, 4].
 # With nh = 2 heads, each head has hs = 4 / 2 = 2 channels.
 
@@ -141,7 +141,7 @@ print("after W_o:   ", tuple(out_loop.shape), "= [B, T, C], same shape as the in
 assert torch.equal(out_loop, looped.proj(concatenated))
 
 # %% [markdown]
-# Each head is chapter 03's computation. Source 000 works one row of one head by hand: the last token,
+# Each head is chapter 03's computation. Source 0 works one row of one head by hand: the last token,
 # *horizon*, with query (0.9100, 0.3448) against the six keys and values it lists. Let us redo it with
 # chapter 03's function.
 
@@ -174,7 +174,7 @@ print("softmax without 1/√hs:", w_unscaled[0], "->", (w_unscaled @ v_src)[0])
 # `nn.Linear(C, 3C)` (called `qkv`) produces all three, packed as [q | k | v].
 #
 # What is left is bookkeeping: move the head index next to the batch index so that one batched matrix
-# product treats (batch, head) pairs as independent problems. Source 003's sizes: B = 4 sequences of
+# product treats (batch, head) pairs as independent problems. Source 3's sizes: B = 4 sequences of
 # T = 16 tokens, C = 64, nh = 4 heads of hs = 16.
 
 # %%
@@ -225,7 +225,7 @@ split_heads = check_split_heads(split_heads).use
 
 # %% [markdown]
 # From here on, every cell that cuts a tensor into heads calls `split_heads`: yours if it passed, the
-# package's otherwise. The worked example, and source 003's queries:
+# package's otherwise. The worked example, and source 3's queries:
 
 # %%
 tiny = torch.arange(12.0).view(1, 3, 4)  # token t holds 4t .. 4t+3
@@ -240,7 +240,7 @@ print("head h of split_heads(q) = channels h*hs .. (h+1)*hs - 1 of q, for every 
 # Now chapter 03's function runs every head of every sequence in one call: it works on the last two
 # axes and treats the leading [B, nh] as a batch of independent problems.
 #
-# Source 003 states that the attention scores of this example have shape
+# Source 3 states that the attention scores of this example have shape
 # [batch_size, num_heads, context_length, head_size]. Its own numbers cannot tell: with T = hs = 16,
 # that reading and the right one print the same shape. So take a shorter sequence: the first T = 10
 # tokens of the same batch, still 4 heads of hs = 16.
@@ -265,7 +265,7 @@ print("weights:         ", tuple(w10.shape), "= [B, nh, T, T], one row per query
 print("output:          ", tuple(a10.shape), "= [B, nh, T, hs]")
 
 # %% [markdown]
-# The last axis of the scores runs over *keys*, so it has length T, not hs: source 003's label is a
+# The last axis of the scores runs over *keys*, so it has length T, not hs: source 3's label is a
 # slip that its choice T = hs hides.
 #
 # **Merging the heads back.** `merge_heads(y)` undoes the split: [B, nh, T, hs] -> [B, T, C], each
@@ -277,8 +277,9 @@ print("output:          ", tuple(a10.shape), "= [B, nh, T, hs]")
 # token 0 = (0, 1, 2, 3): all of head 0, three positions' worth mixed into one token. And once you have
 # moved axes, the tensor's memory is no longer in the new order (swapping axes only changes the
 # strides), so an operation that merely reinterprets memory will refuse to merge axes; one that copies
-# when it must will not. Source 003 ends this step by calling the result "the output of the
-# single-head attention": it is the output of the whole multi-head layer, before W_o.
+# when it must will not. Source 3 goes one step further, multiplies the merged heads by W_o, and
+# calls that product "the output of the single-head attention": A·W_o is the output of the whole
+# multi-head layer, every head's result mixed by W_o, not of any single head.
 
 # %%
 #| export
@@ -303,7 +304,7 @@ print(f"merge_heads(output) {tuple(merged.shape)} [B, T, C]; after W_o: {tuple(n
 print("merge_heads(split_heads(x)) == x:", torch.equal(merge_heads(split_heads(x, nh)), x))
 
 # %% [markdown]
-# Source 004 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`: Julia stores
+# Source 4 does the same split in Julia with `reshape(Q, dim ÷ nheads, nheads, ...)`: Julia stores
 # arrays column-major, so its first axis varies fastest, and that reshape lists our axes [.., nh, hs]
 # backwards. Both helpers go into the package, and the layer below uses them.
 
@@ -666,7 +667,7 @@ print("weights:", tuple(w.shape), "= [B, nh, T, T]; rows sum to 1:", torch.allcl
 # hidden too. Its row has no allowed key at all: softmax over nothing is 0/0 = NaN, unless handled.
 # Both paths return zero attention for such a row (the layer's output there is just W_o's bias).
 #
-# (Source 003 describes the causal mask as "essentially sequence padding". They are two different
+# (Source 3 describes the causal mask as "essentially sequence padding". They are two different
 # masks: the causal one hides *later* positions, a padding mask hides positions that hold no real token.
 # A batch of padded sequences needs both, which is why the layer combines them.)
 
@@ -704,7 +705,7 @@ for fast in (True, False):
 # %% [markdown]
 # ### Spot the bug: a multi-head attention from two sources
 #
-# Source 001 writes the masked multi-head formula, and source 004 its code, in a way that looks right
+# Source 1 writes the masked multi-head formula, and source 4 its code, in a way that looks right
 # and runs without complaint. Here it is in our notation, with our layer's weights and our helpers:
 
 # %%
@@ -743,11 +744,17 @@ check_heads_attention(my_heads_attention)
 # %% [markdown]
 # **Which √ to divide by?** Each head compares vectors of hs numbers, so its scores must be divided by
 # √hs (Vaswani et al. 2017, section 3.2.2: d_k = d_model / h), which is what chapter 03's function does
-# when given no `scale`. Sources 001 and 004 divide by √d_model, the full width; with a single head the
+# when given no `scale`. Sources 1 and 4 divide by √d_model, the full width; with a single head the
 # two are the same number, which is why the bug hides there. With 4 heads, 1/√C makes every score half
 # as large as it should be, so every softmax is flatter than intended: the layer still trains, but it is
 # not the transformer of the paper (nor of GPT-2 or PyTorch), and weights trained with one cannot be
 # loaded into the other.
+#
+# Source 4 also calls the scaling a detail that does not matter much. It matters: a dot product of hs
+# numbers of spread about 1 has a spread of about √hs, so without the division the scores of a wide
+# head are large, the softmax puts almost all the weight on one key, and its gradient almost vanishes
+# (chapter 03 measures both). Dividing by √d_model instead, as sources 1 and 4 do, errs the other
+# way: the scores come out too small and the weights too flat.
 
 # %% [markdown]
 # ## 9. The KV cache inside the layer
@@ -1015,7 +1022,7 @@ quiz([
              answer=1, explain="New query 0 sits at position L + 0 = 5, so it sees keys 0..5. is_causal=True would wrongly give it key 0 only."),
     Question("Each head's scores are divided by...",
              ["√d_model", "√(head size)", "the number of heads", "√T"],
-             answer=1, explain="A head's q·k sums hs products, so √hs keeps the spread near 1; dividing by √d_model (sources 001 and 004) over-flattens the softmax."),
+             answer=1, explain="A head's q·k sums hs products, so √hs keeps the spread near 1; dividing by √d_model (sources 1 and 4) over-flattens the softmax."),
 ])
 
 # %% [markdown]
@@ -1029,8 +1036,8 @@ quiz([
 #   undoes it, and both must keep each row a token. We proved the loop (a scaffold that stays in this
 #   notebook) and the batched layer are the same function by copying weights (`pack_heads`), and
 #   matched `torch.nn.MultiheadAttention` (whose bool mask is inverted).
-# - The sources' slips, corrected: source 000's printed weights skip the 1/√hs it describes; source 003's
-#   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 001 and 004 scale by √d_model instead of √hs,
+# - The sources' slips, corrected: source 0's printed weights skip the 1/√hs it describes; source 3's
+#   scores are [B, nh, T, T], not [B, nh, T, hs]; sources 1 and 4 scale by √d_model instead of √hs,
 #   a bug that only shows with more than one head.
 # - With a KV cache of L positions, new query t sees keys 0..L+t: the causal triangle shifts right, which
 #   `is_causal=True` (top-left aligned) gets wrong for several new queries. Fed in any pieces, the cached
