@@ -32,6 +32,24 @@ from transformer_course.classroom.grading import (
 from transformer_course.classroom.sandbox import sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def ensure_bubblewrap() -> None:
+    """The sandbox is bubblewrap: CI runs as root on a bare Debian, so install it there when missing (as
+    tests/browser/lab_e2e.py does chromium); one installer at a time, however many test workers."""
+    if shutil.which("bwrap") or sys.platform != "linux" or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return
+    import fcntl
+
+    with open("/tmp/transformer-course-bubblewrap.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if shutil.which("bwrap") is None:
+            env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "bubblewrap"]):
+                subprocess.run(command, env=env, capture_output=True, timeout=900, check=False)
+
+
+ensure_bubblewrap()
 NO_SANDBOX = sandbox_problem()  # "" where this machine can run notebooks in a sandbox
 SANDBOX = not NO_SANDBOX
 
