@@ -1,6 +1,7 @@
 # transformer-course: one command to open the course, one to test everything.
 #   make lab     create .venv if needed, install, open JupyterLab on chapters/
 #   make test    same set-up, then export drift check, ruff, pytest and strict nbval over every chapter
+#   make test-student     every chapter's student edition run top to bottom by the grader (CI runs it)
 #   make test-other-cpu   strict nbval again as if on another kind of CPU (other instruction set,
 #                         2 threads, the bf16 probe flipped): stored outputs must hold on any CPU
 # The notebooks' stored outputs are the offline ones (chapter 08 says the real GPT-2 is unreachable),
@@ -24,11 +25,12 @@ CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install install-dev lab test test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
+.PHONY: help install install-dev lab test test-student test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
 	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
+	@echo "make test-student  every chapter's student edition run by the grader (each check 'not done')"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
 	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
@@ -82,8 +84,13 @@ TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORME
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 -m "not student_edition"
 	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+
+# Every chapter's student edition run top to bottom by the grader (solutions stubbed, every check "not
+# done", the chapter still finishing): a second execution of every chapter, so not in `make test`; CI runs it.
+test-student: $(STAMP)
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m student_edition
 
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)
@@ -107,12 +114,8 @@ test-torch:
 	$(MAKE) --no-print-directory install-dev VENV=$(TORCH_VENV) TORCH_SPEC=torch==$(TORCH)
 	$(TORCH_VENV)/bin/python tools/install_torch.py --exact --spec torch==$(TORCH)
 	$(TORCH_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)', torch.__version__; print('testing on torch', torch.__version__)"
-	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 $(TORCH_DESELECT)
+	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 -m "not student_edition"
 	$(TEST_ENV) $(TORCH_VENV)/bin/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
-
-# The student-edition runs execute every chapter again (half of the unit tests' time); on another release
-# they repeat what the nbval line above runs on the same release, so test-torch leaves them to make test.
-TORCH_DESELECT := -k "not test_student_edition_runs_and_every_exercise_is_not_done"
 
 test-torch-floor:
 	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_FLOOR)
