@@ -99,10 +99,10 @@ from transformer_course.positional import InputEmbedding
 # %% [markdown]
 # **Your turn.** Write `RMSNorm.forward`: x [..., C] to y [..., C], each row divided by its root mean
 # square (eps inside the square root, the mean over the last dimension), computed in float32 and
-# returned in x's dtype, then times `self.weight` [C]. The check compares it with the formula on rows
-# with a non-zero mean, with a small and a large eps (so an eps in the wrong place shows) and on a
-# single row without a batch dimension. Its inputs are float32, so it cannot tell whether you computed
-# in float32: do it anyway (the paragraph above says why).
+# returned in x's dtype, then times `self.weight` [C]. The check compares it with the formula and
+# with `torch.nn.RMSNorm` on rows with a non-zero mean, with a small and a large eps (so an eps in the
+# wrong place shows) and on a single row without a batch dimension, then feeds it bfloat16 rows to see
+# that it computes in float32 and answers in bfloat16.
 
 # %%
 #| export
