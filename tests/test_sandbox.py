@@ -166,6 +166,9 @@ def test_without_bubblewrap_the_grader_names_the_package(monkeypatch):
     monkeypatch.setattr(shutil, "which", lambda name: None)
     problem = sandbox.sandbox_problem()
     assert "bubblewrap" in problem and "apt install bubblewrap" in problem, problem
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sandbox, "_bwrap_features", lambda: {"--clearenv"})  # bubblewrap 0.4
+    assert "older than 0.5" in sandbox.sandbox_problem()
 
 
 def test_a_refused_user_namespace_names_the_kernel_setting(monkeypatch):
@@ -173,6 +176,7 @@ def test_a_refused_user_namespace_names_the_kernel_setting(monkeypatch):
         "records": [], "cells_run": 0,
         "error": "the grading process ended without an answer (bwrap: No permissions to create new namespace)"})
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(sandbox, "_bwrap_features", lambda: {"--perms", "--size", "--clearenv"})
     problem = sandbox.sandbox_problem()
     assert "user.max_user_namespaces" in problem and "kernel.unprivileged_userns_clone" in problem, problem
 

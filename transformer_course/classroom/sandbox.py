@@ -301,6 +301,8 @@ def sandbox_problem() -> str:
         return f"the sandbox is bubblewrap, which needs Linux (this is {platform.system()})"
     if shutil.which("bwrap") is None:
         return f"the sandbox needs bubblewrap (the `bwrap` command), which is not on PATH: {INSTALL_HINT}"
+    if "--perms" not in _bwrap_features():
+        return f"this bubblewrap is older than 0.5 (no --perms, which the sandbox needs): {INSTALL_HINT}, 0.5 or newer"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return "graded as root, the sandbox needs util-linux's `setpriv` to become nobody: `apt install util-linux`"
     answer = run_cells([(0, "pass")], timeout=60, sandbox=True)  # a kernel started and ran a cell in it
