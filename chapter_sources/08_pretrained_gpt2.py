@@ -102,11 +102,11 @@ from transformer_course.config import GPTConfig
 from transformer_course.model import GPT
 
 # %% [markdown]
-# Chapter 06 already wrote the four sizes down as presets (`PRESETS["gpt2"]` and friends). One of the
-# seeds lists the depths of the family as 12, 24, 36 and 48 blocks; that is right. Chapter 06's
-# `count_parameters` works the size out from the configuration with a formula; building each model on
-# PyTorch's `meta` device (shapes only, no memory) and counting its tensors checks the formula without
-# allocating gigabytes. The smallest model is the famous "124M".
+# Chapter 06 already wrote the four sizes down as presets (`PRESETS["gpt2"]` and friends). Source 3
+# (chapter 00 lists the sources) gives the depths of the family as 12, 24, 36 and 48 blocks; that is
+# right. Chapter 06's `count_parameters` works the size out from the configuration with a formula;
+# building each model on PyTorch's `meta` device (shapes only, no memory) and counting its tensors
+# checks the formula without allocating gigabytes. The smallest model is the famous "124M".
 
 # %%
 from transformer_course.model import PRESETS, count_parameters
@@ -846,14 +846,14 @@ print(f"exact GELU instead of tanh: max |logit difference| = {(wrong_gelu - refe
 # ### Gotcha 5: LayerNorm's epsilon, and where it goes
 #
 # GPT-2's LayerNorms use ε = 1e-5 (`layer_norm_epsilon` in `config.json`), the same default as ours.
-# One of the seeds writes the normalisation as `(x - μ) / (σ + ε)`. That is **not** what GPT-2, PyTorch
+# Source 2 writes the normalisation as `(x - μ) / (σ + ε)`. That is **not** what GPT-2, PyTorch
 # or our `LayerNorm` compute: ε goes *inside* the square root, `(x - μ) / √(σ² + ε)`, and σ² is the
-# plain (biased) variance, dividing by C, not C - 1. On a typical input the seed's formula is close,
+# plain (biased) variance, dividing by C, not C - 1. On a typical input source 2's formula is close,
 # but not within our tolerance; on an input with a small spread (a nearly constant vector) it is far off.
 
 # %%
 ln = hf.transformer.h[0].ln_1
-def seed_layernorm(x, ln):  # the seed's formula: eps added to the standard deviation
+def source_2_layernorm(x, ln):  # source 2's formula: eps added to the standard deviation
     mu, sigma = x.mean(-1, keepdim=True), x.std(-1, keepdim=True, unbiased=False)
     return (x - mu) / (sigma + ln.eps) * ln.weight + ln.bias
 
@@ -865,7 +865,7 @@ g = torch.Generator().manual_seed(5)
 with torch.no_grad():
     for label, v in [("typical input", torch.randn(4, 64, generator=g)), ("spread 0.003", 0.003 * torch.randn(4, 64, generator=g))]:
         print(f"{label:14}: sqrt(var + eps) matches HF: {torch.allclose(true_layernorm(v, ln), ln(v), atol=1e-5)};"
-              f"  seed's (sigma + eps) is off by {(seed_layernorm(v, ln) - ln(v)).abs().max():.1e}")
+              f"  source 2's (sigma + eps) is off by {(source_2_layernorm(v, ln) - ln(v)).abs().max():.1e}")
 
 # %% [markdown]
 # ## 7. The proof
@@ -1159,7 +1159,7 @@ quiz([
 # - The output layer is tied to the token embedding, so the file does not store it; our `lm_head`
 #   *is* `embed.token.weight`.
 # - GPT-2 uses the tanh approximation of GELU and LayerNorm with ε = 1e-5 inside the square root;
-#   the exact GELU, or the seed's `σ + ε`, would move the outputs beyond a 1e-5 tolerance.
+#   the exact GELU, or source 2's `σ + ε`, would move the outputs beyond a 1e-5 tolerance.
 # - On a random GPT-2 built with `transformers`, our model matches the reference logits, every
 #   block's output and every intermediate value within 1e-5, and greedy generation token for token.
 # - The map read backwards exports our own GPT in GPT-2's layout, and `transformers` computes the

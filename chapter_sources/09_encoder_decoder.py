@@ -246,6 +246,15 @@ print("equal to nn.MultiheadAttention within 1e-6:", torch.allclose(ours(x_dec, 
 # connection and LayerNorm: masked (causal) self-attention, cross-attention to the encoder output,
 # and the feed-forward network. The paper puts each LayerNorm *after* its residual sum (post-norm);
 # GPT-2 and most modern models put it *before* the sublayer (pre-norm, chapter 05).
+#
+# What seeing both ways buys shows in a sentence that many explanations of attention use, source 2
+# among them (chapter 00 lists the sources): "The animal didn't cross the street because it was too
+# tired." What does *it* refer to? The word that decides, *tired*, comes after *it* (end the sentence
+# with *wide* and *it* is the street). An encoder position for *it* can attend to *tired* and settle
+# the question right there. A causal decoder cannot: at *it* it has read only "The animal didn't cross
+# the street because", so it can guess (the animal is the likelier subject) but the evidence arrives
+# later, and only the positions from *tired* on can use it. Source 2 tells the example for a causal
+# model as if *it* were resolved where it stands; that is an encoder's kind of attention.
 
 # %%
 #| export
@@ -966,7 +975,7 @@ for text in ["Jul 17th, 2317", "the third of September 1610", "13 May 1672"]:
           f"   beam {decode_ids(ids, TARGET_CHARS)} ({math.exp(score):.0%})")
 
 # %% [markdown]
-# ## 7. Seed 004's two points, made concrete
+# ## 7. Source 4's two points, made concrete
 #
 # **The input is encoded once.** `greedy_decode` runs the encoder a single time and reuses its output
 # at every step. The naive alternative calls the whole model at each step and re-encodes the same
@@ -1010,7 +1019,7 @@ print(f"encode once: {1e3 * (t1 - t0):.0f} ms | re-encode every step: {1e3 * (t2
       f"({(t2 - t1) / (t1 - t0):.1f}x slower) for 200 dates on this machine")
 
 # %% [markdown]
-# **Where a token sits changes its meaning.** Seed 004 observes that an encoder-decoder gives the same
+# **Where a token sits changes its meaning.** Source 4 observes that an encoder-decoder gives the same
 # words different probabilities depending on whether they arrived as *input* or were *generated*.
 # Below, one fresh (untrained) model with a shared vocabulary scores what comes after "the cat sat
 # on" twice: once with all four words as input, once with "the cat sat" as input and "on" as the
@@ -1039,9 +1048,11 @@ print(f"decoder-only     P(the | ...): all input {p_gpt[ids['the']]:.3f} vs 'on'
       f"the same within 1e-6: {(p_gpt - p_gen).abs().max().item() < 1e-6}")
 
 # %% [markdown]
-# That asymmetry is one reason GPT dropped the encoder: for open-ended text there is no natural line
-# between "input" and "output", and a single stream that treats every token alike is simpler, uses
-# one set of weights for both, and trains on every position of every document.
+# The GPT paper (Radford et al. 2018) does not give its reasons for dropping the encoder: it simply
+# uses a transformer decoder as its language model, a design Liu et al. (2018) had used to generate
+# Wikipedia articles. What the experiment shows is what a single stream buys: for open-ended text
+# there is no natural line between "input" and "output", and a stream that treats every token alike
+# is simpler, uses one set of weights for both, and trains on every position of every document.
 #
 # ## 8. When to use which
 #
@@ -1088,10 +1099,11 @@ quiz([
     Question("A source that is entirely padding reaches attention. What should come out?",
              ["NaN, to flag the problem", "Zeros: no key may be attended, so nothing is mixed in", "The pad embedding"],
              answer=1, explain="A softmax over no keys is 0/0; the course's attention returns zero weights instead."),
-    Question("Why did GPT drop the encoder?",
-             ["Encoders cannot be trained on CPUs", "One causal stream handles every task and treats all tokens alike",
-              "Cross-attention is slower than self-attention"],
-             answer=1, explain="With no fixed input/output boundary, the prompt does the encoder's job."),
+    Question("What does a decoder-only model gain by having no encoder?",
+             ["It can be trained on CPUs", "One causal stream handles every task and treats all tokens alike",
+              "Its attention is faster than cross-attention"],
+             answer=1, explain="With no fixed input/output boundary, the prompt does the encoder's job and one set of "
+                               "weights reads both."),
 ])
 
 # %% [markdown]
