@@ -21,7 +21,7 @@ def _chapter_run(item) -> str | None:
     path = Path(str(item.fspath))
     if path.suffix == ".ipynb":
         return path.stem
-    if item.originalname == STUDENT_EDITION_RUN:
+    if getattr(item, "originalname", None) == STUDENT_EDITION_RUN:
         return Path(item.callspec.params["name"]).stem
     return None
 
@@ -29,7 +29,7 @@ def _chapter_run(item) -> str | None:
 def pytest_collection_modifyitems(config, items):
     # the student-edition runs execute every chapter a second time: `make test-student`, not `make test`
     for item in items:
-        if item.originalname == STUDENT_EDITION_RUN:
+        if getattr(item, "originalname", None) == STUDENT_EDITION_RUN:
             item.add_marker("student_edition")
     # stable: a notebook's cells keep their order; items that run no chapter keep theirs, after
     items.sort(key=lambda item: -cost(chapter) if (chapter := _chapter_run(item))

@@ -16,7 +16,7 @@
 # **You build it.** You write LayerNorm's formula, the block's forward pass and the probe that
 # measures gradients in a deep stack, each before the chapter shows code for it; when your version
 # passes its check, the rest of the chapter runs on it. You also fix a mistyped GELU, predict a
-# block's size, and extend the chapter with RMSNorm.
+# block's size, and extend the chapter with the parallel block of GPT-J and PaLM.
 #
 # **Needs:** `MultiHeadAttention` from chapter 04 (which uses chapter 03's attention).
 # **Exports:** `transformer_course/block.py`.
@@ -39,8 +39,8 @@ from transformer_course.checks.block import (
     check_gelu_tanh,
     check_input_gradient_norms,
     check_layer_norm,
+    check_parallel_block,
     check_predict_block_parameters,
-    check_rms_norm,
     check_transformer_block,
 )
 
@@ -1019,45 +1019,60 @@ plt.show()
 print("relative gradient at each block, bottom first:", norms)
 
 # %% [markdown]
-# ## 8. Stretch: RMSNorm
+# ## 8. Stretch: the parallel block
 #
-# Many recent models (Llama, Mistral, Gemma) replace LayerNorm with **RMSNorm** (Zhang and Sennrich,
-# 2019). It drops two things: the centring (no mean is subtracted) and the bias β. Each token is divided
-# by its root mean square, the square root of the mean of its squared numbers, then scaled by a learned
-# gain γ:
+# Our block runs its two sublayers one after the other: the feed-forward network reads what attention
+# has just added. GPT-J (2021) and PaLM (2022) rearranged this. Both sublayers read the *same*
+# normalised input, and both outputs are added to the residual stream in one go:
 #
-# $$y = \gamma \odot \frac{x}{\sqrt{\tfrac{1}{C}\sum_{i=1}^{C} x_i^2 + \varepsilon}} .$$
+# $$y = x + \mathrm{attn}(\mathrm{LN}(x)) + \mathrm{mlp}(\mathrm{LN}(x)).$$
 #
-# One reduction instead of two, and in practice it trains as well. Worked example: the token (3, 4)
-# (C = 2) has mean square (9 + 16) / 2 = 12.5 and root mean square 3.5355, so with γ = 1 it becomes
-# (0.8485, 1.1314); LayerNorm would have made it (−1, 1). Write it for `x [..., C]`, `weight [C]` and
-# `eps` (Llama uses 1e-6), without changing `x` in place.
+# Nothing waits for attention any more, and since the attention's `qkv` projection and the MLP's `fc`
+# now read one tensor, they can be one matrix multiplication. The PaLM paper credits this with about
+# 15% faster training at its largest sizes, at the price of a small loss in quality that it saw at
+# 8 B parameters and not at 62 B. It is a different function, not a faster way to compute ours.
+#
+# **Your turn.** Write `ParallelBlock`, a `TransformerBlock` (same parameters, same constructor) whose
+# forward pass is the parallel one, pre-norm only. The docstring says what goes in and out; the check
+# gives its two LayerNorms different values, so it sees which one you use, and runs it with a padding
+# mask and token by token with a KV cache, as chapter 07 will.
 
 # %%
-# Your turn - Exercise 5.6 (★★☆, extend): RMSNorm.
-def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x [..., C], weight [C] -> [..., C]: each token divided by its root mean square (eps inside the root), times weight."""
-    ### BEGIN SOLUTION
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
-    ### END SOLUTION
+# Your turn - Exercise 5.6 (★★☆, extend): the parallel block.
+class ParallelBlock(TransformerBlock):
+    """A pre-norm block whose attention and MLP both read ln1(x) and are both added to x (GPT-J, PaLM);
+    ln2 is not used. forward(x [B, T, C], mask=None, cache=None) -> [B, T, C], as TransformerBlock's."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        ### BEGIN SOLUTION
+        h = self.ln1(x)
+        return x + self.attn(h, mask=mask, cache=cache) + self.mlp(h)
+        ### END SOLUTION
 
 
-rms_norm = check_rms_norm(my_rms_norm).use
+ParallelBlock = check_parallel_block(ParallelBlock).use
 
 # %% [markdown]
-# Two facts to confirm with the function (yours if it passed): PyTorch's own `nn.RMSNorm` agrees, and
-# on a token whose mean is already 0 RMSNorm *is* LayerNorm without β, since then the root mean square
-# is the standard deviation.
+# Two facts to confirm with the class (yours if it passed). With the very same weights, the parallel
+# block computes something else than the sequential one, so a model must be trained in the form it
+# will run in. And the fusion is real: one matrix holding `attn.qkv`'s rows over `mlp.fc`'s, applied
+# once to the shared normalised input, gives both sublayers' first products.
 
 # %%
-torch_rms = nn.RMSNorm(64, eps=1e-6)
+sequential = TransformerBlock(64, n_head=4).eval()
+parallel = ParallelBlock(64, n_head=4).eval()
+parallel.load_state_dict(sequential.state_dict())  # the same parameters, ln2 included (unused)
+x_blocks = torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(5))
 with torch.no_grad():
-    torch_rms.weight.copy_(ours64.weight)
-print("equal to nn.RMSNorm within 1e-5:", torch.allclose(rms_norm(x_wild, ours64.weight.detach()), torch_rms(x_wild), atol=1e-5))
-centred = x_wild - x_wild.mean(dim=-1, keepdim=True)
-ln_no_bias = LayerNorm(64, bias=False, fast=False)
-print("on centred tokens, equal to LayerNorm without β within 1e-5:",
-      torch.allclose(rms_norm(centred, torch.ones(64), eps=1e-5), ln_no_bias(centred), atol=1e-5))
+    gap = (parallel(x_blocks) - sequential(x_blocks)).abs().max().item()
+    print("same weights, different outputs (largest gap above 0.1):", gap > 0.1)
+    h = parallel.ln1(x_blocks)  # (B, T, C): what both sublayers read
+    W = torch.cat([parallel.attn.qkv.weight, parallel.mlp.fc.weight])  # (3C + 4C, C)
+    b = torch.cat([parallel.attn.qkv.bias, parallel.mlp.fc.bias])  # (3C + 4C,)
+    qkv, up = F.linear(h, W, b).split([3 * 64, 4 * 64], dim=-1)  # one product, then split
+    print("one fused product = qkv(h) and fc(h) within 1e-5:",
+          torch.allclose(qkv, parallel.attn.qkv(h), atol=1e-5), torch.allclose(up, parallel.mlp.fc(h), atol=1e-5))
+print("rows of the fused matrix:", W.shape[0], "= 3C + 4C for C = 64")
 
 # %% [markdown]
 # ## 9. Bad input
@@ -1183,8 +1198,8 @@ quiz([
 #
 # - **LayerNorm** normalises each token's C numbers to mean 0 and variance 1 (variance divided by C,
 #   ε inside the square root), then applies a learned gain and bias. Yours matches `nn.LayerNorm`
-#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not. **RMSNorm** drops the
-#   centring and β, and equals LayerNorm without β on a token of mean 0.
+#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not. (Chapter 10 builds
+#   RMSNorm, which drops the centring and β.)
 # - **FeedForward** widens each token to 4C, applies ReLU or GELU (exact or GPT-2's tanh
 #   approximation, which differ by under $5 \cdot 10^{-4}$), and projects back, the same way at every
 #   position. A wrong constant in the GELU formula runs without complaint; only a comparison with a
@@ -1195,6 +1210,9 @@ quiz([
 #   keeps that path free of LayerNorms; **post-norm** (2017) puts one on it after every sublayer, and
 #   at a learning rate of 0.01 without warm-up our 6-block post-norm model stayed at the loss of
 #   predicting by frequency alone while the pre-norm one learned.
+# - The **parallel block** (GPT-J, PaLM) lets both sublayers read the same normalised input and adds
+#   both outputs at once: another function with the same weights, whose two input projections fuse
+#   into one matrix product.
 # - **Dropout** zeroes each number with probability p in training and scales the rest by 1/(1 - p);
 #   in evaluation it does nothing. The paper drops each sublayer's output before the residual
 #   addition (not after the LayerNorm, as seed 004 says), and so does our block.

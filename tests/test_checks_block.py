@@ -18,13 +18,13 @@ from transformer_course.block import (
     input_gradient_norms,
 )
 from transformer_course.checks.block import (
+    ParallelBlock,
     check_gelu_tanh,
     check_input_gradient_norms,
     check_layer_norm,
+    check_parallel_block,
     check_predict_block_parameters,
-    check_rms_norm,
     check_transformer_block,
-    rms_norm,
 )
 
 
@@ -359,63 +359,55 @@ def test_input_gradient_norms_mistakes_are_named(buggy, hint):
     assert_rejected(check_input_gradient_norms, buggy, hint)
 
 
-# ---------------------------------------------------------------- 5.6 RMSNorm (extend)
+# ---------------------------------------------------------------- 5.6 the parallel block (extend)
 
 
-def test_rms_norm_reference_matches_pytorch():
-    x, w = torch.randn(3, 7, 16), torch.randn(16)
-    torch.testing.assert_close(rms_norm(x, w, eps=1e-6), F.rms_norm(x, (16,), w, eps=1e-6))
+def _parallel_with(forward):
+    class Candidate(TransformerBlock):
+        def forward(self, x, mask=None, cache=None):
+            return forward(self, x, mask, cache)
+
+    return Candidate
 
 
-def test_rms_norm_reference_and_a_rewrite_pass():
-    assert run(check_rms_norm, rms_norm).passed
-    rewrite = lambda x, w, eps=1e-6: (
-        x / torch.sqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + eps) * w
-    )  # noqa: E731
-    assert run(check_rms_norm, rewrite).passed
+def _parallel_right(b, x, mask, cache):
+    h = b.ln1(x)
+    return x + b.attn(h, mask=mask, cache=cache) + b.mlp(h)
 
 
-def _rms_in_place(x, w, eps=1e-6):
-    return x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)) * w
+def test_parallel_block_reference_and_a_rewrite_pass():
+    assert run(check_parallel_block, ParallelBlock).passed
+    assert run(check_parallel_block, _parallel_with(_parallel_right)).passed
+
+
+def test_the_parallel_block_is_not_the_sequential_one_with_the_same_weights():
+    torch.manual_seed(0)
+    sequential = TransformerBlock(16, n_head=2).eval()
+    parallel = ParallelBlock(16, n_head=2).eval()
+    parallel.load_state_dict(sequential.state_dict())
+    x = torch.randn(2, 5, 16)
+    with torch.no_grad():
+        h = parallel.ln1(x)
+        torch.testing.assert_close(parallel(x), x + parallel.attn(h) + parallel.mlp(h))
+        assert (parallel(x) - sequential(x)).abs().max() > 0.01
 
 
 @pytest.mark.parametrize(
-    ("buggy", "hint"),
+    ("forward", "hint"),
     [
-        (
-            lambda x, w, eps=1e-6: F.layer_norm(x, (x.shape[-1],), w, eps=eps),
-            "does not subtract the mean",
-        ),
-        (
-            lambda x, w, eps=1e-6: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
-            "inside the square root",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * w,
-            "not their sum",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * w,
-            "not over the batch",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps),
-            "multiply by weight",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w,
-            "use the eps argument",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * w,
-            "use the eps argument",
-        ),
-        (
-            lambda x, w, eps=1e-6: x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * w,
-            "square first",
-        ),
-        (_rms_in_place, "do not change x in place"),
+        (lambda b, x, mask, cache: TransformerBlock.forward(b, x, mask, cache), "section 5's sequential block"),
+        (lambda b, x, mask, cache: (a := x + b.attn(b.ln1(x), mask=mask, cache=cache)) + b.mlp(b.ln1(a)),
+         "the MLP reads the attention's result"),
+        (lambda b, x, mask, cache: x + b.attn(b.ln1(x), mask=mask, cache=cache) + b.mlp(b.ln2(x)),
+         "not self.ln2"),
+        (lambda b, x, mask, cache: (h := b.ln1(x)) + b.attn(h, mask=mask, cache=cache) + b.mlp(h),
+         "not to the normalised ln1(x)"),
+        (lambda b, x, mask, cache: b.attn(h := b.ln1(x), mask=mask, cache=cache) + b.mlp(h), "residual is missing"),
+        (lambda b, x, mask, cache: x + b.attn(b.ln1(x), mask=mask, cache=cache), "the MLP's output is missing"),
+        (lambda b, x, mask, cache: x + b.mlp(b.ln1(x)), "the attention's output is missing"),
+        (lambda b, x, mask, cache: _parallel_right(b, x, None, cache), "pass mask=mask on to self.attn"),
+        (lambda b, x, mask, cache: _parallel_right(b, x, mask, None), "pass cache=cache on to self.attn"),
     ],
 )
-def test_rms_norm_mistakes_are_named(buggy, hint):
-    assert_rejected(check_rms_norm, buggy, hint)
+def test_parallel_block_mistakes_are_named(forward, hint):
+    assert_rejected(check_parallel_block, _parallel_with(forward), hint)

@@ -5,7 +5,7 @@ edge inputs, and when the answer is wrong, tries the usual mistakes one by one t
 one. Checks build their own small modules under :func:`fresh_rng`, so they never disturb the
 notebook's random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5
 ``input_gradient_norms``) are declared with the package's version as ``reference``; 5.2 (debug) and
-5.6 (extend) with the small references below (:func:`gelu_tanh`, :func:`rms_norm`), so
+5.6 (extend) with the small references below (:func:`gelu_tanh`, :class:`ParallelBlock`), so
 ``check_x(x).use`` is what the chapter runs next.
 """
 
@@ -29,9 +29,9 @@ from ._core import (
     name_mistake,
 )
 
-__all__ = ["check_gelu_tanh", "check_input_gradient_norms", "check_layer_norm",
-           "check_predict_block_parameters", "check_rms_norm", "check_transformer_block",
-           "gelu_tanh", "rms_norm"]
+__all__ = ["ParallelBlock", "check_gelu_tanh", "check_input_gradient_norms", "check_layer_norm",
+           "check_parallel_block", "check_predict_block_parameters", "check_transformer_block",
+           "gelu_tanh"]
 
 
 _WIDE = "a [4, 64] input is normalised wrongly: work over the last dimension for any shape"
@@ -430,64 +430,71 @@ def check_input_gradient_norms(fn):
 
 
 # ---------------------------------------------------------------------------------------------
-# 5.6 RMSNorm (extend)
+# 5.6 the parallel block (extend)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm (Zhang and Sennrich, 2019): x [..., C] over its root mean square, times weight
-    [C]."""
-    return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+class ParallelBlock(_lib.TransformerBlock):
+    """GPT-J's and PaLM's block: attention and the MLP read the same normalised input and both
+    outputs join the residual stream at once, x + attn(ln1(x)) + mlp(ln1(x)); ``ln2`` is unused.
+    ``forward(x [B, T, C], mask=None, cache=None) -> [B, T, C]``, as ``TransformerBlock``'s."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
+                cache=None) -> torch.Tensor:
+        h = self.ln1(x)  # (B, T, C): one normalisation for both sublayers
+        return x + self.attn(h, mask=mask, cache=cache) + self.mlp(h)
 
 
-def _rms_mistakes(x, weight, eps):
-    """(hint, output) for the usual mistakes in writing RMSNorm."""
-    ms = x.pow(2).mean(-1, keepdim=True)
-    centred = x - x.mean(-1, keepdim=True)
+def _parallel_mistakes(block, x):
+    """(hint, output) for the usual mistakes in a parallel block's forward pass."""
+    attn, mlp, ln1, ln2 = block.attn, block.mlp, block.ln1, block.ln2
+    h = ln1(x)
+    after_attn = x + attn(h)
     return [
-        ("RMSNorm does not subtract the mean (that is LayerNorm): divide x itself by its root "
-         "mean square",
-         centred * torch.rsqrt(centred.pow(2).mean(-1, keepdim=True) + eps) * weight),
-        ("eps belongs inside the square root: sqrt(mean(x²) + eps)",
-         x / (ms.sqrt() + eps) * weight),
-        ("divide by the root of the mean square, not by the mean square itself",
-         x / (ms + eps) * weight),
-        ("take the mean of the squares over the C channels (divide by C), not their sum",
-         x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps) * weight),
-        ("average over the last dimension (one token's C numbers), not over the batch",
-         x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + eps) * weight),
-        ("the normalised values are right, but then multiply by weight (γ)",
-         x * torch.rsqrt(ms + eps)),
-        ("the mean of the squares is not the square of the mean: square first, then average",
-         x * torch.rsqrt(x.mean(-1, keepdim=True).pow(2) + eps) * weight),
+        ("that is section 5's sequential block: in the parallel block the MLP reads ln1(x), the "
+         "same normalised input as attention, not the attention's result",
+         after_attn + mlp(ln2(after_attn))),
+        ("the MLP reads the attention's result here; both sublayers read ln1(x) and are added to x "
+         "together", after_attn + mlp(ln1(after_attn))),
+        ("one normalisation serves both sublayers: self.mlp(self.ln1(x)), not self.ln2",
+         after_attn + mlp(ln2(x))),
+        ("add both outputs to x itself (the residual stream), not to the normalised ln1(x)",
+         h + attn(h) + mlp(h)),
+        ("the residual is missing: x + attn(ln1(x)) + mlp(ln1(x))", attn(h) + mlp(h)),
+        ("the MLP's output is missing: add mlp(ln1(x)) as well", after_attn),
+        ("the attention's output is missing: add attn(ln1(x)) as well", x + mlp(h)),
     ]
 
 
-@check("5.6", "my_rms_norm", reference=rms_norm)
-def check_rms_norm(fn):
-    """``fn(x [..., C], weight [C], eps=1e-6) -> [..., C]``."""
-    what = "a tensor from my_rms_norm"
-    g = _generator(56)
-    x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
-    weight = 1.0 + 0.5 * torch.randn(8, generator=g)
-    x_before = x.clone()
-    got = expect_tensor(fn(x, weight), what=what)
-    expect_unchanged(x, x_before)
-    _expect_shape_kept(got, x)
-    expect_close(got, rms_norm(x, weight), "the values differ from x / sqrt(mean(x²) + eps) * "
-                 "weight over the last dimension", mistakes=_rms_mistakes(x, weight, 1e-6))
-    # a large eps makes its place visible, and shows whether the argument is used
-    got_eps = expect_tensor(fn(x, weight, eps=0.5), what=what)
-    expect_close(got_eps, rms_norm(x, weight, eps=0.5), "with eps=0.5 the values are wrong",
-                 mistakes=[("with eps=0.5 nothing changed: use the eps argument",
-                            rms_norm(x, weight)), *_rms_mistakes(x, weight, 0.5)])
-    # a token of zeros: eps keeps it finite (0, not NaN)
-    zeros = torch.zeros(2, 8)
-    got_zeros = expect_tensor(fn(zeros, weight), what=what)
-    expect(bool(torch.isfinite(got_zeros).all()),
-           "a token of zeros gave NaN or inf: add eps inside the square root")
-    expect_close(got_zeros, torch.zeros(2, 8), "a token of zeros must stay zeros")
-    # the worked example and another width
-    expect_close(fn(torch.tensor([[3.0, 4.0]]), torch.ones(2)), torch.tensor([[0.8485, 1.1314]]),
-                 "the token (3, 4) should become (0.8485, 1.1314)", atol=1e-4)
-    wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
-    expect_close(fn(wide, torch.ones(64)), rms_norm(wide, torch.ones(64)), _WIDE)
+@check("5.6", "ParallelBlock", reference=ParallelBlock)
+def check_parallel_block(cls):
+    """``cls(d_model, n_head)``: a ``TransformerBlock`` whose ``forward(x, mask=None, cache=None)``
+    is x + attn(ln1(x)) + mlp(ln1(x))."""
+    from transformer_course.multihead import KVCache
+
+    what = "a tensor from ParallelBlock.forward"
+    x = torch.randn(2, 5, 16, generator=_generator(56))
+    with torch.no_grad():
+        block = _distinct_block(cls, "pre", seed=6)
+        x_before = x.clone()
+        got = expect_tensor(block(x), what=what)
+        expect_unchanged(x, x_before, "do not change x in place (x += ...): write x + ... instead")
+        _expect_shape_kept(got, x, what="the shape [B, T, C] =")
+        h = block.ln1(x)
+        want = x + block.attn(h) + block.mlp(h)
+        expect_close(got, want, "the output differs from x + attn(ln1(x)) + mlp(ln1(x))",
+                     mistakes=_parallel_mistakes(block, x))
+        keep = torch.ones(2, 5, dtype=torch.bool)
+        keep[0, :2] = False  # sequence 0 is left-padded with 2 pads
+        pad_mask = keep[:, None, None, :]  # [B, 1, 1, T]
+        got_masked = expect_tensor(block(x, mask=pad_mask), what=what)
+        expect_close(got_masked, x + block.attn(h, mask=pad_mask) + block.mlp(h),
+                     "with a padding mask the output differs", mistakes=[
+            ("the padding mask made no difference: pass mask=mask on to self.attn", want),
+        ])
+        cache = KVCache()
+        steps = [expect_tensor(block(x[:, t:t + 1], cache=cache), what=what)
+                 for t in range(x.shape[1])]
+        expect(cache.length == x.shape[1],
+               "the KV cache stayed empty: pass cache=cache on to self.attn")
+        expect_close(torch.cat(steps, dim=1), want, "token by token with a cache the output "
+                                                    "differs from the whole sequence at once")
