@@ -318,11 +318,12 @@ check_attention_scores(fixed_scores)
 # `[dim × ntokens]`, one *column* per token. Its head computes `α = softmax(Q*K' / √dim)`: with
 # columns for tokens, `Q*K'` is `[dim × dim]` and sums over the *positions*, so it compares features
 # with features, not tokens with tokens. In that layout the scores are `K'*Q` (`[ntokens × ntokens]`,
-# keys down the rows, which is why its softmax runs over `dims=1`), and the output is `V*α`. Worse
-# than the slip above, the seed's version never fails loudly: its next line, `α*V`, multiplies
-# `[dim × dim]` by `[dim × ntokens]`, which fits at every size, and returns a result of the right
-# shape. The same computation in PyTorch, on the worked example's first sequence (6 tokens, 2
-# features):
+# keys down the rows, which is why its softmax runs over `dims=1`), and the output is `V*α`. As the
+# seed declares its input, a batch `[dim × ntokens × batch_size]`, the line stops at once: Julia has
+# no `'` (adjoint) for a 3-D array. On one sequence, a matrix, it is worse than the slip above,
+# because it never fails loudly: the next line, `α*V`, multiplies `[dim × dim]` by
+# `[dim × ntokens]`, which fits at every size, and returns a result of the right shape. The same
+# computation in PyTorch, on the worked example's first sequence (6 tokens, 2 features):
 
 # %%
 Qc, Kc, Vc = q[0].T, k[0].T, v[0].T  # (hs, T) each: seed 004's layout, one column per token
@@ -421,6 +422,11 @@ print(f"at d_k={d_big}: the unscaled rows put {saturation[d_big][0]:.0%} of the 
 # same size in a head of 2 or of 512. (One source divides by √d_model instead. That is the same
 # thing only when the query has the model's full width; after projecting to a head of size `hs`,
 # the sum has `hs` terms, and √hs = √d_k is the right divisor. It is the one the paper uses.)
+#
+# Seed 004 calls the scale a detail that "isn't particularly important". The measurement says
+# otherwise: without it, the scores of a head of 512 spread √(512 / 2) = 16 times wider than those of
+# a head of 2, and at 512 the unscaled rows put 94% of their weight on one key: nearly one-hot, with
+# nearly no gradient. The paper introduced the scale for exactly that reason (its section 3.2.1).
 
 # %% [markdown]
 # ## 5. Masks: who may look at whom
@@ -1098,7 +1104,8 @@ quiz([
 #   the correct output for *horizon* is (0.5863, 0.4658).
 # - The scores pair every query row with every key row. A product that pairs the features of `q` with
 #   the positions of `k` runs only when the two counts happen to be equal, and is wrong even then;
-#   seed 004's `Q*K'` (tokens as columns) compares features with features and runs at every size.
+#   seed 004's `Q*K'` (tokens as columns) compares features with features and, on one sequence,
+#   runs at every size (on its declared batch it stops: Julia has no adjoint of a 3-D array).
 # - ALiBi replaces the position code by a penalty on distance, added to the scores as a float mask
 #   (0 changes nothing, −∞ hides); it exists for every length.
 #
