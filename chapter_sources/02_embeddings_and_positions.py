@@ -800,9 +800,9 @@ draw_encoding(explorer_table, position=7, columns=(0, 5))  # the same view, stor
 #
 # A learned table has two limits. It has no row at all past `block_size`, the model's context length:
 # 1,024 tokens for GPT-2, 2,048 for GPT-3 (Brown et al. 2020; source 1 says 4,096, twice the real
-# figure). And a row only learns
-# when a training sequence is long enough to reach it: train on sequences of 8 tokens with a table
-# of 16 rows, and rows 8-15 never receive a gradient, so they stay exactly as randomly initialised.
+# figure). And a row only learns when a training sequence is long enough to reach it: train on
+# sequences of 8 tokens with a table of 16 rows, and rows 8-15 never receive a gradient, so they stay
+# exactly as randomly initialised.
 
 # %%
 torch.manual_seed(0)
