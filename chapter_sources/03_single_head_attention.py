@@ -19,12 +19,14 @@
 # - show with an experiment why the scores are divided by √d_k;
 # - build causal and padding masks, and make a fully masked row give zeros instead of NaN;
 # - read attention heatmaps, and tell a position-based head from a content-based one;
-# - give a head a preference for recent tokens without any position code (ALiBi).
+# - give a head a preference for recent tokens without any position code (ALiBi);
+# - compute attention tile by tile with an online softmax, as FlashAttention does.
 #
 # **Your turns.** You write `causal_mask` (Exercise 3.2) and `scaled_dot_product_attention` (3.4)
 # yourself, before any code of them appears, and the rest of the chapter (the attention head, the
 # heatmaps) runs on your versions. You also repair scores that mix up features and positions (3.1),
-# predict what a mask does to equal scores (3.3), and build the distance bias of ALiBi (3.5).
+# predict what a mask does to equal scores (3.3), build the distance bias of ALiBi (3.5), and, as a
+# ★★★ stretch, attention that never holds the `[T, T]` score matrix (3.6, the idea of FlashAttention).
 #
 # **What it needs.** Chapter 02's idea of an input vector per token (`[B, T, C]`), and, in one
 # demonstration, its sinusoidal position code. Token ids are not needed: we split sentences into
@@ -53,6 +55,8 @@ from transformer_course.checks.attention import (
     check_attention_scores,
     check_causal_mask,
     check_predict_equal_scores,
+    check_tiled_attention,
+    largest_tensor,
 )
 from transformer_course.runtime import seed_everything
 from transformer_course.viz import plot_attention
@@ -1065,6 +1069,84 @@ near_1000 = torch.softmax(alibi_bias(1000, 0.7), dim=-1)[-1, -4:]
 print("weights on the last 4 keys, T = 12 vs T = 1000, within 0.001:", (near_12 - near_1000).abs().max().item() < 1e-3)
 
 # %% [markdown]
+# ## 10. Beyond the chapter: attention without the T × T matrix
+#
+# `scaled_dot_product_attention` builds every query's score against every key: a `[T, T]` matrix per
+# head. At T = 1,024 that is about a million numbers, at T = 32,768 a billion, and it is read and
+# written several times (scale, mask, softmax, weights times values). FlashAttention (Dao et al.,
+# 2022) computes the same output without ever holding that matrix: it walks over the keys a tile at a
+# time and keeps, for each query, just enough to finish the softmax later. On a GPU the tiles live in
+# the small, fast memory next to the arithmetic units, which is where its speed comes from; PyTorch's
+# own `F.scaled_dot_product_attention` uses such tiled kernels on both GPUs and CPUs.
+#
+# The trick that makes one pass possible is the **online softmax** (Milakov and Gimelshein, 2018). A
+# careful softmax subtracts the row's largest score before taking exponentials, since `exp` of a
+# score in the hundreds overflows float32 (`torch.softmax` does this for us); subtracting any
+# constant leaves the weights unchanged. So it needs the row's maximum before any exponential, and
+# the sum of all exponentials before any weight is final. Both can be kept as running values that are
+# corrected when a later tile changes them: if the running maximum grows from `m` to `m'`, everything
+# summed so far was measured against `m` and is simply multiplied by `exp(m - m')`.
+#
+# ### Your turn
+#
+# Write `tiled_attention(q, k, v, tile, causal=False)`: for `q [..., T_q, d]`, `k [..., T_k, d]` and
+# `v [..., T_k, d_v]` it returns what `scaled_dot_product_attention` would, `[..., T_q, d_v]`, but never
+# computes more than the scores of all queries against one tile of `tile` keys. With `causal=True`
+# (then `T_q = T_k`), query `i` sees keys `j <= i`. The check compares your output with full attention
+# in float64, with tiles that do not divide T, with scores large enough to overflow a careless `exp`,
+# and it measures the largest tensor your function computes (`largest_tensor`: every operation's
+# output, temporaries included).
+
+# %%
+# Your turn - Exercise 3.6 (★★★, extend): attention tile by tile.
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, tile: int, causal: bool = False) -> torch.Tensor:
+    """softmax(q kᵀ / √d) v [..., T_q, d_v] for q [..., T_q, d], k [..., T_k, d], v [..., T_k, d_v], computed over
+    tiles of `tile` keys without the [T_q, T_k] score matrix; causal: query i sees keys j <= i."""
+    ### BEGIN SOLUTION
+    scale = 1 / math.sqrt(q.shape[-1])
+    best = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (..., T_q, 1) the largest score seen so far
+    total = q.new_zeros((*q.shape[:-1], 1))  # (..., T_q, 1) sum of exp(score - best)
+    mixed = q.new_zeros((*q.shape[:-1], v.shape[-1]))  # (..., T_q, d_v) sum of exp(score - best) * value
+    for start in range(0, k.shape[-2], tile):
+        scores = q @ k[..., start:start + tile, :].transpose(-2, -1) * scale  # (..., T_q, tile)
+        if causal:
+            later = torch.arange(start, start + scores.shape[-1]) > torch.arange(q.shape[-2])[:, None]
+            scores = scores.masked_fill(later, float("-inf"))
+        new_best = torch.maximum(best, scores.amax(-1, keepdim=True))
+        weights = torch.exp(scores - new_best)  # (..., T_q, tile), not yet normalised
+        shrink = torch.exp(best - new_best)  # (..., T_q, 1): the old sums were measured against best
+        total = total * shrink + weights.sum(-1, keepdim=True)
+        mixed = mixed * shrink + weights @ v[..., start:start + tile, :]
+        best = new_best
+    return mixed / total
+    ### END SOLUTION
+
+
+tiled_attention = check_tiled_attention(tiled_attention).use
+
+# %% [markdown]
+# The same output as the full computation, from a fraction of the memory. Here one head over a text of
+# 1,024 tokens, in tiles of 128 keys, against the chapter's function and PyTorch's:
+
+# %%
+g_tiles = torch.Generator().manual_seed(7)
+q_long, k_long, v_long = (torch.randn(1024, 64, generator=g_tiles) for _ in range(3))  # (T, hs) each
+out_full, largest_full = largest_tensor(scaled_dot_product_attention, q_long, k_long, v_long, causal_mask(1024))
+out_tiled, largest_tiled = largest_tensor(tiled_attention, q_long, k_long, v_long, 128, causal=True)
+out_torch = F.scaled_dot_product_attention(q_long, k_long, v_long, is_causal=True)
+print("tiled = full within 1e-5:", torch.allclose(out_tiled, out_full[0], atol=1e-5),
+      "| tiled = PyTorch's within 1e-5:", torch.allclose(out_tiled, out_torch, atol=1e-5))
+print(f"largest tensor computed: full {largest_full:,} numbers ({4 * largest_full / 2**20:.1f} MiB in float32), "
+      f"tiled {largest_tiled:,} ({4 * largest_tiled / 2**20:.2f} MiB)")
+
+# %% [markdown]
+# The full version's largest tensor is the `[T, T]` matrix (the mask and the weights are as large);
+# the tiled one's is the scores of all queries against one tile, `[T, 128]`, and it stays that size
+# however long the text grows. The arithmetic is the same (every query still meets every key it may
+# see), so on a CPU the gain is memory, not time. Chapter 04 splits attention into heads, and
+# chapter 07 caches keys and values; FlashAttention's tiles fit both.
+
+# %% [markdown]
 # ## Quick check
 
 # %%
@@ -1108,6 +1190,9 @@ quiz([
 #   runs at every size (on its declared batch it stops: Julia has no adjoint of a 3-D array).
 # - ALiBi replaces the position code by a penalty on distance, added to the scores as a float mask
 #   (0 changes nothing, −∞ hides); it exists for every length.
+# - The online softmax keeps a running maximum and running sums, rescaled by `exp(m - m')` when the
+#   maximum grows, so attention can visit the keys a tile at a time: the same output, and memory for
+#   `[T, tile]` scores instead of `[T, T]` (FlashAttention's idea).
 #
 # **Exported to `transformer_course/attention.py`:** `causal_mask(T, device=None)`,
 # `scaled_dot_product_attention(q, k, v, mask=None, *, scale=None, dropout_p=0.0) -> (out, weights)`

@@ -10,11 +10,15 @@ from check_helpers import assert_rejected, run
 from transformer_course.attention import _MASKED, causal_mask, scaled_dot_product_attention
 from transformer_course.checks.attention import (
     _alibi_bias,
+    _online_attention,
     check_alibi_bias,
     check_attention,
     check_attention_scores,
     check_causal_mask,
     check_predict_equal_scores,
+    check_tiled_attention,
+    largest_tensor,
+    tiled_attention,
 )
 
 
@@ -282,3 +286,80 @@ def test_alibi_accepts_reference_and_a_loop():
         return bias
 
     assert run(check_alibi_bias, loop).passed
+
+
+# ---------------------------------------------------------------- 3.6 attention tile by tile
+
+
+def test_tiled_attention_reference_equals_full_attention_and_holds_one_tile_of_scores():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 33, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    for tile in (1, 5, 32, 100):
+        for causal in (False, True):
+            want = scaled_dot_product_attention(q, k, v, causal_mask(33) if causal else None)[0]
+            torch.testing.assert_close(tiled_attention(q, k, v, tile, causal), want, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(tiled_attention(q, k, v, 5, True),
+                               torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    _, full = largest_tensor(scaled_dot_product_attention, q, k, v)
+    _, tiled = largest_tensor(tiled_attention, q, k, v, 4, True)
+    assert full == 2 * 33 * 33 and tiled == 2 * 33 * 8  # the scores, or the values' running sum [2, 33, 8]
+
+
+def test_tiled_attention_reference_and_a_rewrite_pass():
+    assert run(check_tiled_attention, tiled_attention).passed
+
+    def loop(q, k, v, tile, causal=False):  # one query row at a time, stopping at the last key it sees
+        out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+        for i in range(q.shape[-2]):
+            row = q[..., i:i + 1, :]  # (..., 1, d)
+            m = torch.full((*row.shape[:-1], 1), float("-inf"), dtype=q.dtype)
+            total, acc = 0.0, 0.0
+            end = i + 1 if causal else k.shape[-2]
+            for start in range(0, end, tile):
+                stop = min(start + tile, end)
+                s = row @ k[..., start:stop, :].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., 1, n)
+                m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+                p, shrink = torch.exp(s - m_new), torch.exp(m - m_new)
+                total = total * shrink + p.sum(-1, keepdim=True)
+                acc = acc * shrink + p @ v[..., start:stop, :]
+                m = m_new
+            out[..., i:i + 1, :] = acc / total
+        return out
+
+    assert run(check_tiled_attention, loop).passed
+
+
+def _plain_exp(q, k, v, tile, causal=False):
+    """Right in exact arithmetic, but exp of raw scores: overflows on large ones."""
+    total, acc = 0, 0
+    for start in range(0, k.shape[-2], tile):
+        s = q @ k[..., start:start + tile, :].transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(torch.arange(start, start + s.shape[-1]) > torch.arange(q.shape[-2])[:, None],
+                              float("-inf"))
+        total, acc = total + s.exp().sum(-1, keepdim=True), acc + s.exp() @ v[..., start:start + tile, :]
+    return acc / total
+
+
+def _full_then_split(q, k, v, tile, causal=False):
+    """Right values, but the whole score matrix first."""
+    return scaled_dot_product_attention(q, k, v, causal_mask(q.shape[-2]) if causal else None)[0]
+
+
+@pytest.mark.parametrize(("candidate", "hint"), [
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal, rescale_sum=False),
+     "the sum of exponentials must shrink"),
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal, rescale_values=False),
+     "the running sum of weighted values must shrink"),
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal, divide=False),
+     "not divided by the sum of exponentials"),
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal, scaled=False), "divided by √d"),
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal, global_keys=False),
+     "position in the whole sequence"),
+    (_plain_exp, "exp(800) overflows"),
+    (_full_then_split, "a tensor of 4,096 numbers"),
+    (lambda q, k, v, tile, causal=False: _online_attention(q, k, v, tile, causal)[..., :1],
+     "the output is [..., T_q, d_v]"),
+])
+def test_tiled_attention_mistakes_are_named(candidate, hint):
+    assert_rejected(check_tiled_attention, candidate, hint)

@@ -4,12 +4,16 @@ Each check runs the learner's function next to a reference on ordinary and edge 
 likely mistake in words. The build exercises (3.2 ``causal_mask``, 3.4
 ``scaled_dot_product_attention``) are checked against the package's functions; the extend exercise
 (3.5, ALiBi) against the private reference ``_alibi_bias`` below, which is not part of the package's
-API. See ``transformer_course.checks`` for how checks report.
+API, and 3.6 (attention tile by tile) against the full attention and ``_online_attention``, with
+``largest_tensor`` measuring the biggest tensor it computes. See ``transformer_course.checks`` for
+how checks report.
 """
 
 import math
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ..attention import causal_mask, scaled_dot_product_attention
 from ._core import (
@@ -25,7 +29,8 @@ from ._core import (
 )
 
 __all__ = ["check_alibi_bias", "check_attention", "check_attention_scores", "check_causal_mask",
-           "check_predict_equal_scores"]
+           "check_predict_equal_scores", "check_tiled_attention", "largest_tensor",
+           "tiled_attention"]
 
 
 def _randn64(*shape: int, seed: int) -> torch.Tensor:
@@ -273,3 +278,105 @@ def _expect_alibi_values(got: torch.Tensor, T: int, slope: float) -> None:
     i, j = ((got - want).abs() > 1e-6).logical_and(past).nonzero()[0].tolist()
     raise CheckFailed(named or f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * "
                                f"(i - j) = {want[i, j].item():g}, yours is {got[i, j].item():g}")
+
+
+# ---------------------------------------------------------------- 3.6 attention tile by tile
+
+
+class _LargestTensor(TorchDispatchMode):
+    """Records the element count of the largest tensor any operation produces while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self.numel = max(self.numel, leaf.numel())
+        return out
+
+
+def largest_tensor(fn, *args, **kwargs) -> tuple[object, int]:
+    """(fn(*args, **kwargs), the element count of the largest tensor computed on the way): every
+    operation's output is seen, views and temporaries included, so a [T, T] matrix cannot hide."""
+    with _LargestTensor() as seen:
+        out = fn(*args, **kwargs)
+    return out, seen.numel
+
+
+def _online_attention(q, k, v, tile: int, causal: bool = False, *, rescale_sum=True,
+                      rescale_values=True, divide=True, scaled=True, global_keys=True):
+    """Reference for 3.6, with one mistake switched on at will: softmax(q kᵀ / √d) v over tiles of
+    keys, keeping per query a running maximum m and running sums of exp(s - m) and exp(s - m) v."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scaled else 1.0
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (..., T_q, 1) the largest score so far
+    total = q.new_zeros((*q.shape[:-1], 1))  # (..., T_q, 1) sum of exp(score - m)
+    acc = q.new_zeros((*q.shape[:-1], v.shape[-1]))  # (..., T_q, d_v) sum of exp(score - m) v
+    for start in range(0, k.shape[-2], tile):
+        s = q @ k[..., start:start + tile, :].transpose(-2, -1) * scale  # (..., T_q, tile)
+        if causal:
+            keys = torch.arange(s.shape[-1]) + (start if global_keys else 0)
+            s = s.masked_fill(keys > torch.arange(q.shape[-2])[:, None], float("-inf"))
+        m_new = torch.maximum(m, s.amax(-1, keepdim=True))
+        p = torch.exp(s - m_new)  # (..., T_q, tile)
+        shrink = torch.exp(m - m_new)  # (..., T_q, 1): the old sums were against the old maximum
+        total = (total * shrink if rescale_sum else total) + p.sum(-1, keepdim=True)
+        acc = (acc * shrink if rescale_values else acc) + p @ v[..., start:start + tile, :]
+        m = m_new
+    return acc / total if divide else acc
+
+
+_TILED_MISTAKES = (  # (hint, the switch that makes _online_attention commit it)
+    ("when the running maximum grows, the sum of exponentials must shrink by exp(m_old - m_new) "
+     "too", {"rescale_sum": False}),
+    ("when the running maximum grows, the running sum of weighted values must shrink by "
+     "exp(m_old - m_new): it was computed against the old maximum", {"rescale_values": False}),
+    ("the weighted sum of values is not divided by the sum of exponentials at the end",
+     {"divide": False}),
+    ("the scores are not divided by √d (d, the size of q's last dimension)", {"scaled": False}),
+    ("the causal mask compares a query with the key's place inside its tile: use the key's "
+     "position in the whole sequence (the tile's start plus its place in the tile)",
+     {"global_keys": False}),
+)
+
+
+def tiled_attention(q, k, v, tile: int, causal: bool = False) -> torch.Tensor:
+    """The chapter's fallback when 3.6 is not done: attention tile by tile (online softmax)."""
+    return _online_attention(q, k, v, tile, causal)
+
+
+@check("3.6", "tiled_attention", reference=tiled_attention)
+def check_tiled_attention(fn):
+    """``fn(q [..., T_q, d], k [..., T_k, d], v [..., T_k, d_v], tile, causal=False)`` equal to
+    softmax(q kᵀ / √d) v, [..., T_q, d_v], never holding more than [T_q, tile] scores."""
+    cases = [((6, 4), (6, 4), (6, 3), 2, False), ((10, 4), (10, 4), (10, 5), 3, True),
+             ((2, 3, 7, 8), (2, 3, 7, 8), (2, 3, 7, 8), 1, True),
+             ((5, 4), (9, 4), (9, 2), 16, False)]
+    for n, (sq, sk, sv, tile, causal) in enumerate(cases):
+        q, k, v = _randn64(*sq, seed=60 + n), _randn64(*sk, seed=70 + n), _randn64(*sv, seed=80 + n)
+        want = scaled_dot_product_attention(q, k, v, causal_mask(sq[-2]) if causal else None)[0]
+        got = expect_tensor(fn(q, k, v, tile, causal=causal), what="a tensor from tiled_attention")
+        where = f"q {tuple(q.shape)}, k {tuple(k.shape)}, tile={tile}, causal={causal}"
+        expect(tuple(got.shape) == tuple(want.shape), f"the output is [..., T_q, d_v] = "
+               f"{tuple(want.shape)} for {where}, got {tuple(got.shape)}")
+        expect_close(got, want, f"the output differs from softmax(q kᵀ / √d) v ({where})",
+                     atol=1e-9, rtol=1e-9, mistakes=[
+                         (hint, _online_attention(q, k, v, tile, causal, **switch))
+                         for hint, switch in _TILED_MISTAKES])
+    big_q, big_k = (40 * _randn64(8, 4, seed=s).float() for s in (90, 91))
+    v = _randn64(8, 4, seed=92).float()
+    got = expect_tensor(fn(big_q, big_k, v, 3), what="a tensor from tiled_attention")
+    expect(bool(torch.isfinite(got).all()), "scores in the hundreds give inf or NaN: exp(800) "
+           "overflows. Subtract each query's running maximum before exp, and rescale the sums "
+           "when it grows")
+    expect_close(got, scaled_dot_product_attention(big_q, big_k, v)[0],
+                 "with large scores (float32) the output differs from the softmax's",
+                 atol=1e-4, rtol=1e-4)
+    q, k, v = (_randn64(64, 4, seed=s) for s in (93, 94, 95))
+    _, numel = largest_tensor(fn, q, k, v, 8, causal=True)
+    expect(numel <= 64 * 8, f"with T = 64 and tile = 8 your function computed a tensor of "
+           f"{numel:,} numbers; the scores of all queries against one tile are 64 x 8 = 512. "
+           "Build the scores (and any causal mask) one tile of keys at a time, never for all "
+           "64 x 64 pairs")
