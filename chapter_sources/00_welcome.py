@@ -224,9 +224,8 @@ char_frequencies = check_char_frequencies(char_frequencies).use
 # ### The sources the chapters check
 #
 # Several chapters compare what they build with five explanations of the transformer published on
-# the web, and call them **source 0** to **source 4** (some chapters say *seed 000* to *seed 004*:
-# the same five documents). The course reuses their examples and worked numbers, and where one of them is
-# wrong it says so and shows the right result. They do not ship with the course, and you do not need
+# the web, and call them **source 0** to **source 4**. The course reuses their examples and worked
+# numbers, and where one of them is wrong it says so and shows the right result. They do not ship with the course, and you do not need
 # them to follow it:
 #
 # - **source 0**: a blog post that builds a decoder-only transformer step by step in PyTorch, on a toy

@@ -318,7 +318,7 @@ def fixed_scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 check_attention_scores(fixed_scores)
 
 # %% [markdown]
-# Seed 004 makes a slip of the same family in Julia, where a sequence is stored the other way round,
+# Source 4 makes a slip of the same family in Julia, where a sequence is stored the other way round,
 # `[dim × ntokens]`, one *column* per token. Its head computes `α = softmax(Q*K' / √dim)`: with
 # columns for tokens, `Q*K'` is `[dim × dim]` and sums over the *positions*, so it compares features
 # with features, not tokens with tokens. In that layout the scores are `K'*Q` (`[ntokens × ntokens]`,
@@ -330,7 +330,7 @@ check_attention_scores(fixed_scores)
 # computation in PyTorch, on the worked example's first sequence (6 tokens, 2 features):
 
 # %%
-Qc, Kc, Vc = q[0].T, k[0].T, v[0].T  # (hs, T) each: seed 004's layout, one column per token
+Qc, Kc, Vc = q[0].T, k[0].T, v[0].T  # (hs, T) each: source 4's layout, one column per token
 alpha_seed = torch.softmax(Qc @ Kc.T / math.sqrt(Qc.shape[0]), dim=0)  # Julia's Q*K': (hs, hs)
 alpha_right = torch.softmax(Kc.T @ Qc / math.sqrt(Qc.shape[0]), dim=0)  # K'*Q: (T_k, T_q)
 print("Q*K':", tuple(alpha_seed.shape), "-> α*V:", tuple((alpha_seed @ Vc).shape),
@@ -427,7 +427,7 @@ print(f"at d_k={d_big}: the unscaled rows put {saturation[d_big][0]:.0%} of the 
 # thing only when the query has the model's full width; after projecting to a head of size `hs`,
 # the sum has `hs` terms, and √hs = √d_k is the right divisor. It is the one the paper uses.)
 #
-# Seed 004 calls the scale a detail that "isn't particularly important". The measurement says
+# Source 4 calls the scale a detail that "isn't particularly important". The measurement says
 # otherwise: without it, the scores of a head of 512 spread √(512 / 2) = 16 times wider than those of
 # a head of 2, and at 512 the unscaled rows put 94% of their weight on one key: nearly one-hot, with
 # nearly no gradient. The paper introduced the scale for exactly that reason (its section 3.2.1).
@@ -526,7 +526,7 @@ print("its weights:", torch.softmax(row2, dim=-1))
 # `keep[:, None, :]`. Combined with the causal mask by `&`, a position may be attended when it is
 # both in the past and real.
 #
-# Seed 001 says that a text shorter than the context is "padded with zeros", and stops there. Zeros
+# Source 1 says that a text shorter than the context is "padded with zeros", and stops there. Zeros
 # are not a mask. A zero key scores 0 against every query, and a score of 0 gets the weight
 # `exp(0) = 1` (section 1), so the filler takes a share of every row; its value is zero too, so
 # that share is simply lost and every output shrinks. Here is *bank* from section 1 with its
@@ -1178,7 +1178,7 @@ quiz([
 # - The scores are divided by √d_k because their spread grows like √d_k; without it the softmax
 #   saturates (at d_k = 512 most of a row's weight sits on one key) and gradients vanish.
 # - A score of 0 still gets weight (`exp(0) = 1`): words unrelated to the query, and zero-padding
-#   without a mask (seed 001), take a share of every row.
+#   without a mask (source 1), take a share of every row.
 # - Masks are bool, True = may attend; masked scores become −∞ so they get exactly zero weight. The
 #   causal mask hides the future, padding masks hide filler keys, and a fully masked row returns
 #   zeros instead of NaN (as PyTorch's own attention does from version 2.5).
@@ -1186,7 +1186,7 @@ quiz([
 #   the correct output for *horizon* is (0.5863, 0.4658).
 # - The scores pair every query row with every key row. A product that pairs the features of `q` with
 #   the positions of `k` runs only when the two counts happen to be equal, and is wrong even then;
-#   seed 004's `Q*K'` (tokens as columns) compares features with features and, on one sequence,
+#   source 4's `Q*K'` (tokens as columns) compares features with features and, on one sequence,
 #   runs at every size (on its declared batch it stops: Julia has no adjoint of a 3-D array).
 # - ALiBi replaces the position code by a penalty on distance, added to the scores as a float mask
 #   (0 changes nothing, −∞ hides); it exists for every length.

@@ -84,7 +84,7 @@ ACTIVATIONS = ("relu", "gelu", "gelu_tanh")  # 2017 paper, exact GELU, GPT-2's t
 #
 # The output has the input's shape `[B, T, C]`, which is what lets us stack blocks.
 #
-# Our running example is the small batch from seed 000 (the text "The sun dipped below the
+# Our running example is the small batch from source 0 (the text "The sun dipped below the
 # horizon, painting the sky with hues"): two sequences of six tokens, each token already embedded
 # with its position as a 4-number vector, so `[B, T, C] = [2, 6, 4]`.
 
@@ -113,7 +113,7 @@ print("x_seed:", tuple(x_seed.shape), "= [B, T, C]")
 # another scale and offset per channel if that helps. The small $\varepsilon = 10^{-5}$ keeps the
 # division finite for a token whose numbers are all equal ($\sigma = 0$).
 #
-# Seed 002 draws tokens as the *columns* of a `[C, T]` matrix and so says "per column"; in our
+# Source 2 draws tokens as the *columns* of a `[C, T]` matrix and so says "per column"; in our
 # `[B, T, C]` layout a token is a row, and we normalise over the last dimension. Nothing mixes
 # tokens or batch items (unlike batch normalisation), so the layer behaves the same in training and
 # when generating one sequence at a time.
@@ -248,26 +248,26 @@ for name, (a, b) in pairs.items():
     assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
 
 # %% [markdown]
-# ### Seed 002 puts ε in the wrong place
+# ### Source 2 puts ε in the wrong place
 #
-# Seed 002 writes the normalisation as $(x - \mu) / (\sigma + \varepsilon)$. PyTorch, TensorFlow
+# Source 2 writes the normalisation as $(x - \mu) / (\sigma + \varepsilon)$. PyTorch, TensorFlow
 # and GPT-2 all use $(x - \mu) / \sqrt{\sigma^2 + \varepsilon}$. The correct output is
-# $(\sigma + \varepsilon) / \sqrt{\sigma^2 + \varepsilon}$ times seed 002's: almost exactly 1 when the
+# $(\sigma + \varepsilon) / \sqrt{\sigma^2 + \varepsilon}$ times source 2's: almost exactly 1 when the
 # token's spread $\sigma$ is much larger than $\sqrt{\varepsilon} \approx 0.003$, and far below 1 when
 # it is not.
 
 # %%
-def seed002_factor(sigma, eps=1e-5):
-    """Correct LayerNorm output / seed 002's, for a token of standard deviation sigma (γ = 1, β = 0)."""
+def source2_factor(sigma, eps=1e-5):
+    """Correct LayerNorm output / source 2's, for a token of standard deviation sigma (γ = 1, β = 0)."""
     return (sigma + eps) / torch.sqrt(sigma**2 + eps)
 
 spreads = x_seed.std(dim=-1, correction=0)  # [B, T]: each token's σ
 correct = LayerNorm(4, fast=False)(x_seed).detach()
-seed002 = correct / seed002_factor(spreads)[..., None]  # what seed 002's formula gives
-gap = (seed002 - correct).abs().max().item()
+source2 = correct / source2_factor(spreads)[..., None]  # what source 2's formula gives
+gap = (source2 - correct).abs().max().item()
 print(f"seed batch (token spreads {spreads.min().item():.2f} to {spreads.max().item():.2f}): largest difference {gap:.1e}")
 for spread in (1.0, 0.1, 0.01, 0.003, 0.001):
-    print(f"token spread {spread:<6}: the correct output is {seed002_factor(torch.tensor(spread)).item():.4f} x seed 002's")
+    print(f"token spread {spread:<6}: the correct output is {source2_factor(torch.tensor(spread)).item():.4f} x source 2's")
 
 # %% [markdown]
 # On the seed batch the error is a few times $10^{-4}$: small, but hundreds of times the $10^{-6}$
@@ -277,13 +277,13 @@ for spread in (1.0, 0.1, 0.01, 0.003, 0.001):
 
 # %%
 sigmas = torch.logspace(-5, 0, 200)
-factor = seed002_factor(sigmas)  # correct output / seed 002's
+factor = source2_factor(sigmas)  # correct output / source 2's
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.semilogx(sigmas, factor)
 ax.axvline(1e-5**0.5, color="grey", ls=":", label="σ = √ε ≈ 0.003")
 ax.set_xlabel("token's standard deviation σ")
-ax.set_ylabel("correct / seed 002's")
-ax.set_title("How far seed 002's LayerNorm is from the real one")
+ax.set_ylabel("correct / source 2's")
+ax.set_title("How far source 2's LayerNorm is from the real one")
 ax.legend()
 plt.show()
 
@@ -297,10 +297,10 @@ plt.show()
 # $$\mathrm{FFN}(x) = \mathrm{proj}(\,\mathrm{act}(\mathrm{fc}(x))\,).$$
 #
 # The same weights are used at every position ("position-wise"). The hidden width is four times
-# C in the 2017 paper (512 → 2048), in GPT-2 (768 → 3072) and in our seeds (seed 000: 4 → 16;
-# seed 003: 64 → 256). Most of a block's parameters live here.
+# C in the 2017 paper (512 → 2048), in GPT-2 (768 → 3072) and in our sources (source 0: 4 → 16;
+# source 3: 64 → 256). Most of a block's parameters live here.
 #
-# One correction to seed 003, which says the network's input and output are "attention scores":
+# One correction to source 3, which says the network's input and output are "attention scores":
 # they are not. The attention weights stay inside the attention sublayer; what reaches the
 # feed-forward network is each token's C-number vector (the input plus attention's contribution).
 
@@ -337,7 +337,7 @@ class FeedForward(nn.Module):
         return self.dropout(self.proj(h))  # (..., C)
 
 # %% [markdown]
-# Seed 000's network on seed 000's batch (4 → 16 → 4, ReLU), and seed 003's size (64 → 256 → 64).
+# Source 0's network on source 0's batch (4 → 16 → 4, ReLU), and source 3's size (64 → 256 → 64).
 # The parameter count is two weight matrices plus two bias vectors: $2 \cdot C \cdot 4C + 4C + C$.
 
 # %%
@@ -447,7 +447,7 @@ plt.show()
 # \partial x$, so during backpropagation the gradient arriving at $y$ reaches $x$ directly, plus
 # whatever $f$ adds.
 #
-# Seed 000 says the addition "distributes the gradient equally" to its two inputs. Equal, yes, but
+# Source 0 says the addition "distributes the gradient equally" to its two inputs. Equal, yes, but
 # not shared out: an addition hands the *whole* incoming gradient to each input.
 
 # %%
@@ -457,7 +457,7 @@ b = torch.tensor(-1.0, requires_grad=True)
 print(f"gradient at a: {a.grad.item()}, at b: {b.grad.item()} (copied, not halved)")
 
 # %% [markdown]
-# Seed 004 makes the argument for depth: the derivative of $f(f(\dots f(x)))$ is the product of
+# Source 4 makes the argument for depth: the derivative of $f(f(\dots f(x)))$ is the product of
 # the derivatives of every step, so if each factor is below 1 the product shrinks geometrically.
 # Twenty steps of $f(h) = \tfrac12\tanh(h)$, whose slope is at most ½, against twenty steps of
 # $h + \tfrac12 \tanh(h)$, whose slope is at least 1:
@@ -480,11 +480,11 @@ print(f"residual: d out / d x = {chain_gradient(lambda h: h + 0.5 * torch.tanh(h
 #
 # ## 5. The block, two ways
 #
-# The 2017 paper puts the normalisation *after* the residual addition ("Add & Norm", seeds 003
-# and 004): `x = LN(x + sublayer(x))`. GPT-2 moved it to the *input* of each sublayer,
+# The 2017 paper puts the normalisation *after* the residual addition ("Add & Norm", sources 3
+# and 4): `x = LN(x + sublayer(x))`. GPT-2 moved it to the *input* of each sublayer,
 # `x = x + sublayer(LN(x))`, and added one more LayerNorm after the last block (`ln_f`, chapter 06).
 # With pre-norm the residual stream itself is never normalised inside the stack: there is a clean
-# identity path from the top of the network to the bottom. (Seed 002 says a softmax follows the
+# identity path from the top of the network to the bottom. (Source 2 says a softmax follows the
 # last block; what follows is that final LayerNorm, then the output layer; the softmax comes only
 # at the very end, on the logits.)
 #
@@ -549,7 +549,7 @@ class TransformerBlock(nn.Module):
 TransformerBlock = check_transformer_block(TransformerBlock).use
 
 # %% [markdown]
-# Seed 000's block on seed 000's batch: 4 channels, 2 heads of size 2.
+# Source 0's block on source 0's batch: 4 channels, 2 heads of size 2.
 
 # %%
 torch.manual_seed(0)
@@ -671,7 +671,7 @@ def block_parameter_count(d_model: int, bias: bool = True) -> int:
     return attention + feed_forward + layer_norms
 
 # %%
-for C, nh, where in ((4, 2, "seed 000"), (64, 4, "seed 003"), (768, 12, "GPT-2 small")):
+for C, nh, where in ((4, 2, "source 0"), (64, 4, "source 3"), (768, 12, "GPT-2 small")):
     for bias in (True, False):
         counted = sum(p.numel() for p in TransformerBlock(C, nh, bias=bias).parameters())
         formula = block_parameter_count(C, bias=bias)
@@ -679,7 +679,7 @@ for C, nh, where in ((4, 2, "seed 000"), (64, 4, "seed 003"), (768, 12, "GPT-2 s
         assert counted == formula == 12 * C * C + (13 if bias else 2) * C
 
 # %% [markdown]
-# The 2017 paper's base model (its Table 3; seed 004 quotes the first two numbers) has 6 layers in
+# The 2017 paper's base model (its Table 3; source 4 quotes the first two numbers) has 6 layers in
 # the encoder and 6 in the decoder, 8 heads, C = 512, a feed-forward width of 2048 = 4C, ReLU and
 # biases. Its encoder layer is exactly our post-norm block with `activation="relu"`, and holds
 # 3,152,384 parameters; a decoder layer adds the cross-attention of chapter 09.
@@ -713,7 +713,7 @@ drop.eval()
 print("evaluation mode: the input comes back unchanged:", torch.equal(drop(ones), ones))
 
 # %% [markdown]
-# Where does it go? Seed 004 says the original transformer applies dropout "after each layer norm".
+# Where does it go? Source 4 says the original transformer applies dropout "after each layer norm".
 # The paper says otherwise (section 5.4, "Residual Dropout"): it drops the *output of each
 # sublayer*, before that output is added to the sublayer's input and normalised, and the sums of
 # token embeddings and position codes (chapter 02's `InputEmbedding`), with p = 0.1 in the base
@@ -735,18 +735,18 @@ print("evaluation mode: equal to the block without dropout:", torch.equal(with_d
 # %% [markdown]
 # ## 6. Spot the bug: the first LayerNorm, twice
 #
-# Seed 000's block computes the second sublayer as `x + ffwd(layer_norm1(x))`, and seed 004's
+# Source 0's block computes the second sublayer as `x + ffwd(layer_norm1(x))`, and source 4's
 # (post-norm, in Julia) applies `norm_1` after *both* sublayers. Either way the second LayerNorm
 # is built and never used. What does that do?
 
 # %% [markdown]
 # We can make the bug without writing a forward pass: point the block's `ln2` at its `ln1`. The block's
-# own forward then normalises both sublayers with `ln1`, which is what both seeds do (for a pre-norm
-# block, seed 000's; for a post-norm one, seed 004's).
+# own forward then normalises both sublayers with `ln1`, which is what both sources do (for a pre-norm
+# block, source 0's; for a post-norm one, source 4's).
 
 # %%
 def with_ln1_twice(block: TransformerBlock) -> TransformerBlock:
-    """A copy of ``block`` with the seeds' bug: both sublayers use ln1, ln2 is never called."""
+    """A copy of ``block`` with the two sources' bug: both sublayers use ln1, ln2 is never called."""
     buggy = copy.deepcopy(block)
     buggy.ln2 = buggy.ln1  # one module in both places
     return buggy
@@ -795,7 +795,7 @@ print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
 # model has 2C parameters that never train (its `ln2` is still exactly at its starting
 # values), and once the two LayerNorms have learned different settings, swapping one for the other
 # is a real change to the output: load trained weights (GPT-2's, in chapter 08) into a model with
-# this bug and it no longer computes what it was trained to compute. Seed 004's post-norm version has the same flaw. The lesson goes
+# this bug and it no longer computes what it was trained to compute. Source 4's post-norm version has the same flaw. The lesson goes
 # beyond this bug: a check at initialisation cannot tell apart modules that start out identical, so
 # the tests of this chapter (and Exercise 5.3's check) give the two LayerNorms different values first.
 #
@@ -805,7 +805,7 @@ print(f"in the trained correct block, ln1 instead of ln2 changes the output by "
 # of width 64, send a fixed random gradient $g = \partial L / \partial\,\text{out}$ into the top, and
 # record how large the gradient is at the input of each block, relative to $\lVert g \rVert$. Five
 # variants: pre-norm and post-norm blocks as built above; the same two with the `x +` of both
-# residual connections removed; and, to isolate seed 004's chain-rule argument, a block with
+# residual connections removed; and, to isolate source 4's chain-rule argument, a block with
 # neither residual connections nor LayerNorms.
 #
 # The measuring instrument is yours to write: `input_gradient_norms(layers, x, grad_output)`. It runs
@@ -909,7 +909,7 @@ plt.show()
 #
 # - **No residual, no LayerNorm**: the gradient must pass through all 48 sublayers' Jacobians, and
 #   with PyTorch's default initialisation each one shrinks it. The product collapses to nothing
-#   long before the bottom: this is seed 004's $f'(x)\,f'(f(x)) \cdots$ argument in a real network.
+#   long before the bottom: this is source 4's $f'(x)\,f'(f(x)) \cdots$ argument in a real network.
 # - **Residual connections** (pre- or post-norm) keep the gradient of the same size all the way down:
 #   the identity path carries it past every block, and each block adds its own contribution on top,
 #   which is why the pre-norm line even rises a little towards the bottom.
@@ -1160,7 +1160,7 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Which layer learns what?** Seed 002 says lower layers learn low-level features and higher ones
+# **Which layer learns what?** Source 2 says lower layers learn low-level features and higher ones
 # high-level abstractions. That is a tendency found by probing trained models, not a rule built into
 # the architecture. Tenney, Das and Pavlick (2019, "BERT Rediscovers the Classical NLP Pipeline")
 # found part-of-speech information easiest to read out of BERT's lower layers and relations further
@@ -1187,7 +1187,7 @@ quiz([
     Question("Which part of a block holds most of its parameters?",
              ["The attention's qkv projection", "The feed-forward network", "The two LayerNorms", "The attention's output projection"],
              answer=1, explain="fc and proj hold 8C² of the block's 12C² weights; qkv has 3C², W_o C², the LayerNorms only 4C numbers."),
-    Question("Seed 000 uses layer_norm1 before both sublayers. Why does a test on a freshly built model not notice?",
+    Question("Source 0 uses layer_norm1 before both sublayers. Why does a test on a freshly built model not notice?",
              ["Because LayerNorm has no parameters", "Because both LayerNorms start as γ = 1, β = 0 and compute the same thing",
               "Because the feed-forward network ignores its input's scale", "It does notice: the output shape changes"],
              answer=1, explain="The two only diverge once training moves their parameters, and the unused ln2 never trains."),
@@ -1198,7 +1198,7 @@ quiz([
 #
 # - **LayerNorm** normalises each token's C numbers to mean 0 and variance 1 (variance divided by C,
 #   ε inside the square root), then applies a learned gain and bias. Yours matches `nn.LayerNorm`
-#   within $10^{-6}$; seed 002's $(\sigma + \varepsilon)$ version does not. (Chapter 10 builds
+#   within $10^{-6}$; source 2's $(\sigma + \varepsilon)$ version does not. (Chapter 10 builds
 #   RMSNorm, which drops the centring and β.)
 # - **FeedForward** widens each token to 4C, applies ReLU or GELU (exact or GPT-2's tanh
 #   approximation, which differ by under $5 \cdot 10^{-4}$), and projects back, the same way at every
@@ -1215,9 +1215,9 @@ quiz([
 #   into one matrix product.
 # - **Dropout** zeroes each number with probability p in training and scales the rest by 1/(1 - p);
 #   in evaluation it does nothing. The paper drops each sublayer's output before the residual
-#   addition (not after the LayerNorm, as seed 004 says), and so does our block.
+#   addition (not after the LayerNorm, as source 4 says), and so does our block.
 # - A block has $12C^2 + 13C$ parameters (7,087,872 for GPT-2 small).
-# - Using the first LayerNorm twice (seeds 000 and 004) is invisible at initialisation and wrong
+# - Using the first LayerNorm twice (sources 0 and 4) is invisible at initialisation and wrong
 #   after training, so checks of a block give its two LayerNorms different values first.
 # - The course's trained GPT has a position head (layer 0, head 0: the previous character) and a
 #   content head (layer 1, head 0: the last space or line break), told apart by measurement.

@@ -54,7 +54,7 @@ _ = torch.manual_seed(0)
 # ## 1. From logits to probabilities, and greedy decoding
 #
 # Chapter 06's model ends with a final LayerNorm (`ln_f`) and the language-modelling head, a linear layer
-# from `d_model` numbers to `V` logits per position: `[B, T, V]` for B sequences of length T. One seed
+# from `d_model` numbers to `V` logits per position: `[B, T, V]` for B sequences of length T. One source
 # works this through with 3,771 tokens, `d_model = 64`, a batch of 4 and a context of 16; here is an
 # untrained model of that size. Training scores every position; generation needs only what comes
 # *after* the sequence, the last position, `[B, V]`.
@@ -72,13 +72,13 @@ print("top-level pieces:", [name for name, _ in untrained.named_children()])
 
 # %% [markdown]
 # Softmax turns a row of logits into probabilities, $p_i = e^{z_i} / \sum_j e^{z_j}$, all positive, summing
-# to 1. **A correction to one seed.** Seed 002 applies "one final softmax" after the blocks, then the head,
+# to 1. **A correction to one source.** Source 2 applies "one final softmax" after the blocks, then the head,
 # then "softmax again". There is one softmax, after the head; between the last block and the head sits a
-# LayerNorm (`ln_f`, listed above). Seed 003 calls that softmax's result `logits`: keep the names apart.
+# LayerNorm (`ln_f`, listed above). Source 3 calls that softmax's result `logits`: keep the names apart.
 # **Logits** are unnormalised scores; **probabilities** are what softmax makes of them; every knob below
 # acts on the logits.
 #
-# The simplest rule takes the most likely token every time: **greedy decoding** (seed 003). Softmax keeps
+# The simplest rule takes the most likely token every time: **greedy decoding** (source 3). Softmax keeps
 # the order of its inputs, so greedy needs no softmax at all:
 
 # %%
@@ -92,7 +92,7 @@ print("greedy:", last.argmax(dim=-1), "| the same from the probabilities:", torc
 #
 # ## 2. Sampling from the distribution
 #
-# Sampling picks a token at random, weighted by its probability: seed 002's token of probability 0.9 is
+# Sampling picks a token at random, weighted by its probability: source 2's token of probability 0.9 is
 # chosen 90% of the time. `torch.multinomial` draws; every draw in this course takes an explicit, seeded
 # `torch.Generator`, so the same seed gives the same draws and PyTorch's global random state is never
 # touched. The 90% claim, with 100,000 draws:
@@ -399,7 +399,7 @@ print(f"trained {course.step:,} steps on {manifest()['built']['cpu']}: "
       f"validation loss {course.history.val_loss[0]:.2f} -> {course.history.val_loss[-1]:.2f}")
 
 # %% [markdown]
-# Seed 004 describes generation as a loop: run the model, take the next token's distribution, sample,
+# Source 4 describes generation as a loop: run the model, take the next token's distribution, sample,
 # append, run again. Text goes in through `encode_prompt`, a string to ids `[1, T]`, which refuses what
 # the model could not read (an empty prompt, unknown characters) with a message that names the problem.
 
@@ -446,7 +446,7 @@ for knobs in (dict(temperature=1.0), dict(temperature=0.8, top_k=20, top_p=0.9))
     print(f"--- {', '.join(f'{k} {v}' for k, v in knobs.items())}\n{tok.decode(out[0].tolist())}")
 
 # %% [markdown]
-# Seed 004 worries that $P(\text{next} \mid \text{the cat sat on})$ differs depending on whether "on" was
+# Source 4 worries that $P(\text{next} \mid \text{the cat sat on})$ differs depending on whether "on" was
 # typed or sampled. That holds for the encoder-decoder it describes, where prompt and output go through
 # different stacks (chapter 09). In a **decoder-only** GPT both go through the same stack, so the model
 # cannot tell them apart, and typing in generated text must give exactly the same continuation:
@@ -761,7 +761,7 @@ assert positions_fed(lambda: generate(model, prompt, n_new, temperature=0)) == w
 # ## 9. Several prompts at once, end tokens, streaming
 #
 # `generate` takes a batch `[B, T]`: B prompts of the same length, one forward pass per step for all
-# (different lengths would need padding and a padding mask). Seed 004 mentions the usual ending, a special
+# (different lengths would need padding and a padding mask). Source 4 mentions the usual ending, a special
 # **end token**; our characters have none, but a newline can play the part. With `eos_id` a row is
 # finished once it produces it, is padded with it from then on, and generation stops when every row is
 # finished. Three prompts, one line of verse each; and greedy rows equal single runs:
@@ -999,7 +999,7 @@ quiz([
 # ## Summary
 #
 # - The model gives logits `[B, T, V]`; generation uses the last position's `[B, V]`. One softmax turns
-#   them into probabilities (seed 002's "softmax before the head" is a LayerNorm).
+#   them into probabilities (source 2's "softmax before the head" is a LayerNorm).
 # - **Greedy** takes the argmax: deterministic, prone to loops. **Sampling** draws in proportion to the
 #   probabilities, from an explicit seeded `torch.Generator`.
 # - **Temperature** divides the logits (dividing the probabilities cancels out): below 1 sharper, above 1

@@ -85,7 +85,7 @@ def _in_place(self, x):
                 * self.weight
                 + self.bias
             ),
-            "(std + eps), as seed 002",
+            "(std + eps), as source 2",
         ),
         (lambda self, x: _formula(self, x, dim=0), "not over the batch"),
         (lambda self, x: F.layer_norm(x, (self.d_model,), eps=self.eps), "then multiply by weight"),
@@ -168,7 +168,7 @@ def _right(b, x, mask, cache):
     return b.ln2(x + b.mlp(x))
 
 
-def _ln1_twice(b, x, mask, cache):  # seeds 000 and 004
+def _ln1_twice(b, x, mask, cache):  # sources 0 and 4
     if b.norm == "pre":
         x = x + b.attn(b.ln1(x), mask=mask, cache=cache)
         return x + b.mlp(b.ln1(x))
@@ -237,7 +237,7 @@ def test_block_reference_and_rewrite_pass():
 @pytest.mark.parametrize(
     ("forward", "hint"),
     [
-        (_ln1_twice, "using block.ln1 twice is the bug in seeds 000 and 004"),
+        (_ln1_twice, "using block.ln1 twice is the bug in sources 0 and 4"),
         (_always_post, "with norm='pre' normalise each sublayer's input"),
         (_always_pre, "with norm='post' normalise after each addition"),
         (_no_residual, "the residual connection"),

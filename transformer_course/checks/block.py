@@ -64,7 +64,7 @@ def _ln_mistakes(x, weight, bias, eps):
         ("you divided the variance by C - 1 (torch.var's default); layer normalisation divides by "
          "C: use x.var(-1, correction=0) or (x - mean).pow(2).mean(-1)",
          (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias),
-        ("you divided by (std + eps), as seed 002 writes it; eps belongs inside the square root: "
+        ("you divided by (std + eps), as source 2 writes it; eps belongs inside the square root: "
          "(x - mean) / sqrt(var + eps)",
          (x - mean) / (var.sqrt() + eps) * weight + bias),
         ("normalise over the last dimension (dim=-1, one token's C numbers), not over the batch",
@@ -128,7 +128,7 @@ def check_layer_norm(cls):
            "0) gave NaN or inf: add eps inside the square root")
     expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5), "a token whose "
                  "numbers are all equal normalises to 0, so the output must equal bias")
-    # a large eps makes eps's place in the formula visible (seed 002's (std + eps))
+    # a large eps makes eps's place in the formula visible (source 2's (std + eps))
     wide_eps = _layer_norm(cls, 8, seed=51, eps=0.5)
     with torch.no_grad():
         _expect_layer_norm(expect_tensor(wide_eps(x), what=what), x, weight, bias, 0.5)
@@ -240,8 +240,8 @@ def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 
 def _block_mistakes(block, x):
     """(hint, output) for the usual mistakes in a block's forward pass."""
     attn, mlp, ln1, ln2 = block.attn, block.mlp, block.ln1, block.ln2
-    twice = ("the second sublayer must use block.ln2; using block.ln1 twice is the bug in seeds "
-             "000 and 004")
+    twice = ("the second sublayer must use block.ln2; using block.ln1 twice is the bug in sources "
+             "0 and 4")
     pre = x + attn(ln1(x))  # after the first pre-norm sublayer
     post = ln1(x + attn(x))  # after the first post-norm sublayer
     if block.norm == "pre":

@@ -136,7 +136,7 @@ def check_predict_embedding_grad(fn) -> None:
 
 
 def _literal_seed_001(n_positions: int, d_model: int) -> torch.Tensor:
-    """The slip of seed 001: column j uses the exponent 2j/C instead of 2*floor(j/2)/C."""
+    """The slip of source 1: column j uses the exponent 2j/C instead of 2*floor(j/2)/C."""
     j = torch.arange(d_model, dtype=_F64)
     angles = torch.arange(n_positions, dtype=_F64)[:, None] / 10000 ** (2 * j / d_model)
     return torch.where(j % 2 == 0, torch.sin(angles), torch.cos(angles))
@@ -155,7 +155,7 @@ def _expect_table(got: torch.Tensor, n: int, d: int) -> None:
     swap = torch.arange(d).view(-1, 2).flip(1).flatten()  # 1, 0, 3, 2, ...
     named = name_mistake(got, [
         ("your row 0 is position 1: count positions from 0, so the first row is [0, 1, 0, 1, ...] "
-         "(sin 0 = 0, cos 0 = 1); seed 004 counts from 1",
+         "(sin 0 = 0, cos 0 = 1); source 4 counts from 1",
          sinusoidal_positional_encoding(n + 1, d, dtype=_F64)[1:]),
         ("sine and cosine are swapped: even columns (0, 2, ...) take the sine and odd columns the "
          "cosine, so row 0 reads [0, 1, 0, 1, ...]", want[:, swap]),
@@ -163,7 +163,7 @@ def _expect_table(got: torch.Tensor, n: int, d: int) -> None:
          "alternate: pair i fills columns 2i (sine) and 2i+1 (cosine), so row 0 reads "
          "[0, 1, 0, 1, ...] (assign to pe[:, 0::2] and pe[:, 1::2])", _sines_first(want)),
         ("columns 2i and 2i+1 must share one frequency, 10000^(-2i/d_model); you put the column "
-         "index j in place of 2i (exponent 2j/d_model), as seed 001's formula reads. PE[1, 2] "
+         "index j in place of 2i (exponent 2j/d_model), as source 1's formula reads. PE[1, 2] "
          f"should be {want[1, 2].item():.6f}, yours is {got[1, 2].item():.6f}",
          _literal_seed_001(n, d)),
     ], rtol=0)
