@@ -68,7 +68,9 @@ def probes(classmate: Path, secret: Path, unix_socket: Path) -> list[str]:
         f"probe('clone', lambda: set(os.listdir({str(ROOT)!r})) - {{'transformer_course', '.venv'}})",
         f"probe('teacher_file', lambda: open({str(secret)!r}).read())",
         "probe('shadow', lambda: open('/etc/shadow').read(10))\n"
-        "probe('etc', lambda: {'shadow', 'passwd', 'hostname', 'ssh'} & set(os.listdir('/etc')))",
+        "probe('etc', lambda: {'shadow', 'ssh', 'hostname', 'machine-id'} & set(os.listdir('/etc'))"
+        " or 'root:' in open('/etc/passwd').read())\n"
+        "assert socket.gethostbyname('localhost') == '127.0.0.1'  # the sandbox's own /etc/hosts (torchrun)",
         "probe('hostname', lambda: open_for_writing('/proc/sys/kernel/hostname'))\n"
         "probe('core_pattern', lambda: open_for_writing('/proc/sys/kernel/core_pattern'))\n"
         "probe('sysrq', lambda: open_for_writing('/proc/sysrq-trigger'))\n"

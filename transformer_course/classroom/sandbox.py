@@ -36,12 +36,12 @@ mount code. Each notebook runs
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import json
 import os
 import platform
 import re
-import resource
 import shutil
 import signal
 import socket
@@ -80,6 +80,11 @@ USERNS_HINT = ("the kernel must let users create user namespaces: `sudo sysctl -
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
                  "/sys/devices/system/cpu")
+# the sandbox's own /etc files: localhost resolves (torchrun's rendezvous), nobody has a name
+ETC_FILES = {"hosts": "127.0.0.1 localhost sandbox\n::1 localhost sandbox\n",
+             "nsswitch.conf": "passwd: files\ngroup: files\nhosts: files\n",
+             "passwd": f"nobody:x:{SANDBOX_ID}:{SANDBOX_ID}:nobody:/tmp:/usr/sbin/nologin\n",
+             "group": f"nogroup:x:{SANDBOX_ID}:\n"}
 _KEPT_ENV = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TZ")
 
 
@@ -136,11 +141,12 @@ def _folder_args(path: str, made: set[str], perms: bool) -> list[str]:
     return args
 
 
-def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features=None) -> list[str]:
+def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features=None, etc_fds=None) -> list[str]:
     """The ``bwrap`` command line that runs the worker on the hand-in read from ``hand_in_fd`` (copied to
     ``WORK_DIR/name``), with ``course_data`` (a ``benchmarks/results`` folder, or None) at
-    ``COURSE_DIR/benchmarks/results`` and ``hidden`` folders (the answer key) covered if they lie inside
-    a bound one. When the grader is root, the outer ``bwrap`` is privileged and hands over to ``nobody``."""
+    ``COURSE_DIR/benchmarks/results``, ``hidden`` folders (the answer key) covered if they lie inside a
+    bound one, and ``etc_fds`` ({"hosts": fd, ...}: the sandbox's own ``ETC_FILES``) read-only in /etc.
+    When the grader is root, the outer ``bwrap`` is privileged and hands over to ``nobody``."""
     features = _bwrap_features() if features is None else features
     perms = "--perms" in features
 
@@ -170,6 +176,8 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
     if course_data is not None and os.path.isdir(course_data):
         args += [*(["--perms", "0755"] if perms else []), "--dir", f"{COURSE_DIR}/benchmarks",
                  "--ro-bind", os.path.realpath(course_data), f"{COURSE_DIR}/{DATA_DIR}"]
+    for file, fd in (etc_fds or {}).items():
+        args += [*(["--perms", "0644"] if perms else []), "--ro-bind-data", str(fd), f"/etc/{file}"]
     args += [*tmpfs(WORK_DIR, "1777"), *(["--perms", "0666"] if perms else []),
              "--file", str(hand_in_fd), f"{WORK_DIR}/{name}", "--chdir", WORK_DIR]
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": "nobody",
@@ -212,13 +220,21 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
     cells together (kernel start aside); ``memory`` (bytes of address space) and ``processes`` bound each
     sandbox. Without ``sandbox``, the same layout in a temporary folder, run as the grader."""
     with tempfile.TemporaryDirectory() as private, tempfile.TemporaryFile() as errors, \
-            tempfile.TemporaryFile() as copy:
+            tempfile.TemporaryFile() as copy, contextlib.ExitStack() as stack:
         copy.write(hand_in)
         copy.flush()
         copy.seek(0)
         name = safe_name(name)
+        etc_fds: dict[str, int] = {}
         if sandbox:
-            command, cwd, folder = sandbox_command(copy.fileno(), name, course_data, hidden), None, WORK_DIR
+            etc = {}
+            for file, text in ETC_FILES.items():
+                etc[file] = stack.enter_context(tempfile.TemporaryFile())
+                etc[file].write(text.encode())
+                etc[file].seek(0)
+            etc_fds = {file: handle.fileno() for file, handle in etc.items()}
+            command = sandbox_command(copy.fileno(), name, course_data, hidden, etc_fds=etc_fds)
+            cwd, folder = None, WORK_DIR
         else:
             folder = os.path.join(private, "course", "chapters")
             os.makedirs(folder)
@@ -235,7 +251,8 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
         payload = json.dumps({"cells": cells, "folder": folder, "timeout": timeout, "expected": list(expected),
                               "limits": {"memory": memory, "processes": processes} if sandbox else {},
                               **channel}).encode()
-        passed = (*(channel.values() if PIPE_ANSWER else ()), *((copy.fileno(),) if sandbox else ()))
+        passed = (*(channel.values() if PIPE_ANSWER else ()),
+                  *((copy.fileno(), *etc_fds.values()) if sandbox else ()))
         process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
                                    pass_fds=passed, start_new_session=os.name == "posix",
                                    preexec_fn=_die_with_parent if os.name == "posix" else None)
@@ -333,13 +350,16 @@ def _isolated() -> bool:
 def confine(limits: dict) -> None:
     """In the sandbox's worker, before the kernel: not dumpable (the kernel, same uid, cannot open this
     process's answer pipe through /proc or trace it), and the limits every process started here inherits."""
+    import resource  # POSIX only (this runs in the sandbox: Linux)
+
     if _PRCTL is not None:
         _PRCTL(4, 0)  # PR_SET_DUMPABLE
     if "processes" in limits:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
     if "memory" in limits:
         resource.setrlimit(resource.RLIMIT_AS, (limits["memory"],) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if limits:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
 def _new_records(reply) -> list[tuple[str, str]]:
@@ -446,7 +466,8 @@ def main(argv: list[str]) -> int:
     if "result_fd" in request:
         os.set_inheritable(request["result_fd"], False)  # the kernel never holds the answer's pipe
     try:
-        confine(request.get("limits", {}))
+        if request.get("limits"):
+            confine(request["limits"])
         answer = execute([tuple(c) for c in request["cells"]], request["folder"], request["timeout"],
                          request["expected"])
     except Exception as error:  # report, do not crash the batch
