@@ -37,7 +37,7 @@ from .exercise_cells import (
     exercise_positions,
     printed_verdicts,
 )
-from .sandbox import DATA_DIR, run_cells, sandbox_problem, unreadable_by_the_sandbox
+from .sandbox import DATA_DIR, copied_in, run_cells, sandbox_problem, unreadable_by_the_sandbox
 
 MAX_NOTEBOOK_BYTES = 64 * 2**20  # a handed-in notebook larger than this is refused, not read
 DEFAULT_TIMEOUT = 1800  # seconds for a whole notebook: chapter 06 trains for about two minutes on a laptop
@@ -334,7 +334,7 @@ def run_grade_command(args) -> int:
     timeout = check_timeout(args.timeout)
     if args.csv:
         check_csv_path(args.csv, args.notebooks)
-    if not args.no_sandbox and (hidden := unreadable_by_the_sandbox()):
+    if not args.no_sandbox and (hidden := [p for p in unreadable_by_the_sandbox() if not copied_in(p)]):
         print(f"warning: graded as root, the notebooks run as nobody, who cannot read {len(hidden)} files of the "
               f"course (e.g. {hidden[0]}); a notebook that opens them fails. Fix: chmod -R o+rX "
               f"{Path(hidden[0]).parent if len(hidden) == 1 else os.path.commonpath(hidden)}", file=sys.stderr)

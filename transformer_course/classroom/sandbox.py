@@ -141,11 +141,12 @@ def _folder_args(path: str, made: set[str], perms: bool) -> list[str]:
     return args
 
 
-def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features=None, etc_fds=None) -> list[str]:
+def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features=None, data_fds=None) -> list[str]:
     """The ``bwrap`` command line that runs the worker on the hand-in read from ``hand_in_fd`` (copied to
     ``WORK_DIR/name``), with ``course_data`` (a ``benchmarks/results`` folder, or None) at
     ``COURSE_DIR/benchmarks/results``, ``hidden`` folders (the answer key) covered if they lie inside a
-    bound one, and ``etc_fds`` ({"hosts": fd, ...}: the sandbox's own ``ETC_FILES``) read-only in /etc.
+    bound one, and ``data_fds`` ({path in the sandbox: fd}: the sandbox's own ``ETC_FILES``, copies of the
+    package's files nobody could read) as read-only files readable by all.
     When the grader is root, the outer ``bwrap`` is privileged and hands over to ``nobody``."""
     features = _bwrap_features() if features is None else features
     perms = "--perms" in features
@@ -176,8 +177,8 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
     if course_data is not None and os.path.isdir(course_data):
         args += [*(["--perms", "0755"] if perms else []), "--dir", f"{COURSE_DIR}/benchmarks",
                  "--ro-bind", os.path.realpath(course_data), f"{COURSE_DIR}/{DATA_DIR}"]
-    for file, fd in (etc_fds or {}).items():
-        args += [*(["--perms", "0644"] if perms else []), "--ro-bind-data", str(fd), f"/etc/{file}"]
+    for path, fd in (data_fds or {}).items():
+        args += [*(["--perms", "0644"] if perms else []), "--ro-bind-data", str(fd), path]
     args += [*tmpfs(WORK_DIR, "1777"), *(["--perms", "0666"] if perms else []),
              "--file", str(hand_in_fd), f"{WORK_DIR}/{name}", "--chdir", WORK_DIR]
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp", "USER": "nobody",
@@ -225,15 +226,17 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
         copy.flush()
         copy.seek(0)
         name = safe_name(name)
-        etc_fds: dict[str, int] = {}
+        data_fds: dict[str, int] = {}
         if sandbox:
-            etc = {}
             for file, text in ETC_FILES.items():
-                etc[file] = stack.enter_context(tempfile.TemporaryFile())
-                etc[file].write(text.encode())
-                etc[file].seek(0)
-            etc_fds = {file: handle.fileno() for file, handle in etc.items()}
-            command = sandbox_command(copy.fileno(), name, course_data, hidden, etc_fds=etc_fds)
+                handle = stack.enter_context(tempfile.TemporaryFile())
+                handle.write(text.encode())
+                handle.seek(0)
+                data_fds[f"/etc/{file}"] = handle.fileno()
+            for path in unreadable_by_the_sandbox():  # a shipped model saved 0600: a readable copy over it
+                if copied_in(path):
+                    data_fds[path] = stack.enter_context(open(path, "rb")).fileno()
+            command = sandbox_command(copy.fileno(), name, course_data, hidden, data_fds=data_fds)
             cwd, folder = None, WORK_DIR
         else:
             folder = os.path.join(private, "course", "chapters")
@@ -252,7 +255,7 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
                               "limits": {"memory": memory, "processes": processes} if sandbox else {},
                               **channel}).encode()
         passed = (*(channel.values() if PIPE_ANSWER else ()),
-                  *((copy.fileno(), *etc_fds.values()) if sandbox else ()))
+                  *((copy.fileno(), *data_fds.values()) if sandbox else ()))
         process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
                                    pass_fds=passed, start_new_session=os.name == "posix",
                                    preexec_fn=_die_with_parent if os.name == "posix" else None)
@@ -305,6 +308,12 @@ def unreadable_by_the_sandbox() -> list[str]:
         if mode & need != need:
             found.append(str(path))
     return found
+
+
+def copied_in(path: str) -> bool:
+    """Whether the sandbox gets a readable copy of ``path``, one of :func:`unreadable_by_the_sandbox`: a
+    file of at most an eighth of a scratch folder (a folder nobody can enter stays closed)."""
+    return os.path.isfile(path) and os.path.getsize(path) <= SCRATCH_BYTES // 8
 
 
 def sandbox_problem() -> str:
