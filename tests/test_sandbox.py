@@ -156,6 +156,10 @@ def test_the_command_keeps_nothing_of_the_host_but_what_a_kernel_needs(tmp_path)
     else:
         assert "--unshare-user" in command and "setpriv" not in " ".join(command)
     assert command[command.index("--uid") + 1] == "65534"
+    # an answer key inside a bound folder (a wheel ships the chapters in the package) is covered by a tmpfs
+    inside = os.path.realpath(os.path.join(sys.prefix, "lib"))
+    covered = sandbox.sandbox_command(9, "a.ipynb", None, hidden=[inside], features={"--perms"})
+    assert covered[covered.index(inside) - 1] == "--tmpfs", covered
 
 
 def test_a_hand_ins_name_never_becomes_a_path():

@@ -202,7 +202,7 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
             if c["cell_type"] == "code" and c["source"].strip()]
     answer = run_cells(code, hand_in=data, name=path.name, course_data=Path(chapters_dir).parent / DATA_DIR,
                        timeout=timeout, sandbox=sandbox, expected=expected,
-                       hidden=[str(chapters_dir), str(path.parent)], **(limits or {}))
+                       hidden=[str(chapters_dir), str(COURSE_CHAPTERS), str(path.parent)], **(limits or {}))
     return grade_cells(path.name, submission.cells, expected, answer.get("records", []), answer.get("error", ""))
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import platform
@@ -90,6 +91,7 @@ _KEPT_ENV = ("LANG", "LC_ALL", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_N
 
 # ------------------------------------------------------------------ the grader's side: the command line
 
+@functools.lru_cache(maxsize=1)
 def _bwrap_features() -> set[str]:
     """The options of the installed ``bwrap`` among those whose use depends on its version."""
     try:
