@@ -40,6 +40,13 @@ def open_for_writing(path):  # opened, never written
 '''
 
 
+NESTED_USERNS = """import ctypes
+def nested_user_namespace():
+    pid = os.fork()  # in a child: the kernel itself stays as it is
+    if pid == 0:
+        os._exit(0 if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0 else 1)  # CLONE_NEWUSER
+    return os.waitpid(pid, 0)[1] == 0 and "made one"
+probe('nested_userns', nested_user_namespace)"""
 FORKS = """import signal, time
 def forks():
     children = []
@@ -86,6 +93,7 @@ def probes(classmate: Path, secret: Path, unix_socket: Path) -> list[str]:
         "probe('host_root', lambda: [l for l in open('/proc/self/uid_map') if l.split()[1] == '0'])\n"
         "probe('cwd', lambda: (os.getcwd(), sorted(os.listdir('.'))) != ('/course/chapters', ['me_03_toy.ipynb']) "
         "and (os.getcwd(), os.listdir('.')))",
+        NESTED_USERNS,
         "probe('memory', lambda: len(bytearray(3 * 2**30)))",
         FORKS,
         "raise RuntimeError('PROBES ' + json.dumps({k: v[:12] for k, v in leaked.items() if v}))",
@@ -126,6 +134,7 @@ def probed(tmp_path_factory):
     "shadow", "etc",
     "hostname", "core_pattern", "sysrq", "kmsg", "sys", "devices", "root", "capabilities", "host_root",  # 2: root
     "unix_socket", "run", "tcp",  # 3: sockets
+    "nested_userns",  # root in a user namespace of its own: more of the kernel to attack
     "processes", "memory",  # 4: limits
     "cwd",  # 5: the kernel works in its own copy, not beside the answer key or the classmates
 ])

@@ -98,7 +98,7 @@ def _bwrap_features() -> set[str]:
         shown = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return set()
-    return {option for option in ("--size", "--perms", "--clearenv") if option in shown}
+    return {option for option in ("--size", "--perms", "--clearenv", "--disable-userns") if option in shown}
 
 
 def _outermost(paths) -> list[str]:
@@ -158,8 +158,10 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
                  *(["--perms", mode] if perms else []), "--tmpfs", path])
 
     root = os.geteuid() == 0
-    args = [shutil.which("bwrap") or "bwrap", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", *([] if root else ["--unshare-user"]), "--hostname", "sandbox",
+    bwrap = shutil.which("bwrap") or "bwrap"
+    no_more = ["--disable-userns"] if "--disable-userns" in features else []  # no user namespace inside
+    args = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", *([] if root else ["--unshare-user", *no_more]), "--hostname", "sandbox",
             "--die-with-parent", "--new-session"]
     for system in _SYSTEM_DIRS:
         if os.path.islink(system):
@@ -193,8 +195,8 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
     args += [part for key, value in env.items() for part in ("--setenv", key, value)]
     if root:  # nothing inside is root on the host: the rest runs as nobody, without any capability
         args += ["--", shutil.which("setpriv") or "setpriv", "--reuid", str(SANDBOX_ID), "--regid", str(SANDBOX_ID),
-                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "bwrap",
-                 "--unshare-user", "--dev-bind", "/", "/", "--die-with-parent", "--chdir", WORK_DIR]
+                 "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", bwrap,
+                 "--unshare-user", *no_more, "--dev-bind", "/", "/", "--die-with-parent", "--chdir", WORK_DIR]
     return [*args, "--uid", str(SANDBOX_ID), "--gid", str(SANDBOX_ID), "--", sys.executable, "-m", WORKER_MODULE,
             "run"]
 
