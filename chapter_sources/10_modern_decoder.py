@@ -13,11 +13,11 @@
 # | keys and values | one key/value head per query head | **grouped-query attention**: a few key/value heads, each shared by a group of query heads |
 #
 # **In this chapter you will** write RMSNorm (Exercise 10.1), fix a broken table of rotation speeds
-# (10.2), write the rotation itself (10.3), predict the size of a KV cache (10.4), write the sharing of
-# key/value heads (10.5) and add Mistral's sliding-window mask (10.6). The chapter then builds all four
-# parts into chapter 06's `GPT` as configuration choices, so one class makes both GPT-2 and a
-# Llama-style decoder, and loads the weights of a Hugging Face `LlamaForCausalLM` into it with the same
-# outputs, to 1e-5.
+# (10.2), write the rotation itself (10.3), predict the size of a KV cache (10.4), assemble the four
+# parts into chapter 06's `GPT` yourself (10.5, ★★★: one class then makes both GPT-2 and a Llama-style
+# decoder) and add Mistral's sliding-window mask (10.6). Your assembly, with your RMSNorm and your
+# rotation inside, then loads the weights of a Hugging Face `LlamaForCausalLM` and gives its outputs to
+# 1e-5.
 #
 # **You need** chapter 02 (a position shift is a rotation of channel pairs), chapter 04 (heads and the
 # KV cache), chapter 05 (LayerNorm and the MLP), chapter 06 (`GPTConfig` and `GPT`), chapter 07
@@ -136,8 +136,8 @@ from transformer_course.checks.modern import (
     check_predict_kv_bytes,
     check_rms_norm,
     check_rope_frequencies,
+    check_modern_parts,
     check_rotate_halves,
-    check_share_kv_heads,
     check_sliding_window_mask,
 )
 
@@ -486,26 +486,20 @@ def my_prediction() -> int:
 check_predict_kv_bytes(my_prediction)
 
 # %% [markdown]
-# **Your turn.** Write `share_kv_heads(kv, n_head)`: kv [B, nkv, T, hs] to [B, nh, T, hs], where
-# query head h gets key/value head h // (nh // nkv): heads 0 .. g-1 share head 0, heads g .. 2g-1
-# head 1, and so on (g = nh // nkv). This is the plain way, a copy per query head, that the teaching
+# Chapter 04's Exercise 4.7 wrote the sharing itself: query head h reads key/value head
+# h // (nh // nkv), so heads 0 .. g-1 share head 0, heads g .. 2g-1 head 1, and so on (g = nh // nkv).
+# Here it is as a function of the package, the plain way, a copy per query head, that the teaching
 # path of attention uses; the fused path below shares without copying.
 
 # %%
 #| export
-# Your turn - Exercise 10.5 (★☆☆, build): grouped-query attention's head sharing.
 def share_kv_heads(kv: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, nkv, T, hs] -> [B, nh, T, hs]: query head h reads key/value head h // (nh // nkv), so each
     group of nh // nkv consecutive query heads shares one key/value head."""
     if kv.ndim != 4 or isinstance(n_head, bool) or not isinstance(n_head, int) or n_head % kv.shape[1]:
         raise ValueError(f"share_kv_heads needs kv [B, nkv, T, hs] and n_head a multiple of nkv, got "
                          f"{tuple(kv.shape)} and n_head={n_head!r}")
-    ### BEGIN SOLUTION
     return kv.repeat_interleave(n_head // kv.shape[1], dim=1)  # (B, nh, T, hs)
-    ### END SOLUTION
-
-# %%
-share_kv_heads = check_share_kv_heads(share_kv_heads).use
 
 # %% [markdown]
 # The attention layer is chapter 04's `MultiHeadAttention`, told `n_kv_head`: its packed `qkv` is then
@@ -530,7 +524,7 @@ def kv_cache_bytes(n_layer: int, n_kv_head: int, head_size: int, n_positions: in
     return 2 * n_layer * batch * n_kv_head * n_positions * head_size * bytes_per_number
 
 # %% [markdown]
-# Three checks. The teaching path, written with your `share_kv_heads` and chapter 03's attention, gives
+# Three checks. The teaching path, written with `share_kv_heads` and chapter 03's attention, gives
 # what the layer gives. The fused path (no copies) equals the teaching path (copies). And with rotary
 # positions, feeding a sequence one token at a time through the cache gives what the whole sequence gives
 # at once, and the cache holds turned keys.
@@ -593,13 +587,24 @@ for n_kv in (8, 2, 1):
 # | `positional` | `"learned"` (or `"sinusoidal"`) | `"rope"` (`rope_base`) |
 # | `n_kv_head` | None (one per query head) | a divisor of `n_head` |
 #
-# There is no second model. `modern_parts(cfg)` builds chapter 05's pre-norm `TransformerBlock`
-# (`x + attn(ln1(x))`, then `x + mlp(ln2(x))`) with this chapter's parts plugged in: `make_norm` for
-# `ln1`, `ln2` and `ln_f`, a `SwiGLU` as `mlp`, `n_kv_head` and one `RotaryEmbedding` shared by every
-# block's attention (the tables exist once per model); `build_gpt(cfg)` hands them to chapter 06's `GPT`.
-# Chapter 06's `GPT(cfg)` alone builds any config that needs none of RMSNorm, SwiGLU or RoPE (so
-# `n_kv_head` and `d_ff` work there too) and names `build_gpt` for the others. The KV cache, `generate`,
-# training and checkpoints work unchanged: they only call `model(idx, cache=...)`.
+# There is no second model: chapter 06's `GPT(cfg, parts=(embedding, blocks, final_norm))` runs any
+# embedding, any list of blocks and any final norm it is given, and chapter 05's `TransformerBlock`
+# already takes the pieces that differ: `make_norm=` (a function C -> norm module) for `ln1` and `ln2`,
+# `mlp=` (a module, or None for its own GELU MLP), `n_kv_head=` and `rope=` for its attention (see
+# `help(TransformerBlock)`). Chapter 02's `InputEmbedding` takes `positional=None` for a model without a
+# position code. The KV cache, `generate`, training and checkpoints work unchanged: they only call
+# `model(idx, cache=...)`.
+#
+# ### Your turn: assemble the modern decoder
+#
+# Write `modern_parts(cfg)`: the embedding, the `nn.ModuleList` of `cfg.n_layer` blocks and the final
+# norm of the model `cfg` describes, for any `GPTConfig` (GPT-2's, a Llama-style one, or any mix of the
+# four choices). No recipe this time: the table above says what each field asks for. One design rule:
+# the rotary tables exist once per model, so all blocks share a single `RotaryEmbedding`. The check
+# builds `GPT(cfg, parts=modern_parts(cfg))` for four configs, compares its parameter names and shapes
+# with the package's assembly, loads the package's values into yours and compares the logits; it names
+# what is missing. From here on, every model of the chapter is built by your `modern_parts`, with your
+# `RMSNorm` and your rotation inside.
 
 # %%
 #| export
@@ -608,10 +613,13 @@ def make_norm(normalization: str, d_model: int, eps: float, bias: bool = False, 
     choice(normalization, "normalization", ("layernorm", "rmsnorm"))
     return RMSNorm(d_model, eps) if normalization == "rmsnorm" else LayerNorm(d_model, eps=eps, bias=bias, fast=fast)
 
-
+# %%
+#| export
+# Your turn - Exercise 10.5 (★★★, build): the modern decoder, assembled.
 def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
     """`GPT`'s embedding, blocks and final norm for ``cfg``: chapter 05's blocks with this chapter's
-    parts; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
+    parts as the config asks; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
+    ### BEGIN SOLUTION
     rope = RotaryEmbedding(cfg.head_size, cfg.block_size, cfg.rope_base) if cfg.positional == "rope" else None
     embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, None if rope else cfg.positional, cfg.dropout)
 
@@ -625,8 +633,13 @@ def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Modu
         for _ in range(cfg.n_layer)
     )
     return embed, blocks, norm(cfg.d_model)
+    ### END SOLUTION
 
+# %%
+modern_parts = check_modern_parts(modern_parts).use
 
+# %%
+#| export
 def build_gpt(cfg: GPTConfig) -> GPT:
     """Chapter 06's `GPT` with this chapter's parts: any `GPTConfig`, GPT-2's or a Llama-style one."""
     return GPT(cfg, parts=modern_parts(cfg))
@@ -697,7 +710,7 @@ import torch
 
 from transformer_course.config import GPTConfig
 from transformer_course.model import GPT
-from transformer_course.modern import build_gpt
+from transformer_course import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",
@@ -813,14 +826,14 @@ def load_hf_llama(source) -> GPT:
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "intermediate_size", "max_position_embeddings", "head_dim")
         cfg = hf.hf_config(config_from_llama, hf.read_hf_config(folder, sizes), folder)
-        hf.check_hf_fits(build_gpt, cfg, folder)  # before reading or allocating anything
-        state, model = hf.read_hf_state_dict(folder), build_gpt(cfg)
+        hf.check_hf_fits(modern.build_gpt, cfg, folder)  # before reading or allocating anything
+        state, model = hf.read_hf_state_dict(folder), modern.build_gpt(cfg)
         hf.load_hf_weights(model, lambda: convert_llama_state_dict(state, cfg), folder)
         return model.eval()
     if not (hasattr(source, "config") and hasattr(source, "state_dict")):
         raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
     cfg = config_from_llama(source.config.to_dict())
-    model = build_gpt(cfg)
+    model = modern.build_gpt(cfg)
     model.load_state_dict(convert_llama_state_dict(source.state_dict(), cfg))
     return model.eval()
 
@@ -834,8 +847,9 @@ from transformer_course.llama import config_from_llama, load_hf_llama, make_llam
 from transformer_course.pretrained import block_outputs
 
 hf = make_llama_stand_in()
-ours = load_hf_llama(hf)
-print(config_from_llama(hf.config.to_dict()))
+ours = build_gpt(config_from_llama(hf.config.to_dict()))  # section 5's build_gpt: your modern_parts
+ours.load_state_dict(load_hf_llama(hf).state_dict())  # the loader's weights (the package's assembly)
+print(ours.cfg)
 idx = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(6))
 with torch.no_grad():
     theirs = hf(idx, output_hidden_states=True)
@@ -855,6 +869,34 @@ mine = generate(ours, prompt, 16, temperature=0)
 with torch.no_grad():
     reference = hf.generate(prompt, max_new_tokens=16, do_sample=False, attention_mask=torch.ones_like(prompt))
 print("greedy tokens identical:", torch.equal(mine, reference))
+
+# %% [markdown]
+# Everything above ran on your code. Counting the calls during one more forward pass and one generation
+# (the counters are forward hooks on the model's norms and rotary embeddings, whose class is this
+# notebook's `RotaryEmbedding`, turning q and k with your `rotate_halves`):
+
+# %%
+calls = {"RMSNorm": 0, "RotaryEmbedding": 0}
+
+
+def count(name):
+    def hook(module, inputs, output):
+        calls[name] += 1
+    return hook
+
+
+hooks = [m.register_forward_hook(count(type(m).__name__)) for m in ours.modules()
+         if type(m) in (RMSNorm, RotaryEmbedding)]
+with torch.no_grad():
+    ours(idx)
+generate(ours, prompt, 4, temperature=0)
+for hook in hooks:
+    hook.remove()
+print("the model's norms are this notebook's RMSNorm (yours if 10.1 passed):",
+      all(type(m) is RMSNorm for m in (ours.blocks[0].ln1, ours.blocks[0].ln2, ours.ln_f)))
+print("its rotation is this notebook's (your rotate_halves if 10.3 passed):",
+      type(ours.blocks[0].attn.rope) is RotaryEmbedding and ROPE_CONVENTIONS["halves"] is rotate_halves)
+print("calls in one forward pass and a 4-token generation:", calls)
 
 # %% [markdown]
 # Options our model does not compute are refused by name:
@@ -1038,9 +1080,10 @@ quiz([
 # - **Grouped-query attention** shares each key/value head among a group of query heads; at
 #   `n_kv_head == n_head` it is chapter 04's attention, and the KV cache (and W_k, W_v) shrink by
 #   n_head / n_kv_head, by the formula and as measured. PyTorch's fused kernels share without copying.
-# - One `GPT` class builds GPT-2 and a Llama-style decoder from `GPTConfig`; the cache and `generate`
-#   work for both, and a Hugging Face `LlamaForCausalLM` loads into it with hidden states and logits
-#   within 1e-5 and the same greedy tokens.
+# - One `GPT` class builds GPT-2 and a Llama-style decoder from `GPTConfig`, with the parts your
+#   `modern_parts` assembles; the cache and `generate` work for both, and a Hugging Face
+#   `LlamaForCausalLM`'s weights, loaded into your assembly, give its hidden states and logits within
+#   1e-5 and the same greedy tokens, on your RMSNorm and your rotation (counted).
 # - **Does it matter?** Six models of equal size trained for equal time, one modern part at a time
 #   (`benchmarks/bench_modern.py`, stored results): how to compare architectures fairly, and why half a
 #   minute on a CPU with two seeds can show a trend but not settle it.

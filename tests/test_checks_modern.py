@@ -3,18 +3,29 @@
 
 import pytest
 import torch
-from check_helpers import assert_rejected
+from check_helpers import assert_rejected, run
+from torch import nn
 
+from transformer_course.block import TransformerBlock
 from transformer_course.checks.modern import (
     _sliding_window_mask,
+    check_modern_parts,
     check_predict_kv_bytes,
     check_rms_norm,
     check_rope_frequencies,
     check_rotate_halves,
-    check_share_kv_heads,
     check_sliding_window_mask,
 )
-from transformer_course.modern import RMSNorm, rope_frequencies, rotate_halves, share_kv_heads
+from transformer_course.modern import (
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    make_norm,
+    modern_parts,
+    rope_frequencies,
+    rotate_halves,
+)
+from transformer_course.positional import InputEmbedding
 
 
 @pytest.mark.parametrize(
@@ -24,7 +35,7 @@ from transformer_course.modern import RMSNorm, rope_frequencies, rotate_halves, 
         (check_rope_frequencies, rope_frequencies),
         (check_rotate_halves, rotate_halves),
         (check_predict_kv_bytes, lambda: 5120),
-        (check_share_kv_heads, share_kv_heads),
+        (check_modern_parts, modern_parts),
         (check_sliding_window_mask, _sliding_window_mask),
     ],
 )
@@ -36,8 +47,8 @@ def test_reference_passes(check_fn, reference):
 
 
 def test_failed_check_hands_back_the_reference():
-    outcome = check_share_kv_heads(lambda kv, n: kv, quiet=True)
-    assert outcome.status == "failed" and outcome.use is share_kv_heads
+    outcome = check_rotate_halves(lambda x, cos, sin: x, quiet=True)
+    assert outcome.status == "failed" and outcome.use is rotate_halves
 
 
 # ---------------------------------------------------------------- 10.1 RMSNorm
@@ -167,16 +178,54 @@ def test_predict_mistakes(answer, hint):
     assert_rejected(check_predict_kv_bytes, lambda: answer, hint)
 
 
-# ---------------------------------------------------------------- 10.5 share_kv_heads
+# ---------------------------------------------------------------- 10.5 modern_parts
 
 
-@pytest.mark.parametrize("fn, hint", [
-    (lambda kv, nh: kv.repeat(1, nh // kv.shape[1], 1, 1), "tiled"),
-    (lambda kv, nh: kv.repeat_interleave(nh // kv.shape[1], dim=2), "gives (2,"),
-    (lambda kv, nh: kv[:, :1].expand(-1, nh, -1, -1), "must read key/value head"),
+def _parts(cfg, *, rope_pos=True, per_block_rope=False, swiglu=True, norm_kind=None, kv=True, eps=None,
+           rope_base=None, pass_rope=True):
+    """The package's assembly with one mistake switched on at will."""
+    def new_rope():
+        return RotaryEmbedding(cfg.head_size, cfg.block_size, rope_base or cfg.rope_base)
+
+    rope = new_rope() if cfg.positional == "rope" else None
+    positional = None if rope is not None and rope_pos else ("learned" if rope is not None else cfg.positional)
+    embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, positional, cfg.dropout)
+
+    def norm(C):
+        return make_norm(norm_kind or cfg.normalization, C, cfg.eps if eps is None else eps, cfg.bias, cfg.fast)
+
+    blocks = nn.ModuleList(
+        TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation, cfg.fast,
+                         cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head if kv else None,
+                         rope=(new_rope() if per_block_rope and rope is not None else rope) if pass_rope else None,
+                         make_norm=norm,
+                         mlp=SwiGLU(cfg.d_model, cfg.d_ff, cfg.bias, cfg.dropout) if cfg.mlp == "swiglu" and swiglu
+                         else None)
+        for _ in range(cfg.n_layer))
+    return embed, blocks, norm(cfg.d_model)
+
+
+def test_modern_parts_reference_and_a_rewrite_pass():
+    assert run(check_modern_parts, modern_parts).passed
+    assert run(check_modern_parts, _parts).passed
+
+
+@pytest.mark.parametrize("switch, hint", [
+    (dict(rope_pos=False), "has no position table"),
+    (dict(swiglu=False), "each block's MLP is a SwiGLU"),
+    (dict(norm_kind="layernorm"), "ln1 is LayerNorm, the config asks for RMSNorm"),
+    (dict(kv=False), "pass cfg.n_kv_head to every block"),
+    (dict(per_block_rope=True), "build one and give it to every block"),
+    (dict(pass_rope=False), "pass rope= to every block"),
+    (dict(eps=1e-3), "pass cfg.eps"),
+    (dict(rope_base=500.0), "the logits differ from the package's"),
 ])
-def test_share_kv_heads_mistakes(fn, hint):
-    assert_rejected(check_share_kv_heads, fn, hint)
+def test_modern_parts_mistakes(switch, hint):
+    assert_rejected(check_modern_parts, lambda cfg: _parts(cfg, **switch), hint)
+
+
+def test_modern_parts_must_return_three_things():
+    assert_rejected(check_modern_parts, lambda cfg: _parts(cfg)[:2], "return three things")
 
 
 # ---------------------------------------------------------------- 10.6 sliding window

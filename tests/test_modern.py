@@ -1,6 +1,8 @@
 """transformer_course.modern and .llama (chapter 10): RMSNorm, SwiGLU, RoPE, grouped-query attention,
 the modern GPT built from GPTConfig, and the Hugging Face Llama loader."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -397,3 +399,40 @@ def test_the_configs_swiglu_width_is_chapter_10s_rule():
         assert cfg.hidden_width == swiglu_hidden(C) == SwiGLU(C).d_ff
     assert GPTConfig(65, 16, 1, 2, 32, mlp="swiglu", d_ff=50).hidden_width == 50
     assert GPTConfig(65, 16, 1, 2, 32).hidden_width == 128
+
+
+def test_chapter_10s_later_sections_run_on_the_learners_parts():
+    """The stored notebook (which strict nbval proves is what the code produces) builds the Llama-parity
+    model with section 5's build_gpt, so the notebook's RMSNorm and RotaryEmbedding (the learner's, once
+    their checks pass) run in it: counted by forward hooks during one forward pass and a generation."""
+    import nbformat
+
+    nb = nbformat.read(Path(__file__).resolve().parents[1] / "chapters" / "10_modern_decoder.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("calls = {")]
+    text = "".join(o.get("text", "") for o in cell.outputs)
+    assert "the model's norms are this notebook's RMSNorm (yours if 10.1 passed): True" in text
+    assert "its rotation is this notebook's (your rotate_halves if 10.3 passed): True" in text
+    assert "calls in one forward pass and a 4-token generation: {'RMSNorm': 25, 'RotaryEmbedding': 20}" in text
+    checks = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    for exercise in ("10.1 (RMSNorm)", "10.3 (rotate_halves)", "10.5 (modern_parts)"):
+        assert f"✅ Exercise {exercise}: passed - the rest of the chapter uses yours" in checks
+
+
+def test_the_llama_loader_builds_through_the_modern_module_so_a_replaced_part_is_used(monkeypatch):
+    """What the notebook relies on: load_hf_llama calls modern.build_gpt, which looks its parts up by
+    name, so a replaced RMSNorm (the learner's, in the notebook) is the one that runs."""
+    from transformer_course import llama, modern
+
+    calls = []
+
+    class CountingRMSNorm(modern.RMSNorm):
+        def forward(self, x):
+            calls.append(1)
+            return super().forward(x)
+
+    monkeypatch.setattr(modern, "RMSNorm", CountingRMSNorm)
+    hf = llama.make_llama_stand_in()
+    ours = llama.load_hf_llama(hf)
+    with torch.no_grad():
+        ours(torch.zeros(1, 3, dtype=torch.long))
+    assert isinstance(ours.ln_f, CountingRMSNorm) and len(calls) == 2 * ours.cfg.n_layer + 1

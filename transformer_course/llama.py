@@ -17,7 +17,7 @@ import torch
 
 from .config import GPTConfig
 from .model import GPT
-from .modern import build_gpt
+from . import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",
@@ -133,14 +133,14 @@ def load_hf_llama(source) -> GPT:
         sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "intermediate_size", "max_position_embeddings", "head_dim")
         cfg = hf.hf_config(config_from_llama, hf.read_hf_config(folder, sizes), folder)
-        hf.check_hf_fits(build_gpt, cfg, folder)  # before reading or allocating anything
-        state, model = hf.read_hf_state_dict(folder), build_gpt(cfg)
+        hf.check_hf_fits(modern.build_gpt, cfg, folder)  # before reading or allocating anything
+        state, model = hf.read_hf_state_dict(folder), modern.build_gpt(cfg)
         hf.load_hf_weights(model, lambda: convert_llama_state_dict(state, cfg), folder)
         return model.eval()
     if not (hasattr(source, "config") and hasattr(source, "state_dict")):
         raise TypeError(f"load_hf_llama takes a LlamaForCausalLM or a folder, got {type(source).__name__}")
     cfg = config_from_llama(source.config.to_dict())
-    model = build_gpt(cfg)
+    model = modern.build_gpt(cfg)
     model.load_state_dict(convert_llama_state_dict(source.state_dict(), cfg))
     return model.eval()
 

@@ -174,7 +174,7 @@ def make_norm(normalization: str, d_model: int, eps: float, bias: bool = False, 
 
 def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Module]:
     """`GPT`'s embedding, blocks and final norm for ``cfg``: chapter 05's blocks with this chapter's
-    parts; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
+    parts as the config asks; the blocks share one `RotaryEmbedding` (one cos/sin table per model)."""
     rope = RotaryEmbedding(cfg.head_size, cfg.block_size, cfg.rope_base) if cfg.positional == "rope" else None
     embed = InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, None if rope else cfg.positional, cfg.dropout)
 

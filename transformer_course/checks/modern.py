@@ -1,10 +1,11 @@
 """Checks for chapter 10's exercises (the modern decoder: RMSNorm, RoPE, grouped-query attention).
 Hand-written.
 
-The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``share_kv_heads``) and the
-debug exercise (10.2 ``rope_frequencies``) have the package's ``modern.py`` as their reference, but
-each check computes the expected result its own way (complex numbers for the rotation, indexing for
-the head sharing). The reference of the extend exercise 10.6 (``_sliding_window_mask``) lives here:
+The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``modern_parts``) and the
+debug exercise (10.2 ``rope_frequencies``) have the package's ``modern.py`` as their reference;
+10.1 and 10.3 compute the expected result their own way (a float32 computation, complex numbers),
+10.5 compares parameter names, shapes and logits with the package's assembly. The reference of the
+extend exercise 10.6 (``_sliding_window_mask``) lives here:
 it is not part of the package's API.
 """
 
@@ -183,26 +184,88 @@ def check_predict_kv_bytes(fn):
           "head size and bytes per number")
 
 
-# ---------------------------------------------------------------- 10.5 build: share_kv_heads
+# ---------------------------------------------------------------- 10.5 build: the modern parts
 
 
-@check("10.5", "share_kv_heads", reference=_lib.share_kv_heads)
-def check_share_kv_heads(fn):
-    """``fn(kv [B, nkv, T, hs], n_head) -> [B, nh, T, hs]``, query head h reading head
-    h // (nh // nkv)."""
-    g = torch.Generator().manual_seed(12)
-    for nkv, nh in ((2, 8), (1, 4), (3, 3), (4, 8)):
-        kv = torch.randn(2, nkv, 5, 4, generator=g)
-        got = expect_tensor(fn(kv, nh))
-        expect(tuple(got.shape) == (2, nh, 5, 4), f"[B, nkv, T, hs] = (2, {nkv}, 5, 4) with "
-               f"n_head={nh} gives (2, {nh}, 5, 4), got {tuple(got.shape)}")
-        want = kv[:, torch.arange(nh) // (nh // nkv)]
-        expect(torch.equal(got, want), name_mistake(got, [
-            ("the key/value heads are tiled (0, 1, 0, 1, ...): consecutive query heads share one, "
-             "so query head h reads head h // (n_head // n_kv_head) (0, 0, 1, 1, ...); repeat "
-             "tiles, repeat_interleave groups", kv[:, torch.arange(nh) % nkv]),
-        ], want=want, atol=0, rtol=0)
-            or f"query head h must read key/value head h // {nh // nkv} (nkv={nkv}, n_head={nh})")
+_PARTS_CONFIGS = (  # (what, GPTConfig fields): each of the four choices on and off
+    ("a Llama-style config (RMSNorm, SwiGLU, RoPE, 2 key/value heads for 4)",
+     dict(bias=False, positional="rope", normalization="rmsnorm", mlp="swiglu", n_kv_head=2,
+          tie_weights=False, eps=1e-5)),
+    ("GPT-2's config (LayerNorm, a GELU MLP, learned positions)", dict()),
+    ("a mixed config (RMSNorm, a plain MLP, sinusoidal positions, 1 key/value head)",
+     dict(positional="sinusoidal", normalization="rmsnorm", n_kv_head=1, eps=1e-6)),
+    ("a config with RoPE and LayerNorm (4 key/value heads, biases)",
+     dict(positional="rope", mlp="swiglu", d_ff=40)),
+)
+
+
+def _parts_hint(cfg, got, want) -> str | None:
+    """What a mismatch of parameter names or shapes says about the parts, in words."""
+    got_keys, want_keys = set(got), set(want)
+    if any(k.startswith("embed.pos") for k in got_keys - want_keys):
+        return ("with positional='rope' the embedding has no position table: give InputEmbedding "
+                "None as its positional code (the rotation in attention does the job)")
+    if any(k.startswith("embed.pos") for k in want_keys - got_keys):
+        return (f"with positional={cfg.positional!r} the embedding needs its position code: pass "
+                "cfg.positional to InputEmbedding")
+    if any(".mlp.gate" in k for k in want_keys - got_keys):
+        return ("with mlp='swiglu' each block's MLP is a SwiGLU(d_model, cfg.d_ff, cfg.bias, "
+                "cfg.dropout)")
+    if any(".mlp.gate" in k for k in got_keys - want_keys):
+        return "with mlp='plain' the block builds its own MLP: give it no mlp"
+    if any(k.endswith(("ln1.bias", "ln2.bias", "ln_f.bias")) for k in got_keys ^ want_keys):
+        return ("the norms are not the ones the config asks for: make_norm(cfg.normalization, C, "
+                "cfg.eps, cfg.bias, cfg.fast) for ln1, ln2 and ln_f")
+    if got_keys != want_keys:
+        missing, extra = sorted(want_keys - got_keys)[:3], sorted(got_keys - want_keys)[:3]
+        return f"the parameters differ: missing {missing}, unexpected {extra}"
+    qkv = next(k for k in want if k.endswith("attn.qkv.weight"))
+    if got[qkv].shape != want[qkv].shape:
+        return (f"{qkv} is {tuple(got[qkv].shape)}, not {tuple(want[qkv].shape)}: pass "
+                "cfg.n_kv_head to every block, whose attention then has fewer key/value heads")
+    for key in want:
+        if got[key].shape != want[key].shape:
+            return f"{key} is {tuple(got[key].shape)}, not {tuple(want[key].shape)}"
+    return None
+
+
+@check("10.5", "modern_parts", reference=_lib.modern_parts)
+def check_modern_parts(fn):
+    """``fn(cfg) -> (embedding, blocks, final norm)`` for chapter 06's ``GPT(cfg, parts=...)``: the
+    same parameters as the package's and, given the same values, the same logits."""
+    from ..config import GPTConfig
+    from ..model import GPT
+
+    idx = torch.randint(0, 32, (2, 12), generator=torch.Generator().manual_seed(10))
+    for what, fields in _PARTS_CONFIGS:
+        cfg = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, d_model=32, **fields)
+        with fresh_rng():
+            parts = fn(cfg)
+            expect(isinstance(parts, tuple) and len(parts) == 3,
+                   "return three things: (embedding, blocks as an nn.ModuleList, final norm)")
+            got = GPT(cfg, parts=parts).eval()
+            want = GPT(cfg, parts=_lib.modern_parts(cfg)).eval()
+        hint = _parts_hint(cfg, got.state_dict(), want.state_dict())
+        expect(hint is None, f"{what}: {hint}")
+        got.load_state_dict(want.state_dict())
+        for name, module in (("ln1", got.blocks[0].ln1), ("ln_f", got.ln_f)):
+            # by name: the notebook's RMSNorm (the learner's 10.1) is not the package's class
+            wanted, got_name = type(want.ln_f).__name__, type(module).__name__
+            expect(got_name == wanted, f"{what}: {name} is {got_name}, the config asks for "
+                   f"{wanted}: use make_norm(cfg.normalization, ...)")
+            expect(getattr(module, "eps", cfg.eps) == cfg.eps,
+                   f"{what}: {name} has eps {module.eps}, the config says {cfg.eps}: pass cfg.eps")
+        if cfg.positional == "rope":
+            ropes = {id(block.attn.rope) for block in got.blocks}
+            expect(None not in {block.attn.rope for block in got.blocks}, f"{what}: the blocks' "
+                   "attention has no rotary embedding: pass rope= to every block")
+            expect(len(ropes) == 1, f"{what}: each block has its own RotaryEmbedding: build one "
+                   "and give it to every block (its cos and sin tables exist once per model)")
+        with torch.no_grad():
+            expect_close(got(idx)[0], want(idx)[0],
+                         f"{what}: with the same parameter values the logits differ from the "
+                         "package's: check the block's options (norm placement, activation, eps, "
+                         "the rotary embedding's base and size)", atol=1e-5)
 
 
 # ---------------------------------------------------------------- 10.6 extend: a sliding window
