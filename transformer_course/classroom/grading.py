@@ -219,7 +219,10 @@ def expand_notebooks(paths) -> list[Path]:
     for path in map(Path, paths):
         inside = []
         if path.is_dir() and not path.is_symlink():
-            inside = sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
+            try:
+                inside = sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
+            except OSError:  # a folder that cannot be listed: its row says why
+                inside = []
         found += inside or [path]
     return found
 
