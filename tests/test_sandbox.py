@@ -244,3 +244,14 @@ def test_the_sandbox_holds_for_an_unprivileged_grader():
                             env={**os.environ, "HOME": str(folder)})
     shutil.rmtree(folder)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("sandboxed", [pytest.param(True, marks=needs_sandbox), False])
+def test_the_kernel_works_in_a_copy_with_the_course_data_one_level_up(sandboxed):
+    """Wherever the hand-in lies (one folder per learner works): its copy alone, ../benchmarks/results beside."""
+    results = ROOT / "benchmarks" / "results"
+    cell = ("import os\nraise RuntimeError(repr((os.listdir('.'), open('x_04_y.ipynb').read(), "
+            f"sorted(os.listdir('../benchmarks/results')) == {sorted(os.listdir(results))!r})))")
+    answer = sandbox.run_cells([(0, cell)], hand_in=b'{"mine": 1}', name="x_04_y.ipynb",
+                               course_data=results, timeout=60, sandbox=sandboxed)
+    assert answer["error"].endswith("""RuntimeError: (['x_04_y.ipynb'], '{"mine": 1}', True)"""), answer
