@@ -432,13 +432,12 @@ check_predict_tiny_merges(my_prediction)
 # `Counter` from chunk (`bytes`) to count, for example `Counter({b" the": 520, b" and": 310, ...})`;
 # the function turns it into `words` (one list of ids per chunk) and `freqs` (their counts) for you.
 #
-# Each round: count the pairs of **all** the words into one table, each word weighted by its count;
-# stop early if the table is empty (every word is a single token); otherwise pick the winner as
-# above, give it id `256 + k` for the k-th merge, and merge it in every word. Return the list of
-# chosen pairs, in order: `merges[k]` made id `256 + k`.
-#
-# **Your turn - Exercise 1.4 (★★☆, build).** Write the body of `train_merges_simple`, using your
-# `get_pair_counts` and `merge_pair`.
+# **Your turn - Exercise 1.4 (★★☆, build).** Write the body of `train_merges_simple`. No recipe this
+# time: its docstring says what it must return, and you have your `get_pair_counts` and `merge_pair`.
+# Think about what must be counted again after each merge, and about what a chunk that occurs 500
+# times should weigh. The check runs it on small cases built to catch the usual slips (a pair counted
+# across two chunks, counts that ignore how often a chunk occurs, ties, a loop that never stops) and
+# names the one it finds; then it compares your merges with the package's on a real text.
 
 # %%
 #| export bpe

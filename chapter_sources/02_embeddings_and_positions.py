@@ -444,9 +444,10 @@ print("C = 8, base 100:   w =", sinusoidal_frequencies(8, base=100.0).tolist())
 # token's row reads `[0, 1, 0, 1, ...]`.
 #
 # - The cell already validates the arguments and computes `omega = ω` `[C/2]` (float64) for you.
-# - Compute the angles `p·ω_i` for every position and pair at once, `[n_positions, C/2]`, in float64
-#   (an angle of a thousand radians keeps only four decimals in float32), and convert at the end to
-#   `dtype`, or to `torch.get_default_dtype()` when `dtype` is None.
+# - The table must be right to float64's precision at every position the model will see (an angle of
+#   a thousand radians keeps only four decimals in float32), and come back in `dtype`, or in
+#   `torch.get_default_dtype()` when `dtype` is None. How you get there is yours to choose: no loop
+#   over positions is needed.
 # - Worked numbers to test against: with `C = 4` and base 10000, `ω = (1, 0.01)` and the row of
 #   position 2 is `[sin 2, cos 2, sin 0.02, cos 0.02] = [0.9093, -0.4161, 0.0200, 0.9998]`.
 #
