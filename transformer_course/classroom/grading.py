@@ -188,8 +188,8 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
     submission = Submission(error=error) if error else parse_submission(data)
     chapter = chapter_for(path, submission.chapter, chapters_dir)
     expected: list[str] = []
-    if chapter is not None:
-        original = read_submission(chapter)
+    if chapter is not None:  # the teacher's own chapter: trusted, read even through a link
+        original = parse_submission(Path(chapter).read_bytes())
         expected = exercise_numbers(original.cells)
     if submission.error:
         return NotebookGrade(path.name, dict.fromkeys(expected, "not run"), submission.error)
