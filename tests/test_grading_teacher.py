@@ -215,6 +215,51 @@ def test_a_forging_notebook_gets_no_passed_and_jobs_keep_the_order(course):  # n
     assert grades[1].exercises == {"3.1": "passed", "3.2": "passed"} and not grades[1].error
 
 
+WELCOME_EXERCISE = """# Your turn - Exercise 0.1 (★☆☆, build): count characters.
+def char_frequencies(text):
+    ### BEGIN SOLUTION
+    counts = {}
+    for c in text:
+        counts[c] = counts.get(c, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+    ### END SOLUTION
+
+check_char_frequencies(char_frequencies)"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SANDBOX, reason="no sandbox here")
+def test_the_packages_check_stays_the_genuine_one(tmp_path):
+    """A chapter whose checks come from the package: a notebook that drops the import and defines its own
+    check for the exercise, or hands in the package's own function, gets no "passed"."""
+    from transformer_course.classroom.edition import student_notebook
+
+    chapters, subs = tmp_path / "chapters", tmp_path / "subs"
+    chapters.mkdir()
+    subs.mkdir()
+    key = nbformat.v4.new_notebook(cells=[new_code_cell("from transformer_course.checks.welcome import "
+                                                        "check_char_frequencies"), new_code_cell(WELCOME_EXERCISE)])
+    nbformat.write(key, chapters / "00_mini.ipynb")
+
+    def hand_in(name, first_cell, answer=None):
+        nb = student_notebook(key, chapter="00_mini")
+        nb.cells[0].source = first_cell
+        if answer is not None:
+            heading = WELCOME_EXERCISE.splitlines()[0]
+            nb.cells[1].source = f"{heading}\n{answer}\ncheck_char_frequencies(char_frequencies)"
+        nbformat.write(nb, subs / name)
+        return subs / name
+
+    own_check = hand_in("own_00_mini.ipynb", "from transformer_course.checks import check\n"
+                        "check_char_frequencies = check('0.1', 'char_frequencies')(lambda fn: None)")
+    reference = hand_in("reference_00_mini.ipynb", key.cells[0].source,
+                        "from transformer_course.checks.welcome import char_frequencies")
+    solved = hand_in("solved_00_mini.ipynb", key.cells[0].source,
+                     WELCOME_EXERCISE.split("\n\ncheck_")[0].split("\n", 1)[1])
+    grades = grade_notebooks([own_check, reference, solved], timeout=120, chapters_dir=chapters, jobs=2)
+    assert [g.exercises["0.1"] for g in grades] == ["not done", "not done", "passed"], format_table(grades)
+
+
 def test_regrade_reruns_the_genuine_check_on_the_learners_function(monkeypatch):
     """In-process: the package's check stays the genuine one, its reference is not the learner's answer."""
     monkeypatch.setenv(_core.GRADING_ENV, "1")

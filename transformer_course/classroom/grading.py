@@ -178,6 +178,9 @@ def stored_verdicts(cells) -> list[tuple[int, str, str]]:
             for exercise, status in printed_verdicts(cell)]
 
 
+_CHECKS_IMPORT = re.compile(r"transformer_course\.checks\.(\w+)")  # the check modules a chapter imports
+
+
 def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox: bool = True,
               limits=None) -> NotebookGrade:
     """Grade one notebook; every problem ends up in the grade's ``error``. The kernel runs the cells of
@@ -188,9 +191,12 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
     submission = Submission(error=error) if error else parse_submission(data)
     chapter = chapter_for(path, submission.chapter, chapters_dir)
     expected: list[str] = []
+    modules: list[str] = []
     if chapter is not None:  # the teacher's own chapter: trusted, read even through a link
         original = parse_submission(Path(chapter).read_bytes())
         expected = exercise_numbers(original.cells)
+        modules = sorted({m for c in original.cells if c["cell_type"] == "code"
+                          for m in _CHECKS_IMPORT.findall(c["source"])})
     if submission.error:
         return NotebookGrade(path.name, dict.fromkeys(expected, "not run"), submission.error)
     if chapter is None:
@@ -202,7 +208,8 @@ def grade_one(path, timeout: float, chapters_dir, execute: bool = True, sandbox:
             if c["cell_type"] == "code" and c["source"].strip()]
     answer = run_cells(code, hand_in=data, name=path.name, course_data=Path(chapters_dir).parent / DATA_DIR,
                        timeout=timeout, sandbox=sandbox, expected=expected,
-                       hidden=[str(chapters_dir), str(COURSE_CHAPTERS), str(path.parent)], **(limits or {}))
+                       hidden=[str(chapters_dir), str(COURSE_CHAPTERS), str(path.parent)], check_modules=modules,
+                       **(limits or {}))
     return grade_cells(path.name, submission.cells, expected, answer.get("records", []), answer.get("error", ""))
 
 

@@ -218,12 +218,15 @@ def _die_with_parent() -> None:
 
 def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str = "notebook.ipynb", course_data=None,
               timeout: float = 60, sandbox: bool = True, expected=(), hidden=(), memory: int = MEMORY_LIMIT,
-              processes: int = PROCESS_LIMIT) -> dict:
+              processes: int = PROCESS_LIMIT, check_modules=()) -> dict:
     """Run ``cells`` ([(notebook index, source), ...]) in a fresh kernel whose working directory holds a
     copy of ``hand_in`` (the notebook's bytes) named ``name``, with ``course_data`` at
     ``../benchmarks/results``; the answer described in the module docstring. ``timeout`` bounds all the
     cells together (kernel start aside); ``memory`` (bytes of address space) and ``processes`` bound each
-    sandbox. Without ``sandbox``, the same layout in a temporary folder, run as the grader."""
+    sandbox. ``check_modules`` (``["attention"]``: the modules of ``transformer_course.checks`` the chapter
+    imports) are imported before the first cell, so their checks are the genuine ones (a check the notebook
+    defines for the same exercise never is). Without ``sandbox``, the same layout in a temporary folder,
+    run as the grader."""
     with tempfile.TemporaryDirectory() as private, tempfile.TemporaryFile() as errors, \
             tempfile.TemporaryFile() as copy, contextlib.ExitStack() as stack:
         copy.write(hand_in)
@@ -256,6 +259,7 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
         else:  # Windows (no sandbox there): a file in a folder of the grader's own
             channel = {"result_file": os.path.join(private, "answer.json")}
         payload = json.dumps({"cells": cells, "folder": folder, "timeout": timeout, "expected": list(expected),
+                              "check_modules": [m for m in check_modules if re.fullmatch(r"\w+", m)],
                               "limits": {"memory": memory, "processes": processes} if sandbox else {},
                               **channel}).encode()
         passed = (*(channel.values() if PIPE_ANSWER else ()),
@@ -418,8 +422,9 @@ def _exit_note(km) -> str:
     return f" (exit status {code})"
 
 
-def execute(cells, folder: str, timeout: float, expected) -> dict:
-    """Run the cells one after another in a new python3 kernel; stop at the first error."""
+def execute(cells, folder: str, timeout: float, expected, check_modules=()) -> dict:
+    """Run the cells one after another in a new python3 kernel (``check_modules`` imported first, quietly);
+    stop at the first error."""
     from subprocess import DEVNULL
 
     from jupyter_client import KernelManager
@@ -438,6 +443,10 @@ def execute(cells, folder: str, timeout: float, expected) -> dict:
     wanted = set(expected)
     try:
         kc.wait_for_ready(timeout=KERNEL_START_SECONDS)
+        if check_modules:  # before any learner code: the package's checks are registered first
+            setup = "".join(f"import transformer_course.checks.{m}\n" for m in check_modules)
+            _wait_reply(km, kc, kc.execute(setup, silent=True, store_history=False),
+                        time.monotonic() + KERNEL_START_SECONDS)
         deadline = time.monotonic() + timeout
         for index, source in cells:
             first = next((line.strip() for line in source.splitlines() if line.strip()), "")
@@ -482,7 +491,7 @@ def main(argv: list[str]) -> int:
         if request.get("limits"):
             confine(request["limits"])
         answer = execute([tuple(c) for c in request["cells"]], request["folder"], request["timeout"],
-                         request["expected"])
+                         request["expected"], request.get("check_modules", ()))
     except Exception as error:  # report, do not crash the batch
         answer = {"records": [], "error": f"grading failed: {type(error).__name__}: {error}", "cells_run": 0}
     with os.fdopen(request["result_fd"], "wb") if "result_fd" in request else open(request["result_file"], "wb") as out:
