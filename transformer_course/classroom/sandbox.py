@@ -240,8 +240,9 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
                 handle.write(text.encode())
                 handle.seek(0)
                 data_fds[f"/etc/{file}"] = handle.fileno()
+            covered = [os.path.realpath(h) for h in hidden]
             for path in unreadable_by_the_sandbox():  # a shipped model saved 0600: a readable copy over it
-                if copied_in(path):
+                if copied_in(path) and not any(_inside(path, h) for h in covered):  # never the answer key
                     data_fds[path] = stack.enter_context(open(path, "rb")).fileno()
             command = sandbox_command(copy.fileno(), name, course_data, hidden, data_fds=data_fds)
             cwd, folder = None, WORK_DIR
