@@ -278,10 +278,11 @@ print("".join("^" if a else "." for a in is_answer))
 # trains the answers only**: the target at position t is the next id *when that next id is part of an
 # answer*, and -1 otherwise. The question is given; the model is not graded on predicting it.
 #
-# **Your turn.** Write `sft_targets(ids, is_answer)`: two lists of length T to a list of T targets,
-# where target t is `ids[t + 1]` if `is_answer[t + 1]`, else -1, and the last target is -1 (nothing
-# follows the last position). Above, the answer marks `^` sit under `KIND<|end|>`; the targets that are
-# not -1 are the positions one to the left of them.
+# **Your turn.** Write `sft_targets(ids, is_answer)`: from a conversation's ids and its answer marks
+# (two lists of length T, as printed above) to the T targets that chapter 06's loss needs so that the
+# model is graded on every answer token, `<|end|>` included, and on nothing else. No recipe: think about
+# which position predicts a given token, and what the last position can predict. The check tries the
+# usual slips on short conversations and names the one it finds.
 
 # %%
 #| export
@@ -290,8 +291,8 @@ IGNORE = -1  # the target GPT.forward leaves out of the loss
 
 # Your turn - Exercise 11.2 (★★☆, build): the loss mask of supervised fine-tuning.
 def sft_targets(ids: list[int], is_answer: list[bool]) -> list[int]:
-    """ids [T], is_answer [T] -> targets [T]: target t is ids[t+1] where is_answer[t+1], else IGNORE
-    (-1); the last target is IGNORE."""
+    """ids [T], is_answer [T] -> targets [T] for chapter 06's loss: the model is graded on predicting
+    each answer token (is_answer True) and on nothing else, IGNORE (-1) everywhere it is not."""
     if len(ids) != len(is_answer):
         raise ValueError(f"ids and is_answer must have one entry per token, got {len(ids)} and {len(is_answer)}")
     ### BEGIN SOLUTION

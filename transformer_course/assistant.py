@@ -147,8 +147,8 @@ IGNORE = -1  # the target GPT.forward leaves out of the loss
 
 
 def sft_targets(ids: list[int], is_answer: list[bool]) -> list[int]:
-    """ids [T], is_answer [T] -> targets [T]: target t is ids[t+1] where is_answer[t+1], else IGNORE
-    (-1); the last target is IGNORE."""
+    """ids [T], is_answer [T] -> targets [T] for chapter 06's loss: the model is graded on predicting
+    each answer token (is_answer True) and on nothing else, IGNORE (-1) everywhere it is not."""
     if len(ids) != len(is_answer):
         raise ValueError(f"ids and is_answer must have one entry per token, got {len(ids)} and {len(is_answer)}")
     targets = [nxt if trained else IGNORE for nxt, trained in zip(ids[1:], is_answer[1:], strict=True)]
