@@ -271,7 +271,7 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
         if PIPE_ANSWER:
             os.close(write_end)
         try:
-            process.communicate(payload, timeout=timeout + KERNEL_START_SECONDS + 30)
+            process.communicate(payload, timeout=timeout + 2 * KERNEL_START_SECONDS + 30)  # start, check imports
         except subprocess.TimeoutExpired:
             pass
         except BrokenPipeError:  # the sandbox failed before reading its request: its stderr says why
