@@ -708,9 +708,9 @@ from pathlib import Path
 
 import torch
 
+from transformer_course import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 from transformer_course.config import GPTConfig
 from transformer_course.model import GPT
-from transformer_course import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",

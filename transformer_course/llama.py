@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from . import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 from .config import GPTConfig
 from .model import GPT
-from . import modern  # modern.build_gpt, not a bare build_gpt: the notebook keeps section 5's
 
 _LAYER = {  # Hugging Face's name inside model.layers.{i} -> ours inside blocks.{i}
     "input_layernorm.weight": "ln1.weight",
