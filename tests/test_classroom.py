@@ -170,7 +170,8 @@ def test_find_leaks_sees_a_renamed_reformatted_copy():
             "w = torch.softmax(s, dim=-1)\nout = w @ c")
     instructor = _nb("import math\nimport torch", EXERCISE, leak)
     leaks = find_leaks(instructor, student_notebook(instructor))
-    assert leaks == ["Exercise 3.3 (solution region at cell 1) is reproduced in student cell 2"]
+    assert leaks == ["Exercise 3.3 (solution region at cell 1) is reproduced in student cell 2",
+                     "Exercise 3.3: 2 of its solution's 3 statements are in student cells 2"]  # (statement_leaks)
     near = leak.replace("dim=-1)", "dim=-1).float()")  # a near copy
     assert find_leaks(_nb("import math\nimport torch", EXERCISE, near), student_notebook(_nb(EXERCISE, near)))
     unrelated = "import torch\nx = torch.randn(3, 4)\nprint(x.mean())"
