@@ -2,6 +2,7 @@
 #   make lab     create .venv if needed, install, open JupyterLab on chapters/
 #   make test    same set-up, then export drift check, ruff, pytest and strict nbval over every chapter
 #   make test-student     every chapter's student edition run top to bottom by the grader (CI runs it)
+#   make test-wheel       the wheel built, installed in a new venv and every command run (CI runs it)
 #   make test-other-cpu   strict nbval again as if on another kind of CPU (other instruction set,
 #                         2 threads, the bf16 probe flipped): stored outputs must hold on any CPU
 # The notebooks' stored outputs are the offline ones (chapter 08 says the real GPT-2 is unreachable),
@@ -25,12 +26,13 @@ CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install install-dev lab test test-student test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
+.PHONY: help install install-dev lab test test-student test-wheel test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
 	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
 	@echo "make test-student  every chapter's student edition run by the grader (each check 'not done')"
+	@echo "make test-wheel    build the wheel, install it in a new venv, run every command"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
 	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
@@ -84,13 +86,23 @@ TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORME
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 -m "not student_edition"
+	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 $(NOT_IN_MAKE_TEST)
 	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+
+# Two runs of the whole product that `make test` leaves to targets of their own (CI runs both after it):
+# the student editions (every chapter executed a second time) and the installed wheel (a build, a new
+# venv and every command): together about 6 minutes on two cores, which would take make test past 10.
+NOT_IN_MAKE_TEST := -m "not student_edition" --ignore=tests/test_wheel.py
 
 # Every chapter's student edition run top to bottom by the grader (solutions stubbed, every check "not
 # done", the chapter still finishing): a second execution of every chapter, so not in `make test`; CI runs it.
 test-student: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m student_edition
+
+# The course as `pip install` gives it: a wheel built from this tree, installed into a new venv beside
+# torch alone, runs every command (tests/test_wheel.py).
+test-wheel: $(STAMP)
+	$(TEST_ENV) $(BIN)/pytest tests/test_wheel.py -q -p no:cacheprovider
 
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)
@@ -114,7 +126,7 @@ test-torch:
 	$(MAKE) --no-print-directory install-dev VENV=$(TORCH_VENV) TORCH_SPEC=torch==$(TORCH)
 	$(TORCH_VENV)/bin/python tools/install_torch.py --exact --spec torch==$(TORCH)
 	$(TORCH_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)', torch.__version__; print('testing on torch', torch.__version__)"
-	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 -m "not student_edition"
+	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 $(NOT_IN_MAKE_TEST)
 	$(TEST_ENV) $(TORCH_VENV)/bin/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
 
 test-torch-floor:
