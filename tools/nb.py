@@ -213,10 +213,19 @@ def _coalesce_streams(nb) -> None:
             cell.outputs = merged
 
 
+def _save(nb, src: Path, nb_path: Path) -> None:
+    """Write a notebook built from ``src`` as every build does: clean metadata, one stream output per run."""
+    import nbformat
+
+    _clean(nb, src)
+    _coalesce_streams(nb)
+    nbformat.validator.normalize(nb)
+    nbformat.write(nb, nb_path)
+
+
 def build(src: Path, timeout: int = 900, out: Path | None = None) -> Path:
     """Export the package, then execute ``src`` as a notebook in ``chapters/`` and save it there (or in
     the folder ``out``: a trial run that leaves the committed notebook alone)."""
-    import nbformat
     from nbclient import NotebookClient
 
     export()  # first: a chapter imports what it has just defined (e.g. its second module)
@@ -229,10 +238,7 @@ def build(src: Path, timeout: int = 900, out: Path | None = None) -> Path:
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(CHAPTERS)}}
     )
     client.execute()
-    _clean(nb, src)
-    _coalesce_streams(nb)
-    nbformat.validator.normalize(nb)
-    nbformat.write(nb, nb_path)
+    _save(nb, src, nb_path)
     print(f"built {nb_path} in {time.perf_counter() - start:.1f} s")
     return nb_path
 
@@ -253,10 +259,8 @@ def rebuild_prose(src: Path) -> Path:
                          f"python tools/nb.py build {src.relative_to(ROOT)}")
     for cell, stored in zip(new_code, old_code, strict=True):
         cell.outputs, cell.execution_count = stored.outputs, stored.execution_count
-    _clean(nb, src)
     _stable_ids(nb)
-    nbformat.validator.normalize(nb)
-    nbformat.write(nb, nb_path)
+    _save(nb, src, nb_path)
     print(f"rebuilt {nb_path} (prose only: the code cells' stored outputs kept)")
     return nb_path
 
