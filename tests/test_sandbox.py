@@ -23,6 +23,12 @@ from transformer_course.classroom import sandbox
 from transformer_course.classroom.grading import format_table, grade_notebooks
 
 ROOT = Path(__file__).resolve().parents[1]
+# What a kernel may see of the clone: the package, and the interpreter where it lives inside the clone (a venv
+# named .venv, or .venv-torch-2.7.0 in make test-torch-floor), bound read-only for the kernel to run at all.
+BOUND_IN_CLONE = {"transformer_course"} | {
+    Path(os.path.realpath(prefix)).relative_to(ROOT).parts[0]
+    for prefix in {sys.prefix, sys.exec_prefix}
+    if Path(os.path.realpath(prefix)).is_relative_to(ROOT) and Path(os.path.realpath(prefix)) != ROOT}
 needs_sandbox = pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {sandbox.sandbox_problem()}")
 
 PROBE_SETUP = '''import json, os, socket
@@ -72,7 +78,7 @@ def probes(classmate: Path, secret: Path, unix_socket: Path) -> list[str]:
         f"probe('classmate', lambda: open({str(classmate)!r}).read(10))\n"
         f"probe('classmate_here', lambda: open({classmate.name!r}).read(10))",
         f"probe('answer_key', lambda: open({str(ROOT / 'chapters' / '03_single_head_attention.ipynb')!r}).read(10))\n"
-        f"probe('clone', lambda: set(os.listdir({str(ROOT)!r})) - {{'transformer_course', '.venv'}})",
+        f"probe('clone', lambda: set(os.listdir({str(ROOT)!r})) - {BOUND_IN_CLONE!r})",
         f"probe('teacher_file', lambda: open({str(secret)!r}).read())",
         "probe('shadow', lambda: open('/etc/shadow').read(10))\n"
         "probe('etc', lambda: {'shadow', 'ssh', 'hostname', 'machine-id'} & set(os.listdir('/etc'))"
