@@ -412,7 +412,8 @@ print("digits that differ: 7 vs 8 ->", (bits[7] != bits[8]).sum().item(), "| 0 v
 # $$PE[p, 2i] = \sin(p\,\omega_i), \qquad PE[p, 2i+1] = \cos(p\,\omega_i).$$
 #
 # Both columns of a pair share one frequency. Pair 0 has wavelength `2π ≈ 6.3` positions (the fast
-# digit); the last pair's wavelength is close to `2π · 10000` positions (the slow digits).
+# digit); the last pair's is `2π · base^((C-2)/C)` (the slow digits), which approaches `2π · 10000`
+# only for wide models: for `C = 64` it is about 47,000 positions, not 62,832.
 #
 # The frequencies come first: one per pair, `C/2` of them, computed in float64. The function also
 # refuses the widths the code cannot have (an odd `C`, since columns come in pairs).
@@ -513,8 +514,8 @@ for (p, col), printed in source_3_entries.items():
 
 # %% [markdown]
 # The source's off-by-one digits sit exactly where the true value is close to a rounding boundary,
-# which is what arithmetic in float32 (about seven significant digits) does; our float64 values round
-# as `math` does.
+# which is what one would expect if it computed in float32 (about seven significant digits); our
+# float64 values round as `math` does.
 
 # %% [markdown]
 # ### Two ways our sources get the formula wrong
@@ -1029,10 +1030,11 @@ print("odd width with learned positions works:", tuple(InputEmbedding(100, 63, 1
 # ## 8. Beyond a line: positions on a grid
 #
 # Text is a line of positions, but transformers also read images, cut into a grid of patches, and a
-# patch sits at a row `r` *and* a column `c`. A fixed code for such a grid (one used for image
-# patches, for example by masked autoencoders) splits each vector in two halves: the first `C/2`
-# columns hold the 1-D sinusoidal code of `r`, built with width `C/2`, and the last `C/2` the 1-D code
-# of `c`. Patches are listed row by row: patch `(r, c)` is row `r·W + c` of the result, the order in
+# patch sits at a row `r` *and* a column `c`. A fixed code for such a grid splits each vector in two
+# halves: the first `C/2` columns hold the 1-D sinusoidal code of `r`, built with width `C/2`, and the
+# last `C/2` the 1-D code of `c`. (Masked autoencoders, MAE, give image patches a code of this kind;
+# their code orders the two halves and the sines and cosines differently, which changes nothing
+# essential.) Patches are listed row by row: patch `(r, c)` is row `r·W + c` of the result, the order in
 # which flattening an image `[H, W]` lists its pixels.
 #
 # Why not simply give patch `(r, c)` the 1-D code of its flat index `r·W + c`? Because then the last
@@ -1156,8 +1158,9 @@ quiz([
 #   are smooth and bounded, every row has length `√(C/2)`, every position gets its own code, a shift
 #   by `k` is the fixed rotation `M_k`, and the dot product between two codes depends only on their
 #   gap and fades as it grows.
-# - Learned position tables work as well within their length but have nothing to offer beyond it:
-#   rows that no training sequence reached stay random.
+# - Learned position tables did about as well as the sinusoids within their length in the original
+#   paper's tests, but have nothing to offer beyond it: rows that no training sequence reached stay
+#   random.
 # - `InputEmbedding` puts it together, checks its input, and supports `start_pos` for cached
 #   generation.
 # - A grid of positions gets a code of its own: half the columns for the row, half for the column, so
