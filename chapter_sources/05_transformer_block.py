@@ -481,8 +481,9 @@ print(f"residual: d out / d x = {chain_gradient(lambda h: h + 0.5 * torch.tanh(h
 # ## 5. The block, two ways
 #
 # The 2017 paper puts the normalisation *after* the residual addition ("Add & Norm", sources 3
-# and 4): `x = LN(x + sublayer(x))`. GPT-2 moved it to the *input* of each sublayer,
-# `x = x + sublayer(LN(x))`, and added one more LayerNorm after the last block (`ln_f`, chapter 06).
+# and 4): `x = LN(x + sublayer(x))`, and so did GPT-1's code. GPT-2 moved it to the *input* of each
+# sublayer, `x = x + sublayer(LN(x))`, and added one more LayerNorm after the last block (`ln_f`,
+# chapter 06).
 # With pre-norm the residual stream itself is never normalised inside the stack: there is a clean
 # identity path from the top of the network to the bottom. (Source 2 says a softmax follows the
 # last block; what follows is that final LayerNorm, then the output layer; the softmax comes only
@@ -718,8 +719,9 @@ print("evaluation mode: the input comes back unchanged:", torch.equal(drop(ones)
 # sublayer*, before that output is added to the sublayer's input and normalised, and the sums of
 # token embeddings and position codes (chapter 02's `InputEmbedding`), with p = 0.1 in the base
 # model. That is where our block drops: at the end of `attn` (after its output projection) and of
-# `mlp`, before the `x +`. Like GPT-2's code, our attention also drops attention weights (chapter
-# 03's `dropout_p`). A block with dropout is random in training mode and, in evaluation mode,
+# `mlp`, before the `x +`. Like GPT-1's code, nanoGPT and Hugging Face's GPT-2, our attention also
+# drops attention weights (chapter 03's `dropout_p`); OpenAI's released GPT-2 code has no dropout at
+# all. A block with dropout is random in training mode and, in evaluation mode,
 # computes exactly what the same weights compute without dropout:
 
 # %%
@@ -910,9 +912,10 @@ plt.show()
 # - **No residual, no LayerNorm**: the gradient must pass through all 48 sublayers' Jacobians, and
 #   with PyTorch's default initialisation each one shrinks it. The product collapses to nothing
 #   long before the bottom: this is source 4's $f'(x)\,f'(f(x)) \cdots$ argument in a real network.
-# - **Residual connections** (pre- or post-norm) keep the gradient of the same size all the way down:
-#   the identity path carries it past every block, and each block adds its own contribution on top,
-#   which is why the pre-norm line even rises a little towards the bottom.
+# - **Residual connections** (pre- or post-norm) keep the gradient from shrinking on the way down
+#   (at the bottom it is 0.9 to 1.7 times its size at the top): the identity path carries it past
+#   every block, and each block adds its own contribution on top, which is why the pre-norm line
+#   rises towards the bottom.
 # - **LayerNorm without residuals** also stops the collapse at this depth, for a different reason:
 #   it divides by the size of its input, so a layer that shrank its output gets its gradient scaled
 #   back up. But the size now wanders from block to block (it depends on every Jacobian in the
@@ -983,7 +986,7 @@ print("post-norm ends within 0.1 of the frequency-only loss:", abs(final_loss["p
 # At this learning rate the pre-norm model learns; the post-norm one, from the same start, gets
 # stuck at the level of a model that ignores the context. With a warm-up or a smaller learning
 # rate the post-norm model trains too (try `lr=1e-3`): the difference is how much care it needs,
-# which is why most decoders since GPT-2 put the norm first.
+# one reason why most decoders since GPT-2 put the norm first.
 #
 # Explore depth and variants yourself (the widget draws when you change a control; below it, the
 # view for 8 bare blocks):
@@ -1140,8 +1143,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Two heads stand out. **Layer 0, head 0** is a position head: about half of every query's weight
-# lands exactly one character back, whatever that character is, the job of chapter 03's
+# Two heads stand out. **Layer 0, head 0** is a position head: on average about half of a query's
+# weight lands exactly one character back, whatever that character is, the job of chapter 03's
 # previous-word head. **Layer 1, head 0** is a content head: no offset gets much weight, but the
 # spaces and line breaks, under a fifth of the characters, get most of it. It looks for the last word
 # boundary, wherever that is.
@@ -1205,8 +1208,8 @@ quiz([
 #   position. A wrong constant in the GELU formula runs without complaint; only a comparison with a
 #   trusted implementation finds it.
 # - **Residual connections** add each sublayer's output to its input, so the gradient has a direct
-#   path down the stack: through 24 fresh blocks it arrives at the bottom with the size it started
-#   with, while a stack with neither residuals nor LayerNorms loses it entirely. **Pre-norm** (GPT-2)
+#   path down the stack: through 24 fresh blocks it arrives at the bottom undiminished (0.9 to 1.7
+#   times its size at the top), while a stack with neither residuals nor LayerNorms loses it entirely. **Pre-norm** (GPT-2)
 #   keeps that path free of LayerNorms; **post-norm** (2017) puts one on it after every sublayer, and
 #   at a learning rate of 0.01 without warm-up our 6-block post-norm model stayed at the loss of
 #   predicting by frequency alone while the pre-norm one learned.
