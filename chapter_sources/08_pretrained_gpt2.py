@@ -4,7 +4,7 @@
 # Chapters 02 to 07 built a GPT piece by piece and trained a small one on Shakespeare. Is it *the*
 # GPT, or only something that looks like it? The strongest test is to take weights that someone else
 # trained with their own code, OpenAI's GPT-2, and check that our model, given exactly those numbers,
-# computes exactly the same outputs as the reference implementation almost everybody uses: the
+# computes exactly the same outputs as a widely used reference implementation: the
 # `GPT2LMHeadModel` of Hugging Face `transformers`.
 #
 # **You will build**
@@ -106,7 +106,8 @@ from transformer_course.model import GPT
 # (chapter 00 lists the sources) gives the depths of the family as 12, 24, 36 and 48 blocks; that is
 # right. Chapter 06's `count_parameters` works the size out from the configuration with a formula;
 # building each model on PyTorch's `meta` device (shapes only, no memory) and counting its tensors
-# checks the formula without allocating gigabytes. The smallest model is the famous "124M".
+# checks the formula without allocating gigabytes. The smallest model is the famous "124M" (the GPT-2
+# paper's table says 117M; chapter 06 compares the paper's figures with the released weights).
 
 # %%
 from transformer_course.model import PRESETS, count_parameters
@@ -135,7 +136,7 @@ for size in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
 # A detail matters here. A freshly initialised GPT-2 has LayerNorm weights of exactly 1 and biases of
 # exactly 0. A loader that swapped `ln_1` with `ln_2`, or forgot every bias, would still pass a test
 # on such a model. And with the usual initial spread of 0.02 every logit is nearly the same, so greedy
-# generation repeats one token forever, which proves little. So the stand-in draws **every** tensor at
+# generation repeats one token over and over, which proves little. So the stand-in draws **every** tensor at
 # random with a spread of 0.1 (LayerNorm weights around 1): no parameter can be mixed up unnoticed.
 # Not much larger, though: our tolerance of 1e-5 is absolute, and float32 carries about seven
 # significant digits, so the hidden values must stay small (here a few units) for 1e-5 to be a fair
@@ -814,7 +815,7 @@ print(f"124M GPT-2: the tied matrix holds {gpt2_cfg.vocab_size * gpt2_cfg.d_mode
 # ### Gotcha 4: GPT-2's GELU is the tanh approximation
 #
 # GELU is `x · Φ(x)`, with Φ the standard normal distribution function (computed with `erf`). GPT-2's
-# code, like GPT-1's and BERT's before it, used instead the cheaper approximation proposed in the GELU
+# code, like GPT-1's before it, used instead the cheaper approximation proposed in the GELU
 # paper (Hendrycks and Gimpel, 2016): `0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`. Hugging Face calls it `"gelu_new"`; our
 # `FeedForward` calls it `"gelu_tanh"`. The two curves are hard to tell apart, but "hard to tell
 # apart" is not "equal", and our proof uses a tolerance of 1e-5.
