@@ -135,9 +135,9 @@ EVAL_SEED_OFFSET = 1  # evaluation batches come from seed cfg.seed + 1, not the 
 # 2. **Transform.** `n_layer` transformer blocks run one after another, each reading the `[B, T, C]`
 #    tensor the previous one wrote and returning one of the same shape (chapter 05). Inside a block the
 #    heads work side by side; the blocks themselves are strictly sequential.
-# 3. **Normalise.** One last LayerNorm, `ln_f`. With pre-norm blocks the residual stream leaves the
-#    last block un-normalised, and its scale grows with depth; `ln_f` brings it back to a fixed scale
-#    before the read-out.
+# 3. **Normalise.** One last LayerNorm, `ln_f`. With pre-norm blocks nothing normalises the residual
+#    stream itself: it leaves the last block at whatever scale the blocks' additions gave it, and
+#    `ln_f` brings it back to a fixed scale before the read-out.
 # 4. **Read out.** A linear layer without bias, the *language-model head*, maps each position's C
 #    numbers to V numbers: `[B, T, C]` → `[B, T, V]`, one score per token of the vocabulary.
 #
@@ -607,7 +607,7 @@ print(f"loss {loss.item():.4f} | ln V {math.log(V):.4f} | ln V + s²/2 {math.log
 #
 # Every block adds two vectors to the residual stream. If each addition has about the same size, the
 # stream's variance after L blocks is about 2L times one addition's, so a deep model starts with a
-# stream (and gradients) much larger than a shallow one. Scaling the two projections by 1/√(2L)
+# stream much larger than a shallow one. Scaling the two projections by 1/√(2L)
 # cancels that growth. The cell below builds 48-block models both ways and measures the stream's
 # standard deviation after each block.
 
@@ -865,7 +865,7 @@ print("mean loss equal:", abs(one - four) < 1e-5,
 # ### AdamW, and where weight decay belongs
 #
 # Adam keeps, for every parameter, a running mean of its gradient and of its squared gradient, and
-# steps by their ratio: each parameter gets its own step size. **AdamW** (Loshchilov & Hutter 2019)
+# steps by the first divided by the square root of the second: each parameter gets its own step size. **AdamW** (Loshchilov & Hutter 2019)
 # adds weight decay *decoupled* from the gradient: every step also shrinks the weights by
 # `lr · weight_decay · w`, pulling unused weights toward zero.
 #
@@ -937,7 +937,8 @@ for g in groups:
 # ### The learning-rate schedule
 #
 # The step size changes over the run. At the very start Adam's running averages are built from a
-# handful of gradients and are unreliable, so the rate **warms up** linearly from almost 0 to its
+# handful of gradients and are unreliable (one common explanation of why large early steps hurt; for
+# a post-norm model chapter 05 gave another), so the rate **warms up** linearly from almost 0 to its
 # peak. After that it follows half a **cosine** down to a floor `min_lr`: large steps while the loss
 # falls fast, small ones at the end to settle into a minimum. With `warmup_iters` W, decay end D,
 # peak η and floor η_min, step s (counted from 0) gets
