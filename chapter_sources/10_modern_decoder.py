@@ -15,7 +15,8 @@
 # **In this chapter you will** write RMSNorm (Exercise 10.1), fix a broken table of rotation speeds
 # (10.2), write the rotation itself (10.3), predict the size of a KV cache (10.4), assemble the four
 # parts into chapter 06's `GPT` yourself (10.5, ★★★: one class then makes both GPT-2 and a Llama-style
-# decoder) and add Mistral's sliding-window mask (10.6). Your assembly, with your RMSNorm and your
+# decoder), add Mistral's sliding-window mask (10.6) and design the cache that goes with it (10.7, ★★★).
+# Your assembly, with your RMSNorm and your
 # rotation inside, then loads the weights of a Hugging Face `LlamaForCausalLM` and gives its outputs to
 # 1e-5.
 #
@@ -137,6 +138,7 @@ from transformer_course.checks.modern import (
     check_rms_norm,
     check_rope_frequencies,
     check_modern_parts,
+    check_rolling_kv_cache,
     check_rotate_halves,
     check_sliding_window_mask,
 )
@@ -940,6 +942,100 @@ def sliding_window_mask(T: int, window: int, past: int = 0) -> torch.Tensor:
 
 
 check_sliding_window_mask(sliding_window_mask)
+
+# %% [markdown]
+# ### A cache that stops growing
+#
+# With a window, a generated token never looks further back than `window` positions, so a cache that
+# keeps more is memory spent on keys no query will read. Mistral 7B v0.1 keeps a fixed **rolling
+# buffer** of `window` positions per layer instead: its cache is the same size at token 100,000 as at
+# token 4,096.
+#
+# **Your turn (extend, ★★★).** Design `RollingKVCache(window)`, a cache that `MultiHeadAttention`
+# accepts in place of chapter 04's `KVCache` when a sequence is fed one token at a time, as in
+# generation. What the attention layer asks of a cache (read its `forward`): `cache.length` and
+# `cache.update(k, v)`. Here:
+#
+# - `update(k, v)` gets the new position's key and value, [B, nkv, 1, hs], already turned by their
+#   position, and returns the keys and values that position's query may attend, [B, nkv, S, hs];
+# - `length` is what the attention layer reads it as;
+# - what the cache keeps between calls must not grow with the sequence.
+#
+# There is no recipe: the design is the exercise. The check feeds keys that carry their position,
+# measures what your cache holds after 12 and after 24 positions, and runs it inside chapter 04's
+# attention with rotary positions and two key/value heads, one token at a time, against the whole
+# sequence under the sliding-window mask.
+
+# %%
+# Your turn - Exercise 10.7 (★★★, extend): a rolling KV cache.
+class RollingKVCache:
+    """A KV cache for a sliding window of `window` positions, fed one position per update.
+
+    update(k, v): k, v [B, nkv, 1, hs] -> keys, values [B, nkv, S, hs] the new query may attend.
+    length: see MultiHeadAttention.forward. What it keeps does not grow with the sequence.
+    """
+
+    def __init__(self, window: int) -> None:
+        ### BEGIN SOLUTION
+        self.window, self.length = window, 0  # length: positions seen, the next one's position
+        self.k = self.v = None  # (B, nkv, window, hs) each, made at the first update
+        ### END SOLUTION
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ### BEGIN SOLUTION
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:2], self.window, k.shape[3])  # (B, nkv, window, hs)
+            self.v = v.new_zeros(self.k.shape)
+        slot = self.length % self.window  # once full, the slot of the oldest position
+        self.k[:, :, slot], self.v[:, :, slot] = k[:, :, 0], v[:, :, 0]
+        self.length += 1
+        held = min(self.length, self.window)
+        # slot order, not position order: one query's softmax sums over its keys in any order,
+        # and each key was turned by its own position before it came in
+        return self.k[:, :, :held], self.v[:, :, :held]  # (B, nkv, held, hs)
+        ### END SOLUTION
+
+
+rolling = check_rolling_kv_cache(RollingKVCache)
+
+# %% [markdown]
+# With your cache in every layer of the Llama-style model of section 5 (random weights), greedy
+# decoding one token at a time. A window as long as the context changes nothing: the tokens are
+# `generate`'s. A window of 16 holds a quarter of what chapter 04's cache holds at the 64th token, and
+# would hold the same at any length (this model's rotation table stops at 64 positions).
+
+# %%
+def greedy_rolling(model, first_token: torch.Tensor, n_new: int, window: int):
+    """Greedy decoding from one token [B, 1], one position per step, a RollingKVCache per layer."""
+    caches = [RollingKVCache(window) for _ in model.blocks]
+    idx = first_token
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits, _ = model(idx[:, -1:], cache=caches)  # (B, 1, V)
+            idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)  # (B, T + 1)
+    return idx, caches
+
+
+def held_bytes(cache) -> int:
+    """Bytes of the tensors a cache keeps in its attributes."""
+    return sum(t.untyped_storage().nbytes() for t in vars(cache).values() if isinstance(t, torch.Tensor))
+
+
+if rolling.passed:
+    torch.manual_seed(7)
+    windowed = build_gpt(llama_style).eval()
+    first = torch.randint(0, 65, (2, 1))
+    tokens, _ = greedy_rolling(windowed, first, 63, window=64)
+    same = torch.equal(tokens, generate(windowed, first, 63, temperature=0))
+    print("window = context, the tokens of generate:", same)
+    _, caches = greedy_rolling(windowed, first, 63, window=16)
+    full = windowed.new_cache()
+    with torch.no_grad():
+        windowed(tokens, cache=full)
+    print(f"bytes held at token 64: rolling caches (window 16) {sum(map(held_bytes, caches)):,}, "
+          f"chapter 04's {sum(c.nbytes for c in full):,}")
+else:
+    print("pass Exercise 10.7 to generate with your cache")
 
 # %% [markdown]
 # ## 8. Does it matter?

@@ -8,10 +8,12 @@ from torch import nn
 
 from transformer_course.block import TransformerBlock
 from transformer_course.checks.modern import (
+    _RollingKVCache,
     _sliding_window_mask,
     check_modern_parts,
     check_predict_kv_bytes,
     check_rms_norm,
+    check_rolling_kv_cache,
     check_rope_frequencies,
     check_rotate_halves,
     check_sliding_window_mask,
@@ -37,6 +39,7 @@ from transformer_course.positional import InputEmbedding
         (check_predict_kv_bytes, lambda: 5120),
         (check_modern_parts, modern_parts),
         (check_sliding_window_mask, _sliding_window_mask),
+        (check_rolling_kv_cache, _RollingKVCache),
     ],
 )
 def test_reference_passes(check_fn, reference):
@@ -250,3 +253,82 @@ def test_modern_parts_must_return_three_things():
 )
 def test_sliding_window_mistakes(fn, hint):
     assert_rejected(check_sliding_window_mask, fn, hint)
+
+
+# ---------------------------------------------------------------- 10.7 a rolling KV cache
+
+
+class _Growing(_RollingKVCache):
+    """Keeps every position and hands back the last window: right answers, memory that grows."""
+
+    def update(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        self.length += 1
+        return self.k[:, :, -self.window:], self.v[:, :, -self.window:]
+
+
+class _Sliced(_Growing):
+    """Concatenates, then keeps the last window: memory bounded (window + 1 positions at most)."""
+
+    def update(self, k, v):
+        keys, values = super().update(k, v)
+        self.k, self.v = keys, values
+        return keys, values
+
+
+def _variant(**changes):
+    """The reference with one mistake: ``keep`` positions handed back instead of window, ``length``
+    of the positions kept, values not beside their keys, the oldest kept, one batch row everywhere."""
+
+    class Variant(_RollingKVCache):
+        def update(self, k, v):
+            if changes.get("row_zero"):
+                k, v = k[:1].expand_as(k), v[:1].expand_as(v)
+            if changes.get("oldest") and self.length >= self.window:
+                self.length += 1
+                return self.k, self.v
+            keys, values = super().update(k, v)
+            if changes.get("drop_newest"):
+                keys, values = keys[:, :, : max(keys.shape[2] - 1, 0)], values[:, :, : max(values.shape[2] - 1, 0)]
+            if changes.get("values_reversed"):
+                values = values.flip(2)
+            if changes.get("kept_length"):
+                self.length = min(self.length, self.window)
+            if changes.get("one_more") and self.length > self.window:
+                p = self.length - 1
+                extra = (p - self.window) + torch.arange(1, dtype=k.dtype)  # the position one too far back
+                keys = torch.cat([keys, (extra + k[:, :, :1] - p)], dim=2)
+                values = torch.cat([values, -(extra + k[:, :, :1] - p)], dim=2)
+            return keys, values
+
+    return Variant
+
+
+def test_rolling_cache_may_concatenate_and_slice():
+    assert run(check_rolling_kv_cache, _Sliced).passed
+
+
+@pytest.mark.parametrize(
+    "cls, hint",
+    [
+        (_Growing, "must not grow with the sequence"),
+        (_variant(kept_length=True), "length counts every position seen"),
+        (_variant(drop_newest=True), "the new position itself is missing"),
+        (_variant(values_reversed=True), "the values must come back in the same order as their keys"),
+        (_variant(oldest=True), "the new position itself is missing"),
+        (_variant(one_more=True), "one too many"),
+        (_variant(row_zero=True), "each batch row and each key/value head keeps its own keys"),
+    ],
+)
+def test_rolling_cache_mistakes(cls, hint):
+    assert_rejected(check_rolling_kv_cache, cls, hint)
+
+
+def test_rolling_cache_keeping_everything_is_named():
+    class Everything(_Growing):
+        def update(self, k, v):
+            super().update(k, v)
+            return self.k, self.v
+
+    assert_rejected(check_rolling_kv_cache, Everything, "a sliding window keeps only the last")

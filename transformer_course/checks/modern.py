@@ -4,9 +4,9 @@ Hand-written.
 The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``modern_parts``) and the
 debug exercise (10.2 ``rope_frequencies``) have the package's ``modern.py`` as their reference;
 10.1 and 10.3 compute the expected result their own way (a float32 computation, complex numbers),
-10.5 compares parameter names, shapes and logits with the package's assembly. The reference of the
-extend exercise 10.6 (``_sliding_window_mask``) lives here:
-it is not part of the package's API.
+10.5 compares parameter names, shapes and logits with the package's assembly. The references of the
+extend exercises 10.6 (``_sliding_window_mask``) and 10.7 (``_RollingKVCache``) live here: they are
+not part of the package's API.
 """
 
 import torch
@@ -298,3 +298,132 @@ def check_sliding_window_mask(fn):
              "the query positions by past", _sliding_window_mask(past + T, window, 0)[:T]),
         ], want=want, atol=0, rtol=0)
             or f"the mask differs from the reference for T={T}, window={window}, past={past}")
+
+
+# ---------------------------------------------------------------- 10.7 extend: a rolling KV cache
+
+
+class _RollingKVCache:
+    """Mistral's rolling buffer: keys and values [B, nkv, window, hs] of the last ``window``
+    positions.
+
+    ``update(k, v)`` (one new position, [B, nkv, 1, hs]) writes it over the oldest slot and returns
+    the filled slots [B, nkv, min(length, window), hs], in slot order: one query needs no key order,
+    since its softmax sums over the keys. ``length`` counts every position seen (the next position).
+    """
+
+    def __init__(self, window: int) -> None:
+        self.window, self.length = window, 0
+        self.k: torch.Tensor | None = None  # (B, nkv, window, hs)
+        self.v: torch.Tensor | None = None  # (B, nkv, window, hs)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if k.shape[2] != 1:
+            raise ValueError("RollingKVCache takes one position per update: feed a prompt one "
+                             "token at a time")
+        if self.k is None:
+            self.k = k.new_zeros(*k.shape[:2], self.window, k.shape[3])  # (B, nkv, window, hs)
+            self.v = v.new_zeros(self.k.shape)
+        slot = self.length % self.window  # the oldest position's slot, once the buffer is full
+        self.k[:, :, slot], self.v[:, :, slot] = k[:, :, 0], v[:, :, 0]
+        self.length += 1
+        held = min(self.length, self.window)
+        return self.k[:, :, :held], self.v[:, :, :held]
+
+
+def _held_bytes(cache) -> int:
+    """Bytes of the distinct tensor storages a cache object keeps in its attributes (one level
+    deep, and inside lists, tuples and dicts): what it holds on to between updates."""
+    found, stack = {}, list(vars(cache).values())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            storage = item.untyped_storage()
+            found[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, (list, tuple)):
+            stack += list(item)
+        elif isinstance(item, dict):
+            stack += list(item.values())
+    return sum(found.values())
+
+
+def _key_at(p: int, B: int = 2, nkv: int = 2, hs: int = 3) -> torch.Tensor:
+    """The probe's key of position p, [B, nkv, 1, hs]: p plus a fraction for each row and head."""
+    offset = torch.arange(B * nkv, dtype=torch.float32).view(B, nkv, 1, 1) / 100
+    return (p + offset).expand(B, nkv, 1, hs).clone()
+
+
+def _expect_window_kept(cache, window: int, steps: int = 13) -> None:
+    """Feed keys that name their position; after each update, the positions handed back must be
+    the last ``window`` (any order), each value beside its key, and ``length`` the positions
+    seen."""
+    for p in range(steps):
+        key = _key_at(p)
+        got = cache.update(key, -key)
+        expect(isinstance(got, tuple) and len(got) == 2
+               and all(isinstance(t, torch.Tensor) for t in got),
+               "update(k, v) returns two tensors: the keys and the values the new query may attend")
+        keys, values = got
+        expect(keys.ndim == 4 and keys.shape[:2] == key.shape[:2] and keys.shape[3] == key.shape[3]
+               and values.shape == keys.shape,
+               "update returns keys and values [B, nkv, S, hs] = [2, 2, S, 3], time in dim 2; "
+               f"got {tuple(keys.shape)} and {tuple(values.shape)}")
+        length = getattr(cache, "length", None)
+        expect(length == p + 1,
+               f"after {p + 1} positions, length is {length!r}: length counts every position seen "
+               "(the attention reads it as the position of the next token, for the rotation), "
+               "not the positions kept")
+        held = sorted(round(x) for x in keys[0, 0, :, 0].tolist())
+        want = list(range(max(0, p - window + 1), p + 1))
+        where = f"after position {p} (window {window}) update handed back positions {held}"
+        if held == list(range(p + 1)) and len(held) == window + 1 and p + 1 < steps:
+            continue  # one too many, or all of them? the next position tells
+        expect(p in held,
+               f"{where}: the new position itself is missing; a query attends to its own key")
+        expect(len(held) <= window or held != list(range(p + 1)),
+               f"{where}: every position so far; a sliding window keeps only the last {window}")
+        expect(len(held) != window + 1, f"{where}: one too many; the window counts the query's "
+                                        f"own position, so {want[0]} .. {p}")
+        expect(len(held) != window - 1 or p < window - 1,
+               f"{where}: one too few; the query's own position and the {window - 1} before it")
+        expect(held == want,
+               f"{where}; the last {window} are {want}: keep the newest, drop the oldest")
+        positions = [round(x) for x in keys[0, 0, :, 0].tolist()]
+        expect(torch.equal(keys, torch.cat([_key_at(q) for q in positions], dim=2)),
+               "each batch row and each key/value head keeps its own keys: store the whole "
+               "[B, nkv, 1, hs] slice of every position")
+        expect(torch.equal(values, -keys),
+               "the values must come back in the same order as their keys")
+
+
+@check("10.7", "RollingKVCache")
+def check_rolling_kv_cache(cls):
+    """``cls(window)``: ``update(k, v)`` with one new position [B, nkv, 1, hs] returns the keys
+    and values [B, nkv, S, hs] of the last min(length, window) positions; ``length``: positions
+    seen."""
+    from transformer_course.multihead import MultiHeadAttention
+
+    for window in (4, 1, 20):
+        _expect_window_kept(cls(window), window)
+    cache, sizes = cls(4), []
+    for p in range(24):
+        cache.update(_key_at(p), -_key_at(p))
+        if p in (11, 23):
+            sizes.append(_held_bytes(cache))
+    need = 2 * _key_at(0).numel() * 4 * 4  # keys and values of 4 positions, float32
+    expect(sizes[0] == sizes[1] and sizes[1] <= need * 5 // 4,  # room for one more position
+           f"the cache keeps {sizes[0]:,} bytes after 12 positions and {sizes[1]:,} after 24: it "
+           "must not grow with the sequence; a window of 4 needs the keys and values of 4 "
+           f"positions, {need:,} bytes here")
+    with fresh_rng(107), torch.no_grad():  # in chapter 04's attention: rotary, 2 key/value heads
+        rope = _lib.RotaryEmbedding(4, 32)
+        attn = MultiHeadAttention(16, 4, n_kv_head=2, bias=False, rope=rope).eval()
+        x = torch.randn(2, 12, 16)
+        for window in (5, 12):
+            cache = cls(window)
+            steps = [attn(x[:, t:t + 1], cache=cache) for t in range(12)]  # 12 x (2, 1, 16)
+            want = attn(x, mask=_sliding_window_mask(12, window))
+            expect_close(torch.cat(steps, dim=1), want,
+                         "one token at a time through MultiHeadAttention with your cache (window "
+                         f"{window}), the outputs differ from the whole sequence with the "
+                         "sliding-window mask")
