@@ -16,10 +16,11 @@
 #
 # **In this chapter you will** find what supervised fine-tuning left undone (strange words), build
 # preference pairs from the model's own replies, write the DPO loss (Exercise 12.1), predict its first
-# value (12.2), fix a reply's log-probability that depends on its neighbours (12.3), train with DPO and
-# see what β does; then write GRPO's group-relative advantages (12.4) and its clipped objective with a
-# KL term (12.5), train with a checker, watch a checker with a hole get cheated, and estimate pass@k
-# without bias (12.6). The trained models answer in `transformer-course chat`.
+# value (12.2), fix a reply's log-probability that depends on its neighbours (12.3), gather the four
+# numbers DPO compares for a batch of pairs (12.4), train with DPO and see what β does; then write
+# GRPO's group-relative advantages (12.5) and its clipped objective with a KL term (12.6), train with
+# a checker, watch a checker with a hole get cheated, and estimate pass@k without bias (12.7). The
+# trained models answer in `transformer-course chat`.
 #
 # **You need** chapter 11 (the chat format, `render_chat`, `sft_targets`, `answers`, the instruction
 # set), chapter 07 (sampling with a temperature) and chapter 06 (AdamW, gradient clipping).
@@ -251,6 +252,7 @@ from transformer_course.checks.preferences import (
     check_clipped_objective,
     check_dpo_loss,
     check_group_advantages,
+    check_pair_logprobs,
     check_pass_at_k,
     check_predict_first_dpo_loss,
     check_reply_logprobs,
@@ -343,6 +345,50 @@ with torch.no_grad():
     a, b = reply_logprobs(sft, *alone)[0].sum(), reply_logprobs(sft, *together)[0].sum()
 print(f"log π(KIND | upper: kind) alone {a:.2f}, beside a longer conversation {b:.2f}")
 
+# %% [markdown]
+# A DPO step needs four numbers per pair, the ones `dpo_loss` takes: the chosen and the rejected
+# reply's log-probability, each under the policy and under the reference. The batch of 2B
+# conversations `dpo` builds holds the B prompts with their chosen replies first, then the same B
+# prompts, in the same order, with their rejected replies.
+#
+# The two models are not treated alike. The policy is what trains: its two numbers feed a loss that
+# is differentiated, so the way back to its weights must stay open. The reference is frozen: it is only
+# read, nothing may ever push its weights, and a training step has no use for the record autograd
+# would keep of its forward pass (as large as the policy's, so it would double the activation memory
+# of every step for nothing).
+#
+# **Your turn (build).** Write `pair_logprobs(policy, reference, x, y)`: x, y [2B, T] as
+# `conversation_batch` builds them for DPO, to (policy_chosen, policy_rejected, ref_chosen,
+# ref_rejected), each [B], one number per reply: log π(reply | prompt), its `<|end|>` included. The
+# training loop below calls your function at every step.
+
+# %%
+#| export
+# Your turn - Exercise 12.4 (★★☆, build): the four log-probabilities of a batch of pairs.
+def pair_logprobs(policy: GPT, reference: GPT, x: torch.Tensor, y: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y [2B, T]: B prompts with their chosen replies, then the same B prompts with the rejected ones
+    -> (policy_chosen, policy_rejected, ref_chosen, ref_rejected), each [B]: each reply's
+    log-probability given its prompt, under the policy (with a gradient) and the frozen reference
+    (no gradient, no graph kept)."""
+    if x.shape != y.shape or x.dim() != 2 or x.shape[0] % 2:
+        raise ValueError(f"x and y must be [2B, T] (chosen, then rejected), got {tuple(x.shape)} and {tuple(y.shape)}")
+    ### BEGIN SOLUTION
+    with torch.no_grad():  # frozen: no gradient reaches it, and no graph is built for its forward pass
+        ref_chosen, ref_rejected = reply_logprobs(reference, x, y).sum(-1).chunk(2)  # (B,) each
+    policy_chosen, policy_rejected = reply_logprobs(policy, x, y).sum(-1).chunk(2)  # (B,) each
+    return policy_chosen, policy_rejected, ref_chosen, ref_rejected
+    ### END SOLUTION
+
+# %%
+pair_logprobs = check_pair_logprobs(pair_logprobs).use
+pair_x, pair_y = conversation_batch(tok, ["upper: kind"] * 2, [text_ids(tok, "KIND"), text_ids(tok, "DNIK")])
+four = pair_logprobs(copy.deepcopy(sft), sft, pair_x, pair_y)  # the policy starts as a copy of the reference
+print(f"upper: kind -> chosen 'KIND' {four[0].item():.2f}, rejected 'DNIK' {four[1].item():.2f} (log π)")
+print("a copy of the reference gives the reference's numbers:",
+      all(abs(p.item() - r.item()) < 1e-4 for p, r in zip(four[:2], four[2:], strict=True)))
+print("the policy's carry a gradient:", four[0].requires_grad, "| the reference's:", four[2].requires_grad)
+
 # %%
 #| export
 def descend(model: GPT, optimizer: torch.optim.Optimizer, loss: torch.Tensor, what: str) -> None:
@@ -377,9 +423,7 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
         batch = rng.sample(pairs, min(batch_size, len(pairs)))
         x, y = conversation_batch(tok, [p.prompt for p in batch] * 2, [text_ids(tok, p.chosen) for p in batch]
                                   + [text_ids(tok, p.rejected) for p in batch])
-        with torch.no_grad():
-            ref_chosen, ref_rejected = reply_logprobs(reference, x, y).sum(-1).chunk(2)  # (B,) each
-        pol_chosen, pol_rejected = reply_logprobs(policy, x, y).sum(-1).chunk(2)
+        pol_chosen, pol_rejected, ref_chosen, ref_rejected = pair_logprobs(policy, reference, x, y)  # (B,) each
         loss, margins = dpo_loss(pol_chosen, pol_rejected, ref_chosen, ref_rejected, beta)
         chosen_tokens = (y != IGNORE).sum(dim=1).chunk(2)[0]  # (B,)
         descend(policy, optimizer, loss - sft_weight * (pol_chosen / chosen_tokens).mean(), "DPO")  # + w · CE/token
@@ -503,7 +547,7 @@ from transformer_course.preferences import (
 )
 
 
-# Your turn - Exercise 12.4 (★☆☆, build): advantages relative to the group.
+# Your turn - Exercise 12.5 (★☆☆, build): advantages relative to the group.
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     """rewards [P, G] -> advantages [P, G]: each reward minus its row's mean, over the row's population
     standard deviation plus eps (a row of equal rewards gives zeros)."""
@@ -537,7 +581,7 @@ print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 
 # %%
 #| export rewards
-# Your turn - Exercise 12.5 (★★★, build): GRPO's clipped objective with a KL term.
+# Your turn - Exercise 12.6 (★★★, build): GRPO's clipped objective with a KL term.
 def clipped_objective(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
                       advantages: torch.Tensor, mask: torch.Tensor, clip: float = 0.2,
                       kl_coef: float = 0.04) -> torch.Tensor:
@@ -718,7 +762,7 @@ print("so does an empty reply:", hasty_check(held[0], ""), "| and the first lett
 # (not trained here; counting suffers most) and the diversity of the sampled replies (the distinct
 # replies among 8 samples of one prompt). Reinforcement learning also **sharpens**: its samples become
 # fewer and more alike, and pass@1 rises more than pass@8, the chance that at least one of 8 samples is
-# right (Exercise 12.6 below computes it without bias).
+# right (Exercise 12.7 below computes it without bias).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -756,7 +800,7 @@ else:
 # n − c < k every draw of k holds a right reply.) By hand: n = 4, c = 1, k = 2 gives 1 − 3/6 = 0.5.
 
 # %%
-# Your turn - Exercise 12.6 (★★☆, extend): the unbiased pass@k.
+# Your turn - Exercise 12.7 (★★☆, extend): the unbiased pass@k.
 def pass_at_k(n: int, c: int, k: int) -> float:
     ### BEGIN SOLUTION
     if n - c < k:
@@ -814,9 +858,10 @@ quiz([
 #   model is right only about half the time. A program knows every right answer, so it can judge.
 # - **DPO** trains on pairs of the model's own replies, a right one preferred to a wrong one, with a
 #   frozen reference: the loss is −log σ of β times the difference of the two log-ratios (you wrote it,
-#   predicted its first value, log 2, and fixed the reply log-probabilities it needs). Watch the
-#   held-out score and what SFT taught, not only the loss: the margin can grow while both replies lose
-#   probability; the SFT term on the chosen replies guards against that.
+#   predicted its first value, log 2, fixed the reply log-probabilities it needs and gathered the four
+#   of a batch of pairs, the reference read without a graph). Watch the held-out score and what SFT
+#   taught, not only the loss: the margin can grow while both replies lose probability; the SFT term on
+#   the chosen replies guards against that.
 # - **GRPO** samples a group of replies per prompt, scores them with a checker, and pushes each reply by
 #   its reward relative to the group (you wrote the advantages), through PPO's clipped ratio with a KL
 #   term to the reference (you wrote the objective). Pass@1 on held-out strange words rises, with no
@@ -827,5 +872,5 @@ quiz([
 #
 # Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
 # `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,
-# `text_ids`, `conversation_batch`, `reply_logprobs`, `descend`, `dpo`; and to
+# `text_ids`, `conversation_batch`, `reply_logprobs`, `pair_logprobs`, `descend`, `dpo`; and to
 # `transformer_course/rewards.py`: `group_advantages`, `clipped_objective`, `Rollout`, `rollout`, `grpo`.

@@ -13,16 +13,18 @@ from transformer_course.checks.preferences import (
     check_clipped_objective,
     check_dpo_loss,
     check_group_advantages,
+    check_pair_logprobs,
     check_pass_at_k,
     check_predict_first_dpo_loss,
     check_reply_logprobs,
 )
-from transformer_course.preferences import dpo_loss, reply_logprobs
+from transformer_course.preferences import dpo_loss, pair_logprobs, reply_logprobs
 from transformer_course.rewards import clipped_objective, group_advantages
 
 
 @pytest.mark.parametrize("check_fn, reference", [
     (check_dpo_loss, dpo_loss), (check_predict_first_dpo_loss, lambda: 0.693), (check_reply_logprobs, reply_logprobs),
+    (check_pair_logprobs, pair_logprobs),
     (check_group_advantages, group_advantages), (check_clipped_objective, clipped_objective),
     (check_pass_at_k, _pass_at_k),
 ])
@@ -68,6 +70,57 @@ def test_the_chapters_buggy_reply_logprobs_is_rejected():
     assert_rejected(check_reply_logprobs, lambda m, x, y: reply_logprobs(m, x, y).detach(), "keep the gradient")
     assert_rejected(check_reply_logprobs, lambda m, x, y: reply_logprobs(m, x, y).double(), "float32")
 
+
+def _sums(model, x, y, *, grad=True, reduce=lambda lp, y: lp.sum(-1)):
+    """Each row's reply log-probability under ``model``, [2B], with or without a graph."""
+    with torch.set_grad_enabled(grad):
+        return reduce(reply_logprobs(model, x, y), y)
+
+
+def _pairs(policy_side, reference_side, *, order=(0, 1, 2, 3)):
+    """A pair_logprobs built from two functions (model, x, y) -> [2B] and a reordering of its four."""
+    def fn(policy, reference, x, y):
+        ref_c, ref_r = reference_side(reference, x, y).chunk(2)
+        pol_c, pol_r = policy_side(policy, x, y).chunk(2)
+        four = (pol_c, pol_r, ref_c, ref_r)
+        return tuple(four[i] for i in order)
+    return fn
+
+
+_FROZEN = lambda m, x, y: _sums(m, x, y, grad=False)  # noqa: E731
+_TRAINED = _sums
+
+
+@pytest.mark.parametrize("fn, hint", [
+    (_pairs(_TRAINED, _FROZEN, order=(1, 0, 3, 2)), "chosen and rejected are swapped"),
+    (_pairs(_TRAINED, _FROZEN, order=(0, 1, 3, 2)), "ref_chosen holds the rejected replies' numbers"),
+    (_pairs(lambda m, x, y: _sums(m, x, y, reduce=lambda lp, y: lp.mean(-1)), _FROZEN), "a mean over the tokens"),
+    (_pairs(lambda m, x, y: _sums(m, x, y, reduce=lambda lp, y: lp.sum(-1) / (y != -1).sum(-1)), _FROZEN),
+     "a mean over the reply's tokens"),
+    (_pairs(_TRAINED, _TRAINED), "the reference is frozen: no gradient may reach it"),
+    (_pairs(_TRAINED, lambda m, x, y: _sums(m, x, y).detach()), "built a graph that was then thrown away"),
+    (_pairs(_FROZEN, _FROZEN), "carry no gradient"),
+    (_pairs(lambda m, x, y: _sums(m, x, y).detach(), _FROZEN), "carry no gradient"),
+    (_pairs(_TRAINED, _FROZEN, order=(2, 3, 0, 1)), "policy_chosen holds the reference's numbers"),
+    (lambda p, r, x, y: _pairs(_TRAINED, _FROZEN)(r, r, x, y), "policy_chosen holds the reference's numbers"),
+    (lambda p, r, x, y: _pairs(_TRAINED, _FROZEN)(p, p, x, y), "ref_chosen holds the policy's numbers"),
+    (lambda p, r, x, y: (_sums(p, x, y), _sums(p, x, y), _sums(r, x, y, grad=False), _sums(r, x, y, grad=False)),
+     "split the 2B replies' numbers in two halves"),
+    (lambda p, r, x, y: (*reply_logprobs(p, x, y).chunk(2), *_FROZEN(r, x, y).chunk(2)), "sum its tokens'"),
+    (lambda p, r, x, y: (_TRAINED(p, x, y)[0::2], _TRAINED(p, x, y)[1::2], *_FROZEN(r, x, y).chunk(2)),
+     "policy_chosen alternates the rows"),
+    (lambda p, r, x, y: pair_logprobs(p, r, x, y)[:3], "return four things"),
+])
+def test_pair_logprobs_mistakes_are_named(fn, hint):
+    assert_rejected(check_pair_logprobs, fn, hint)
+
+
+def test_a_reference_gradient_hidden_in_the_policys_numbers_is_rejected():
+    def leaky(policy, reference, x, y):
+        pol_c, pol_r, ref_c, ref_r = pair_logprobs(policy, reference, x, y)
+        live = _sums(reference, x, y).sum()
+        return pol_c + 0 * live, pol_r, ref_c, ref_r
+    assert_rejected(check_pair_logprobs, leaky, "a gradient reached the reference's weights")
 
 @pytest.mark.parametrize("fn, hint", [
     (lambda r, eps=1e-4: (r - r.mean()) / (r.std(correction=0) + eps), "each group (row) on its own"),

@@ -24,6 +24,7 @@ from transformer_course.preferences import (
     dpo,
     dpo_loss,
     is_right,
+    pair_logprobs,
     preference_pairs,
     reply_logprobs,
     strange_words,
@@ -93,6 +94,27 @@ def test_reply_logprobs_sum_to_the_replys_log_probability_whatever_shares_the_ba
     assert torch.allclose(one, two, atol=1e-5) and abs(one.item() - by_hand.item()) < 1e-4
     assert (reply_logprobs(model, *crowded)[crowded[1] == IGNORE] == 0).all()
 
+
+def test_pair_logprobs_splits_chosen_from_rejected_and_keeps_no_graph_for_the_reference():
+    policy, tok = _tiny_chat(seed=0)
+    reference, _ = _tiny_chat(seed=1)
+    prompts, chosen, rejected = ["upper: ab", "reverse: abc"], ["AB", "cba"], ["BA", "abcc"]
+    x, y = conversation_batch(tok, prompts * 2, [text_ids(tok, r) for r in chosen + rejected])
+    pol_c, pol_r, ref_c, ref_r = pair_logprobs(policy, reference, x, y)
+    assert all(v.shape == (2,) for v in (pol_c, pol_r, ref_c, ref_r))
+    with torch.no_grad():
+        for i, (c, r) in enumerate(zip(chosen, rejected, strict=True)):  # one conversation at a time
+            alone = [reply_logprobs(m, *conversation_batch(tok, [prompts[i]], [text_ids(tok, reply)])).sum()
+                     for m in (policy, reference) for reply in (c, r)]
+            got = [pol_c[i], pol_r[i], ref_c[i], ref_r[i]]
+            assert all(abs(g.item() - w.item()) < 1e-4 for g, w in zip(got, alone, strict=True))
+    assert pol_c.requires_grad and pol_r.requires_grad
+    assert ref_c.grad_fn is None and ref_r.grad_fn is None and not ref_c.requires_grad
+    (pol_c.sum() + pol_r.sum()).backward()
+    assert all(p.grad is None for p in reference.parameters())
+    assert any(p.grad is not None for p in policy.parameters())
+    with pytest.raises(ValueError, match=r"\[2B, T\]"):
+        pair_logprobs(policy, reference, x[:3], y[:3])
 
 def test_the_dpo_loss_matches_the_hand_worked_example_and_softplus():
     loss, margins = dpo_loss(*(torch.tensor([v]) for v in (-2.0, -3.0, -2.5, -2.0)), 0.5)

@@ -50,7 +50,7 @@ def is_right(task: Example, reply: str) -> bool:
 __all__ = [
     'STRANGE_KINDS', 'MAX_REPLY', 'strange_words', 'is_right', 'HELD_OUT_SEED', 'accuracy',
     'pass_at_1', 'Pair', 'preference_pairs', 'dpo_loss', 'text_ids', 'conversation_batch',
-    'reply_logprobs', 'descend', 'dpo',
+    'reply_logprobs', 'pair_logprobs', 'descend', 'dpo',
 ]
 
 
@@ -134,6 +134,20 @@ def reply_logprobs(model: GPT, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor
     return -F.cross_entropy(logits.transpose(1, 2), y, ignore_index=IGNORE, reduction="none")  # (B, T)
 
 
+def pair_logprobs(policy: GPT, reference: GPT, x: torch.Tensor, y: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, y [2B, T]: B prompts with their chosen replies, then the same B prompts with the rejected ones
+    -> (policy_chosen, policy_rejected, ref_chosen, ref_rejected), each [B]: each reply's
+    log-probability given its prompt, under the policy (with a gradient) and the frozen reference
+    (no gradient, no graph kept)."""
+    if x.shape != y.shape or x.dim() != 2 or x.shape[0] % 2:
+        raise ValueError(f"x and y must be [2B, T] (chosen, then rejected), got {tuple(x.shape)} and {tuple(y.shape)}")
+    with torch.no_grad():  # frozen: no gradient reaches it, and no graph is built for its forward pass
+        ref_chosen, ref_rejected = reply_logprobs(reference, x, y).sum(-1).chunk(2)  # (B,) each
+    policy_chosen, policy_rejected = reply_logprobs(policy, x, y).sum(-1).chunk(2)  # (B,) each
+    return policy_chosen, policy_rejected, ref_chosen, ref_rejected
+
+
 def descend(model: GPT, optimizer: torch.optim.Optimizer, loss: torch.Tensor, what: str) -> None:
     """One optimizer step down `loss` (gradients clipped to norm 1, as chapter 06 does); a loss that is not
     finite stops training with a FloatingPointError naming `what`."""
@@ -166,9 +180,7 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
         batch = rng.sample(pairs, min(batch_size, len(pairs)))
         x, y = conversation_batch(tok, [p.prompt for p in batch] * 2, [text_ids(tok, p.chosen) for p in batch]
                                   + [text_ids(tok, p.rejected) for p in batch])
-        with torch.no_grad():
-            ref_chosen, ref_rejected = reply_logprobs(reference, x, y).sum(-1).chunk(2)  # (B,) each
-        pol_chosen, pol_rejected = reply_logprobs(policy, x, y).sum(-1).chunk(2)
+        pol_chosen, pol_rejected, ref_chosen, ref_rejected = pair_logprobs(policy, reference, x, y)  # (B,) each
         loss, margins = dpo_loss(pol_chosen, pol_rejected, ref_chosen, ref_rejected, beta)
         chosen_tokens = (y != IGNORE).sum(dim=1).chunk(2)[0]  # (B,)
         descend(policy, optimizer, loss - sft_weight * (pol_chosen / chosen_tokens).mean(), "DPO")  # + w · CE/token

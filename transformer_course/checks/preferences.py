@@ -1,10 +1,10 @@
 """Checks for chapter 12's exercises (preferences and rewards: DPO, GRPO, pass@k). Hand-written.
 
-The build exercises (12.1 ``dpo_loss``, 12.4 ``group_advantages``, 12.5 ``clipped_objective``)
-and the debug exercise (12.3 ``reply_logprobs``) have the package as their reference; each check
-computes what it expects its own way (by hand-worked numbers, or by loops over plain Python floats).
-The reference of
-the extend exercise 12.6 (``_pass_at_k``) lives here: it is not part of the package's API.
+The build exercises (12.1 ``dpo_loss``, 12.4 ``pair_logprobs``, 12.5 ``group_advantages``,
+12.6 ``clipped_objective``) and the debug exercise (12.3 ``reply_logprobs``) have the package as
+their reference; each check computes what it expects its own way (by hand-worked numbers, or by
+loops over plain Python floats). The reference of the extend exercise 12.7 (``_pass_at_k``) lives
+here: it is not part of the package's API.
 """
 
 import itertools
@@ -151,15 +151,19 @@ def check_predict_first_dpo_loss(fn):
 
 
 class _Table(torch.nn.Module):
-    """A stand-in model whose logits depend on the token only: logits [B, T, V] = table[x]."""
+    """A stand-in model whose logits depend on the token only: logits [B, T, V] = table[x].
+    ``graphs`` records, for each forward pass, whether autograd built a graph for it."""
 
-    def __init__(self, vocab: int = 7):
+    def __init__(self, vocab: int = 7, seed: int = 123):
         super().__init__()
-        with fresh_rng(123):
+        with fresh_rng(seed):
             self.table = torch.nn.Parameter(torch.randn(vocab, vocab).double())
+        self.graphs: list[bool] = []
 
     def forward(self, x):
-        return self.table[x], None
+        logits = self.table[x]
+        self.graphs.append(logits.requires_grad)
+        return logits, None
 
 
 @check("12.3", "reply_logprobs", reference=_preferences.reply_logprobs)
@@ -198,7 +202,160 @@ def check_reply_logprobs(fn):
     expect(got.requires_grad, "keep the gradient: DPO trains through these numbers (no .detach())")
 
 
-# ---------------------------------------------------------------- 12.4 build: group_advantages
+# ---------------------------------------------------------------- 12.4 build: pair_logprobs
+
+
+def _pair_batch(chosen, rejected):
+    """x, y [2B, T] as conversation_batch lays out a DPO batch, from (prompt, reply) token lists:
+    the B chosen conversations, then the B rejected ones; padded with token 0, targets -1 outside
+    the replies (position t predicts x[t + 1])."""
+    rows = [p + r for p, r in chosen + rejected]
+    width = max(map(len, rows))
+    x = torch.zeros(len(rows), width, dtype=torch.long)
+    y = torch.full_like(x, -1)
+    for i, ((prompt, _), row) in enumerate(zip(chosen + rejected, rows, strict=True)):
+        x[i, : len(row)] = torch.tensor(row)
+        for t in range(len(prompt) - 1, len(row) - 1):
+            y[i, t] = row[t + 1]
+    return x, y
+
+
+def _summed(model, x, y, mean=None):
+    """Each row's summed log-probability of its targets under ``model`` (plain Python floats);
+    ``mean="T"`` or ``"reply"`` divides by the row's length or its number of targets instead."""
+    logp = torch.log_softmax(model.table.detach(), dim=-1).tolist()
+    out = []
+    for xs, ys in zip(x.tolist(), y.tolist(), strict=True):
+        terms = [logp[a][b] for a, b in zip(xs, ys, strict=True) if b != -1]
+        out.append(sum(terms) / {None: 1, "T": len(ys), "reply": len(terms)}[mean])
+    return out
+
+
+_PAIR_NAMES = ("policy_chosen", "policy_rejected", "ref_chosen", "ref_rejected")
+_ROWS_FIRST = (
+    "x holds the B chosen conversations first, then the same B prompts with the rejected replies"
+)
+
+
+def _pair_mistakes(name, policy, reference, x, y):
+    """(hint, wrong [B]) for the output ``name``: what each likely mistake gives there."""
+    b = x.shape[0] // 2
+    is_policy, is_chosen = name.startswith("policy"), name.endswith("chosen")
+    mine, other = (policy, reference) if is_policy else (reference, policy)
+    rows = lambda v, chosen: v[:b] if chosen else v[b:]  # noqa: E731
+    interleaved = lambda v: v[0::2] if is_chosen else v[1::2]  # noqa: E731
+    return [
+        (
+            f"{name} holds the {'rejected' if is_chosen else 'chosen'} replies' numbers: chosen "
+            f"and rejected are swapped ({_ROWS_FIRST})",
+            rows(_summed(mine, x, y), not is_chosen),
+        ),
+        (
+            f"{name} holds the {'reference' if is_policy else 'policy'}'s numbers: the first two "
+            "outputs come from `policy`, the last two from `reference`",
+            rows(_summed(other, x, y), is_chosen),
+        ),
+        (
+            f"{name} alternates the rows: {_ROWS_FIRST}, so the first half of the rows is "
+            "chosen and the second half rejected",
+            interleaved(_summed(mine, x, y)),
+        ),
+        (
+            f"{name} is a mean over the tokens: a reply's log-probability is the *sum* of its "
+            "tokens' log-probabilities (log of the product of their probabilities)",
+            rows(_summed(mine, x, y, mean="T"), is_chosen),
+        ),
+        (
+            f"{name} is a mean over the reply's tokens: a reply's log-probability is the *sum* of "
+            "its tokens' log-probabilities (log of the product of their probabilities)",
+            rows(_summed(mine, x, y, mean="reply"), is_chosen),
+        ),
+    ]
+
+
+def _pair_case(fn, policy, reference, chosen, rejected):
+    """Run ``fn`` on one batch and check the four numbers' shapes and values; return them."""
+    x, y = _pair_batch(chosen, rejected)
+    b, t = len(chosen), x.shape[1]
+    out = fn(policy, reference, x.clone(), y.clone())
+    expect(
+        isinstance(out, tuple | list) and len(out) == 4,
+        "return four things: (policy_chosen, policy_rejected, ref_chosen, ref_rejected)",
+    )
+    for name, got in zip(_PAIR_NAMES, out, strict=True):
+        got = expect_tensor(got, what=name)
+        shape = tuple(got.shape)
+        expect(
+            shape != (2 * b,),
+            f"{name} has shape {shape}: one number per pair, [B] = ({b},). {_ROWS_FIRST}: split "
+            "the 2B replies' numbers in two halves",
+        )
+        expect(
+            shape not in ((b, t), (2 * b, t)),
+            f"{name} has shape {shape}: one number per reply, so sum its tokens' "
+            f"log-probabilities over T (each output is [B] = ({b},))",
+        )
+        expect(shape == (b,), f"{name} must be [B] = ({b},), got shape {shape}")
+    for name, got in zip(_PAIR_NAMES, out, strict=True):
+        model = policy if name.startswith("policy") else reference
+        whole = _summed(model, x, y)
+        want = whole[:b] if name.endswith("chosen") else whole[b:]
+        expect_close(
+            got.detach(),
+            torch.tensor(want, dtype=torch.float64),
+            f"{name}: expected each reply's summed log-probability of its target tokens "
+            f"(0 where y is -1) under the {'policy' if model is policy else 'reference'}",
+            atol=1e-4,
+            mistakes=[
+                (hint, torch.tensor(wrong, dtype=torch.float64))
+                for hint, wrong in _pair_mistakes(name, policy, reference, x, y)
+            ],
+        )
+    return out
+
+
+@check("12.4", "pair_logprobs", reference=_preferences.pair_logprobs)
+def check_pair_logprobs(fn):
+    """``fn(policy, reference, x [2B, T], y [2B, T])``
+    ``-> (policy_chosen, policy_rejected, ref_chosen, ref_rejected)``, each [B]."""
+    policy, reference = _Table(seed=41), _Table(seed=42)
+    # two pairs: prompts of different lengths, replies of different lengths (padding after them)
+    chosen = [([1, 2, 3], [4, 5, 6]), ([6, 1], [2, 3])]
+    rejected = [([1, 2, 3], [5, 4]), ([6, 1], [3, 2, 0, 1])]
+    out = _pair_case(fn, policy, reference, chosen, rejected)
+    expect(
+        out[0].requires_grad and out[1].requires_grad and policy.graphs and policy.graphs[-1],
+        "policy_chosen and policy_rejected carry no gradient: the DPO loss trains the policy "
+        "through them, so keep the policy's forward pass in the graph (no torch.no_grad() or "
+        ".detach() for the policy)",
+    )
+    frozen = (
+        "the reference is frozen: no gradient may reach it, so compute its log-probabilities "
+        "under torch.no_grad()"
+    )
+    expect(
+        not (out[2].requires_grad or out[3].requires_grad),
+        f"{frozen} (ref_chosen and ref_rejected carry a gradient)",
+    )
+    sum(v.sum() for v in out if v.requires_grad).backward()
+    expect(reference.table.grad is None, f"{frozen} (a gradient reached the reference's weights)")
+    expect(policy.table.grad is not None, "no gradient reached the policy's weights")
+    expect(
+        not any(reference.graphs),
+        "the reference's forward pass built a graph that was then thrown away (.detach()): run "
+        "it under torch.no_grad(), so autograd records nothing for it and keeps no activations",
+    )
+    # one pair (B = 1), its rejected reply a single token
+    _pair_case(fn, _Table(seed=43), reference, [([2, 3, 4, 1], [5, 5, 6])], [([2, 3, 4, 1], [6])])
+    with fresh_rng(7):
+        a, b = _Table(seed=5), _Table(seed=6)
+        tokens = torch.randint(0, 7, (3, 9)).tolist()
+    chosen = [(row[:4], row[4:]) for row in tokens]
+    rejected = [(row[:4], row[4 : 6 + i]) for i, row in enumerate(tokens)]
+    _pair_case(fn, a, b, chosen, rejected)
+
+
+# ---------------------------------------------------------------- 12.5 build: group_advantages
 
 
 def _advantages(rows, eps=1e-4, correction=0, per_row=True, divide=True):
@@ -213,7 +370,7 @@ def _advantages(rows, eps=1e-4, correction=0, per_row=True, divide=True):
     return out
 
 
-@check("12.4", "group_advantages", reference=_rewards.group_advantages)
+@check("12.5", "group_advantages", reference=_rewards.group_advantages)
 def check_group_advantages(fn):
     """``fn(rewards [P, G], eps=1e-4) -> advantages [P, G]``."""
     rows = [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]]
@@ -259,7 +416,7 @@ def check_group_advantages(fn):
     )
 
 
-# ---------------------------------------------------------------- 12.5 build: clipped_objective
+# ---------------------------------------------------------------- 12.6 build: clipped_objective
 
 
 def _objective(
@@ -295,7 +452,7 @@ def _objective(
     return -(total / replies if per_reply else total / tokens)
 
 
-@check("12.5", "clipped_objective", reference=_rewards.clipped_objective)
+@check("12.6", "clipped_objective", reference=_rewards.clipped_objective)
 def check_clipped_objective(fn):
     """``fn(logp [N, T], logp_old [N, T], logp_ref [N, T], advantages [N], mask [N, T], clip, "
     "kl_coef) -> loss``."""
@@ -358,7 +515,7 @@ def check_clipped_objective(fn):
     )
 
 
-# ---------------------------------------------------------------- 12.6 extend: pass@k
+# ---------------------------------------------------------------- 12.7 extend: pass@k
 
 
 def _pass_at_k(n: int, c: int, k: int) -> float:
@@ -366,7 +523,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@check("12.6", "pass_at_k")
+@check("12.7", "pass_at_k")
 def check_pass_at_k(fn):
     """``fn(n, c, k) -> float``: the chance that k of the n samples, drawn without replacement,
     hold a right one."""
