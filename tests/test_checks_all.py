@@ -33,7 +33,7 @@ def _name(check_fn) -> str:
 
 
 def test_every_exercise_has_one_check_and_each_module_one_chapter_in_order():
-    assert len(CHECKS) == len({c.exercise for c in CHECKS}) == 71
+    assert len(CHECKS) == len({c.exercise for c in CHECKS}) == 73
     by_module = defaultdict(list)
     for c in CHECKS:
         by_module[c.__module__].append(c.exercise)
