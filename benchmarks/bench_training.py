@@ -195,8 +195,9 @@ def write_report(step_results: dict, run_results: dict, kernels: dict, load: tup
               f"{_fmt_range(NANOGPT['tokens_per_s'])} | | | {_fmt_range(NANOGPT['rss_mb'])} |", "",
               "\"nanoGPT's operations\" is our model running exactly the kernels nanoGPT's `model.py` runs on a CPU "
               "(float32; AdamW's multi-tensor foreach kernel, where nanoGPT's `train.py` on a CPU gets PyTorch's "
-              "default, the per-tensor loop), measured in this same run: the in-run stand-in for nanoGPT, since "
-              "nanoGPT itself cannot be downloaded here.", ""]
+              "default, the per-tensor loop), measured in this same run: the in-run stand-in for nanoGPT. nanoGPT's "
+              "own `train.py` was timed on another day (the row above, from NOTES.md), and timings taken on "
+              "different days are not comparable on these shared machines.", ""]
     if kernels:
         m32, m16, a32, a16 = (kernels[k] for k in ("matmul_fp32_us", "matmul_bf16_us", "attention_fp32_us",
                                                    "attention_bf16_us"))
