@@ -8,9 +8,12 @@
 # | part | GPT-2 (chapters 02-06) | a modern decoder |
 # |---|---|---|
 # | normalisation | LayerNorm: centre, scale, gain, shift | **RMSNorm**: scale and gain only |
-# | MLP | `proj(gelu(fc(x)))`, hidden width 4C | **SwiGLU**: `proj(silu(gate(x)) * up(x))`, hidden width about 8C/3 |
+# | MLP | `proj(gelu(fc(x)))`, hidden width 4C | **SwiGLU**: `proj(silu(gate(x)) * up(x))`, hidden width 8C/3 or wider |
 # | positions | a learned vector added to each token | **rotary positions (RoPE)**: q and k turned by an angle that grows with the position |
 # | keys and values | one key/value head per query head | **grouped-query attention**: a few key/value heads, each shared by a group of query heads |
+#
+# The right-hand column is Llama's choice; the other families differ in details (Gemma, for one, puts
+# GELU rather than SiLU in its gated MLP).
 #
 # **In this chapter you will** write RMSNorm (Exercise 10.1), fix a broken table of rotation speeds
 # (10.2), write the rotation itself (10.3), predict the size of a KV cache (10.4), assemble the four
@@ -49,9 +52,10 @@ transformers.logging.set_verbosity_error()  # its log messages would vary betwee
 #
 # LayerNorm (chapter 05) does two things to each token's C numbers: it subtracts their mean, and it
 # divides by their standard deviation; then a learned gain γ and shift β follow. Zhang and Sennrich
-# (2019) asked which half matters. Their answer: the division. Keeping every token's vector at a fixed
-# size is what steadies training; moving its mean to zero adds little, and the shift β is one more
-# vector the next linear layer could learn anyway. **RMSNorm** keeps only the division, by the root
+# (2019) asked which half matters. Their hypothesis, which their experiments support (RMSNorm trained
+# about as well as LayerNorm): the division. Keeping every token's vector at a fixed size is what
+# steadies training; moving its mean to zero adds little, and the shift β is one more vector the next
+# linear layer could learn anyway. **RMSNorm** keeps only the division, by the root
 # mean square of the numbers, `rms(x) = sqrt(mean(x²) + eps)`, and the gain:
 #
 # `y = x / rms(x) · g`
@@ -189,7 +193,9 @@ print(f"parameters: RMSNorm {sum(p.numel() for p in ours.parameters())}, "
 #
 # Three matrices instead of two. To keep the parameter count of the 4C MLP, the hidden width shrinks
 # by 2/3: `3 · C · H = 2 · C · 4C` gives **H = 8C/3**, rounded up to a multiple of a small number so
-# the matrices tile well (Llama rounds to 256; we round to 8). `swiglu_hidden` computes it.
+# the matrices tile well (the first Llama rounds to a multiple of 256; we round to 8). `swiglu_hidden`
+# computes it. Later models do not all keep the 4C MLP's count: Llama 3 8B and Mistral 7B widen their
+# 4,096 channels to 14,336, that is 3.5C.
 
 # %%
 #| export
@@ -267,9 +273,11 @@ plt.show()
 # for it.
 #
 # The speeds follow the sinusoidal code: pair i turns by θ_i = base^(-2i/hs) radians per position,
-# base 10000. Pair 0 turns one radian per position; the last pair so slowly that it takes tens of
-# thousands of positions to go round once. The fast pairs tell neighbours apart, the slow ones
-# distances across the whole context.
+# base 10000 (the paper's value, kept by Llama 1 and 2; Llama 3 raised it to 500,000 and Mistral 7B
+# v0.2 to 1,000,000, so that the slow pairs stretch over longer contexts). Pair 0 turns one radian per
+# position; at base 10000 the last pair turns so slowly that it takes tens of thousands of positions
+# to go round once. The fast pairs tell neighbours apart, the slow ones distances across the whole
+# context.
 #
 # Here is a version of that table with a bug, as it is easy to write:
 
@@ -648,8 +656,9 @@ def build_gpt(cfg: GPTConfig) -> GPT:
 
 # %% [markdown]
 # GPT-2 and a Llama-style decoder of the same width and depth, built by one class. The parameter count
-# worked out from the config matches the module; the Llama-style one is smaller, because its key and
-# value projections have a quarter of the width and it has no position table and no biases:
+# worked out from the config matches the module; the Llama-style one is smaller, even with an output
+# head of its own (`tie_weights=False`), because its key and value projections have a quarter of the
+# width and it has no position table and no biases:
 
 # %%
 from transformer_course.model import count_parameters
@@ -923,7 +932,7 @@ for name, change in changes.items():
 # positions (itself included; 4,096 there), not to the whole past. Later Mistral 7B releases, from
 # v0.2 on, dropped it for full attention over a longer context, so a sliding window is a choice, not
 # part of every modern decoder. Information still travels further, one window per layer, but the
-# cost of attention and the KV cache stop growing with the context.
+# attention cost of each new token and the KV cache stop growing with the context.
 #
 # **Your turn (extend).** Write `sliding_window_mask(T, window, past=0)`: bool [T, past + T], True
 # where new query t (at position past + t) may attend key j: j ≤ past + t (causal) and
