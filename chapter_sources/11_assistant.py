@@ -3,13 +3,14 @@
 #
 # > Turn chapter 06's Shakespeare completer into a model that answers: special tokens for the turns of a
 # > conversation, a loss on the assistant's tokens only, supervised fine-tuning on tasks with checkable
-# > answers, and LoRA, a low-rank adapter that fine-tunes 4% of the weights.
+# > answers, and LoRA, a low-rank adapter that fine-tunes under 5% of the weights.
 #
 # The model chapter 06 trained continues text. Ask it "reverse: gentle" and it writes more
-# Shakespeare-shaped characters, because continuing text is the only thing its loss ever rewarded. Every
-# assistant you have used (ChatGPT, Llama-Instruct, Qwen-Chat) started as such a base model; what turned
-# it into an assistant is a second, much smaller training run on conversations, **supervised fine-tuning
-# (SFT)**, and a format that tells the model whose turn it is.
+# Shakespeare-shaped characters, because continuing text is the only thing its loss ever rewarded. The
+# assistants you may have used (ChatGPT, Llama-Instruct, Qwen-Chat) each started as such a base model;
+# the first step that turned it into an assistant was a second, much smaller training run on
+# conversations, **supervised fine-tuning (SFT)**, with a format that tells the model whose turn it is.
+# (Most of them then went through a stage of learning from preferences as well: chapter 12.)
 #
 # **In this chapter you will** grow the model's vocabulary by three turn tokens without changing what it
 # already computes (Exercise 11.1), write the loss mask that trains only the assistant's answers (11.2),
@@ -155,9 +156,9 @@ print(tok, tok.encode("<|user|>hi<|end|>"), repr(tok.decode(tok.encode("<|assist
 # it is**, so the model still computes exactly what it computed before for every text without the new
 # tokens. What should the new rows hold? Zeros would make a new token's logit 0 at every position, far
 # above the usual logits of a trained model (most are strongly negative), so the untrained `<|end|>`
-# would suddenly be likely everywhere. The usual choice (Hewitt, 2021) is **the mean of the existing rows**:
-# the new token starts as an average token, with an average logit; a little noise keeps the three new
-# rows apart, so the model can tell them from each other.
+# would suddenly be likely everywhere. A common choice, recommended by Hewitt (2021), is **the mean of
+# the existing rows**: the new token starts as an average token, with an average logit; a little noise
+# keeps the three new rows apart, so the model can tell them from each other.
 #
 # **Your turn.** Write `grow_rows(weight, n_new, generator)`: weight [V, C] to a new tensor [V + n_new, C]
 # whose first V rows equal `weight`, and whose new rows are the mean of the V rows plus noise drawn with
@@ -307,9 +308,10 @@ print(sft_targets(ids, is_answer))
 # %% [markdown]
 # ## 4. An instruction set from the plays, built offline
 #
-# SFT needs conversations with right answers. Big assistants are tuned on hundreds of thousands written
-# by people; this course builds its own from what it ships, deterministically, with answers a program can
-# check, so "did fine-tuning work?" has a number:
+# SFT needs conversations with right answers. Big assistants are tuned on conversations written or
+# checked by people (InstructGPT's SFT set held about 13,000 prompts with written answers; LIMA showed
+# that 1,000 carefully chosen ones can go a long way); this course builds its own from what it ships,
+# deterministically, with answers a program can check, so "did fine-tuning work?" has a number:
 #
 # | kind | prompt | answer |
 # |---|---|---|
@@ -548,8 +550,9 @@ print("the shipped model's recorded scores hold here:", chat.manifest["held_out_
 # position); reversing needs attention to look back at the mirror position, and it learned that too.
 # `speaker` stays near guessing among eight names (1 in 8 is 12.5%): who says a line is knowledge about
 # the plays, and a 0.8 M-parameter model that reaches 1.87 nats per character on them has little of it.
-# Fine-tuning teaches a format and skills the model can compute; it adds little knowledge (the same
-# observation the LIMA paper made with 65-billion-parameter models).
+# Here fine-tuning taught a format and skills the model can compute, and added little knowledge, in
+# line with the "superficial alignment hypothesis" of the LIMA paper, which fine-tuned a
+# 65-billion-parameter LLaMA on 1,000 examples.
 #
 # ## 6. The price: forgetting
 #
@@ -569,22 +572,24 @@ plt.show()
 # %% [markdown]
 # The model predicts Shakespeare far worse than before (the shipped model's manifest has the numbers:
 # from about 2.7 bits per character to over 8), worse than a uniform guess: 1,000 steps at a learning
-# rate of 1e-3 moved every weight towards four tiny tasks, and nothing held the old skill in place. This is **catastrophic forgetting**, and it is why real SFT
-# mixes some pretraining text into its batches, trains briefly at a low learning rate, or leaves the
-# weights alone altogether and trains a small add-on: LoRA.
+# rate of 1e-3 moved every weight towards four tiny tasks, and nothing held the old skill in place.
+# This is **catastrophic forgetting**, and it is one reason fine-tuning recipes may mix some
+# pretraining text into their batches, train briefly at a low learning rate, or leave the weights alone
+# altogether and train a small add-on: LoRA.
 #
 # ## 7. LoRA: fine-tune a low-rank change, not the weights
 #
-# A full fine-tune writes a new copy of every weight matrix. Hu et al. (2021) noticed that the *change*
-# a fine-tune makes, ΔW = W_tuned − W, has a low rank: it can be written as a product of two thin
-# matrices. **LoRA** freezes W [out, in] and trains only A [r, in] and B [out, r], with r small (4, 8,
-# 16), so the layer computes
+# A full fine-tune writes a new copy of every weight matrix. Hu et al. (2021) hypothesised, after
+# earlier work had found that fine-tuning needs few degrees of freedom (a low "intrinsic dimension"),
+# that the *change* a fine-tune needs, ΔW = W_tuned − W, has a low rank, so that a product of two thin
+# matrices can stand in for it; on the tasks they tried, LoRA matched full fine-tuning. **LoRA** freezes
+# W [out, in] and trains only A [r, in] and B [out, r], with r small (4, 8, 16), so the layer computes
 #
 # `y = x Wᵀ + b + (α / r) · x Aᵀ Bᵀ`
 #
 # B starts at zero, so the adapted model starts exactly at the base model; A starts random (as a Linear's
-# weight does), so the gradient of B is not zero. α / r scales the adapter so that changing r does not
-# change how big a step is.
+# weight does), so the gradient of B is not zero. α / r scales the adapter so that a change of r needs
+# less retuning of the learning rate (the paper's reason for it).
 #
 # **Your turn (predict).** Chapter 04's packed projection `attn.qkv` of this model maps C = 128 to 3·128
 # = 384. How many numbers does a rank-8 adapter on it train?
@@ -781,10 +786,10 @@ print(f"trainable: {trainable_parameters(lora_model):,} of {grown.num_parameters
       f"({trainable_parameters(lora_model) / grown.num_parameters():.1%})")
 
 # %% [markdown]
-# The course ships an adapter trained the same way for 2,500 steps (a learning rate of 5e-3: an
-# adapter's few numbers need bigger steps than a full fine-tune). `load_lora_adapter()` returns the base
-# model with the adapter loaded. Compare it with the full fine-tune: the score, what is trained, and
-# what is saved.
+# The course ships an adapter trained the same way for 2,500 steps (a learning rate of 5e-3, five times
+# the full fine-tune's: with so few numbers to move, the adapter needed bigger steps here).
+# `load_lora_adapter()` returns the base model with the adapter loaded. Compare it with the full
+# fine-tune: the score, what is trained, and what is saved.
 
 # %%
 import io
@@ -1064,11 +1069,12 @@ quiz([
 #   write the questions too.
 # - An **instruction set** built from the plays, deterministic, with a held-out split that shares no
 #   prompt with training. Fine-tuning takes upper-casing, reversing and counting from 0% to about 100%
-#   held-out exact match; who says a line stays near chance: SFT teaches skills, not knowledge. The price
-#   is forgetting: the model predicts Shakespeare worse.
+#   held-out exact match; who says a line stays near chance: here SFT taught skills, not knowledge. The
+#   price is forgetting: the model predicts Shakespeare worse.
 # - **LoRA** trains A [r, in] and B [out, r] beside frozen weights (you predicted their size, wrote the
-#   forward and fixed a merge without its α/r scale): about 4% of the numbers, a file about 25 times
-#   smaller, scores near the full fine-tune, less forgetting, and a merge that leaves one plain matrix.
+#   forward and fixed a merge without its α/r scale): under 5% of the numbers (4.6%), a file about 20
+#   times smaller, scores near the full fine-tune, less forgetting, and a merge that leaves one plain
+#   matrix.
 # - A **chat** streams answers here and in `transformer-course chat`; you wrote ChatML, the template
 #   of many open models.
 #
