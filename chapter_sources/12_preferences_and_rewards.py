@@ -5,14 +5,15 @@
 # > (one better, one worse) against a frozen reference, and GRPO, reinforcement learning from groups of
 # > sampled replies scored by a checker, with a clipped objective and a KL leash.
 #
-# Chapter 11's assistant learned from answers someone wrote down. Most of what makes today's assistants
-# good was taught differently: people (or programs) **judge** replies the model itself wrote, and the
-# model is pushed towards the better ones. Two ways of doing it are now standard. **DPO** (Rafailov et
+# Chapter 11's assistant learned from answers someone wrote down. Much of what today's assistants learn
+# after that stage is taught differently: people (or programs) **judge** replies the model itself wrote,
+# and the model is pushed towards the better ones. Two widely used ways of doing it: **DPO** (Rafailov et
 # al., 2023) learns from pairs, a preferred and a rejected reply to one prompt, with no reward model and
 # no sampling while training. **Reinforcement learning with a verifiable reward** (RLVR) samples a group
 # of replies per prompt, scores each with a checker (is the arithmetic right? does the code pass its
 # tests?), and makes the better ones more likely; **GRPO** (Shao et al., 2024, DeepSeekMath) is the
-# version DeepSeek-R1 and nanochat use.
+# version DeepSeek-R1 used (nanochat's RL script starts from it and strips it down: no clip, no KL
+# term, and advantages not divided by the standard deviation).
 #
 # **In this chapter you will** find what supervised fine-tuning left undone (strange words), build
 # preference pairs from the model's own replies, write the DPO loss (Exercise 12.1), predict its first
@@ -211,8 +212,9 @@ for p in pairs[:3]:
 #
 # RLHF's classic recipe (Ouyang et al., 2022) first fits a **reward model** r(x, y) to the preferences,
 # then maximises it with reinforcement learning while a KL penalty keeps the policy π near the SFT
-# model π_ref. DPO's observation: the best policy for that objective has a closed form,
-# π(y|x) ∝ π_ref(y|x) · exp(r(x, y)/β), so the reward can be read off the policy itself,
+# model π_ref. DPO starts from a known result, that the best policy for that objective has a closed
+# form, π(y|x) ∝ π_ref(y|x) · exp(r(x, y)/β), and turns it round: the reward can be read off the policy
+# itself,
 #
 # $$r(x, y) = \beta \log \frac{\pi(y \mid x)}{\pi_\text{ref}(y \mid x)} \;(+\text{ a term of } x \text{ alone}),$$
 #
@@ -434,17 +436,17 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
     return history
 
 # %% [markdown]
-# **A known failure, and the guard this course uses.** DPO only asks the *margin* to grow, and it can
-# grow while *both* replies become less likely, the chosen one less fast. The probability goes
-# elsewhere, to replies that were in no pair, and greedy decoding can get worse at the very thing
-# preferred ("likelihood displacement", Razin et al. 2024). Pure DPO at β = 0.1 does exactly that on
-# these pairs: in the benchmark below the chosen replies end *less* likely than under the reference,
-# greedy accuracy barely moves and upper-casing real words erodes. The guard used here, as in Llama 3's recipe and Pang et al. (2024), adds chapter 11's SFT loss on the
-# chosen replies to the DPO loss: `dpo(..., sft_weight=1.0)` keeps the chosen replies likely while the
-# margin grows.
+# **A known failure, and the guard this course uses.** DPO only asks the *margin* to grow, and it can grow
+# while *both* replies become less likely, the chosen one less fast. The probability goes elsewhere, to
+# replies that were in no pair, and greedy decoding can get worse at the very thing preferred ("likelihood
+# displacement", Razin et al. 2024). Pure DPO at β = 0.1 does exactly that on these pairs: in the
+# benchmark below the chosen replies end *less* likely than under the reference, greedy accuracy gains a
+# few points where the guarded run gains almost thirty, and upper-casing real words erodes. The guard used
+# here, as in Llama 3's recipe and Pang et al. (2024), adds chapter 11's SFT loss on the chosen replies to
+# the DPO loss: `dpo(..., sft_weight=1.0)` keeps the chosen replies likely while the margin grows.
 #
-# Forty steps here, on the pairs above (a few seconds); the shipped DPO model below trained longer, on pairs
-# from more words.
+# Forty steps here, on the pairs above (well under a minute on a CPU); the shipped DPO model below trained
+# longer, on pairs from more words.
 # Four curves tell how it goes: the loss, the **preference accuracy** (the share of pairs whose margin is
 # positive: the policy prefers the chosen reply more than the reference did), and the implicit rewards
 # of the chosen and the rejected replies.
@@ -509,15 +511,16 @@ print(results.read_text() if results.exists() else "run `make bench` to measure 
 # answer down; the reward is the only signal.
 #
 # **Advantages relative to the group.** A reply should be pushed up if it did better than the model's
-# other tries at the same prompt, and down if worse. PPO (Schulman et al., 2017) learns a value network
-# to say what "expected" is; GRPO just uses the group: the advantage of reply i is its reward minus the
-# group's mean, divided by the group's standard deviation,
+# other tries at the same prompt, and down if worse. PPO (Schulman et al., 2017), as RLHF uses it, learns
+# a value network to say what "expected" is; GRPO just uses the group: the advantage of reply i is its
+# reward minus the group's mean, divided by the group's standard deviation,
 #
 # $$A_i = \frac{r_i - \text{mean}(r_1..r_G)}{\text{std}(r_1..r_G) + \varepsilon}.$$
 #
 # A group all right or all wrong has nothing to learn from: every advantage is 0. By hand, rewards
-# [1, 0, 0, 0]: mean 0.25, standard deviation √(0.75² + 3 · 0.25²)/2 = 0.433 (the population one, over G),
-# advantages [1.732, −0.577, −0.577, −0.577].
+# [1, 0, 0, 0]: mean 0.25, standard deviation √(0.75² + 3 · 0.25²)/2 = 0.433 (the population one, over G,
+# which this course uses; some implementations divide by G − 1 instead), advantages [1.732, −0.577,
+# −0.577, −0.577].
 #
 # **Your turn.** Write `group_advantages(rewards, eps)`: rewards [P, G] (P prompts, G replies each) to
 # advantages [P, G], each row normalised on its own, with the population standard deviation
@@ -566,8 +569,8 @@ print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 # samples. After the first, the policy π is no longer the π_old that sampled them, so each token's
 # log-probability is weighted by the ratio ρ = π/π_old, and PPO's **clip** stops any token's ratio from
 # paying off beyond [1 − ε, 1 + ε]: min(ρA, clip(ρ, 1 − ε, 1 + ε)A). A **KL term** keeps the policy near
-# the reference (the SFT model), estimated per token without bias by k3 = e^d − d − 1 with
-# d = log π_ref − log π (Schulman, 2020), which is never negative:
+# the reference (the SFT model), estimated per token by k3 = e^d − d − 1 with d = log π_ref − log π
+# (Schulman, 2020: unbiased when the tokens are sampled from π itself), which is never negative:
 #
 # $$\mathcal{L} = -\frac{1}{N}\sum_i \frac{1}{|y_i|}\sum_{t \in y_i}\Big[\min\big(\rho_t A_i,\;
 #   \text{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_i\big) - \beta_\text{KL}\, k3_t\Big]$$
@@ -673,7 +676,8 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
     return history
 
 # %% [markdown]
-# Ten steps here (16 words, 8 replies each: 1,280 replies sampled and scored, a few seconds).
+# Ten steps here (16 words, 8 replies each: 1,280 replies sampled and scored, well under a minute on a
+# CPU).
 
 # %%
 torch.manual_seed(0)
@@ -721,7 +725,7 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 # %% [markdown]
 # Look at `count`: GRPO never practised it, and it lost some of it. The KL term is an average over the
 # replies GRPO samples, to upper-casing and reversing prompts only; it says nothing about what the
-# policy does on other prompts. Production recipes mix the tasks to keep into the RL prompts, or add a
+# policy does on other prompts. Larger recipes can mix the tasks to keep into the RL prompts, or add a
 # supervised loss on them (InstructGPT's "PPO-ptx" mixed in pretraining gradients for this reason).
 #
 # RL needs the model to be right *sometimes*: a group that is all wrong has zero advantage everywhere,
@@ -731,7 +735,8 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 #
 # **What a GPU buys.** Almost all of a step is sampling: 128 short replies, one token at a time, here on
 # two CPU cores. A GPU samples the whole group in parallel; real runs use groups of 16-64 replies of
-# hundreds of tokens, thousands of prompts, and a separate inference engine (vLLM) for the rollouts.
+# hundreds to thousands of tokens, thousands of prompts, and often a separate inference engine (vLLM,
+# say) for the rollouts.
 # The algorithm is the one above.
 #
 # ## 6. What the policy optimises: holes in the checker, and the KL leash
@@ -756,13 +761,13 @@ print("so does an empty reply:", hasty_check(held[0], ""), "| and the first lett
 # the whole reply) and watching a number the reward does not see (here, greedy accuracy and chapter
 # 11's exact match).
 #
-# **The KL term** is the other defence. It charges the policy for every token on which it moved away
-# from the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward.
-# The benchmark trained GRPO with and without it from the same start: compare chapter 11's exact match
-# (not trained here; counting suffers most) and the diversity of the sampled replies (the distinct
-# replies among 8 samples of one prompt). Reinforcement learning also **sharpens**: its samples become
-# fewer and more alike, and pass@1 rises more than pass@8, the chance that at least one of 8 samples is
-# right (Exercise 12.7 below computes it without bias).
+# **The KL term** is the other defence. It charges the policy for every token on which it moved away from
+# the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward. The
+# benchmark trained GRPO with and without it from the same start: compare chapter 11's exact match (not
+# trained here; counting suffers most) and the diversity of the sampled replies (the distinct replies
+# among 8 samples of one prompt). In these runs reinforcement learning also **sharpens**: its samples
+# become fewer and more alike, and pass@1 rises more than pass@8, the chance that at least one of 8
+# samples is right (Exercise 12.7 below computes it without bias).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -867,8 +872,8 @@ quiz([
 #   term to the reference (you wrote the objective). Pass@1 on held-out strange words rises, with no
 #   answer written down anywhere.
 # - The policy optimises what the checker says: a checker with a hole gets **reward-hacked**, and
-#   without the **KL term** the policy spends what SFT taught. RL mostly sharpens: pass@1 rises more
-#   than pass@k, which has an unbiased estimator from n samples (you wrote it).
+#   without the **KL term** the policy spends what SFT taught. Here RL mostly sharpened: pass@1 rose more
+#   than pass@8; pass@k has an unbiased estimator from n samples (you wrote it).
 #
 # Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
 # `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,
