@@ -201,7 +201,7 @@ print(f"parameters: RMSNorm {sum(p.numel() for p in ours.parameters())}, "
 #| export
 def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
     """SwiGLU's hidden width H: the 8C/3 that gives 3·C·H = 2·C·4C (a 4C GELU MLP's parameters),
-    taken down to a whole number and then up to a multiple of ``multiple_of`` (Llama's rule)."""
+    taken down to a whole number and then up to a multiple of ``multiple_of`` (Llama 1 and 2's rule)."""
     C = whole_number(d_model, "d_model")
     m = whole_number(multiple_of, "multiple_of")
     return m * -(-(8 * C // 3) // m)  # ceil(floor(8C/3) / m) · m
@@ -1189,6 +1189,9 @@ quiz([
 #   `modern_parts` assembles; the cache and `generate` work for both, and a Hugging Face
 #   `LlamaForCausalLM`'s weights, loaded into your assembly, give its hidden states and logits within
 #   1e-5 and the same greedy tokens, on your RMSNorm and your rotation (counted).
+# - **Sliding windows** (Mistral 7B v0.1): each query sees the last `window` positions (your mask), and
+#   a cache of fixed size serves them one token at a time (the cache you designed): at window 16 it
+#   held a quarter of what chapter 04's cache holds at the 64th token.
 # - **Does it matter?** Six models of equal size trained for equal time, one modern part at a time
 #   (`benchmarks/bench_modern.py`, stored results): how to compare architectures fairly, and why half a
 #   minute on a CPU with two seeds can show a trend but not settle it.

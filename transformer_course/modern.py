@@ -54,7 +54,7 @@ class RMSNorm(nn.Module):
 
 def swiglu_hidden(d_model: int, multiple_of: int = 8) -> int:
     """SwiGLU's hidden width H: the 8C/3 that gives 3·C·H = 2·C·4C (a 4C GELU MLP's parameters),
-    taken down to a whole number and then up to a multiple of ``multiple_of`` (Llama's rule)."""
+    taken down to a whole number and then up to a multiple of ``multiple_of`` (Llama 1 and 2's rule)."""
     C = whole_number(d_model, "d_model")
     m = whole_number(multiple_of, "multiple_of")
     return m * -(-(8 * C // 3) // m)  # ceil(floor(8C/3) / m) · m
