@@ -984,8 +984,8 @@ print("fused is the fastest at every measured length:", fused_fastest)
 # groups of nh / n_kv, and each group shares one key/value head (n_kv = 1 is *multi-query* attention).
 # The cache shrinks by nh / n_kv. Write the causal attention for this layout: q [B, nh, T, hs], k and v
 # [B, n_kv, T, hs]. With nh = 4 and n_kv = 2, query heads 0 and 1 use key/value head 0, query heads 2
-# and 3 use key/value head 1. Hint: make each key/value head appear nh / n_kv times in a row, then it is
-# ordinary attention (chapter 03's function, or PyTorch's).
+# and 3 use key/value head 1. How to get there from what you have built is yours to find; the check
+# names the usual slips.
 
 # %%
 # Your turn - Exercise 4.7 (★★★, extend): grouped-query attention.
