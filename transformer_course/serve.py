@@ -366,13 +366,154 @@ def page() -> str:
     return resources.files("transformer_course").joinpath("static/chat.html").read_text(encoding="utf-8")
 
 
+def _refuse(status: int, message: str, param=None, code=None, kind="invalid_request_error"):
+    """An error answered with the OpenAI API's body (`error_body`) and HTTP `status`: a JSONResponse."""
+    from fastapi.responses import JSONResponse
+
+    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+
+
+async def _refused(_request, error: RequestError):
+    return _refuse(error.status, str(error), error.param, error.code)
+
+
+async def _invalid(_request, error):
+    first = error.errors()[0] if error.errors() else {}
+    return _refuse(400, f"{first.get('msg', 'invalid request')}", _param(first.get("loc", ())), first.get("type"))
+
+
+async def _http(_request, error):
+    code = "not_found" if error.status_code == 404 else None
+    return _refuse(error.status_code, str(error.detail), None, code)
+
+
+async def _crash(_request, error: Exception):
+    return _refuse(500, f"the server failed: {type(error).__name__}: {error}", kind="server_error")
+
+
+def _handle_errors(app) -> None:
+    """Every error of `app` in the OpenAI API's body: a refused request (its status), FastAPI's validation
+    (400), an HTTP error such as an unknown path (404), anything else (500)."""
+    from fastapi.exceptions import RequestValidationError
+    from starlette.exceptions import HTTPException
+
+    app.add_exception_handler(RequestError, _refused)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http)
+    app.add_exception_handler(Exception, _crash)
+
+
+def _model_card(served: Served) -> dict:
+    """What /v1/models says of `served`."""
+    return {"id": served.name, "object": "model", "created": served.created, "owned_by": "transformer-course",
+            "description": served.description, "chat": served.chat, "context_length": served.block_size}
+
+
+async def _read_body(served: Served, request) -> dict:
+    """A POST request's JSON body, an object naming the model served (else a RequestError)."""
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise RequestError(f"the body is not valid JSON: {error}", None, "invalid_json") from None
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object", None, "invalid_type")
+    if body.get("model") != served.name:
+        if not isinstance(body.get("model"), str):
+            raise RequestError(f"model must be a string: this server has {served.name!r}", "model",
+                               "invalid_type" if "model" in body else "missing")
+        raise RequestError(f"the model {body['model']!r} does not exist here: this server has {served.name!r}",
+                           "model", "model_not_found", 404)
+    return body
+
+
+async def _answer(worker: ModelWorker, kind: str, body: dict, ids: list[int], s: Sampling):
+    """The answer to a completion (`kind` "text") or chat ("chat") request for the prompt `ids`: a JSON
+    object, or with `stream` true a StreamingResponse of server-sent events."""
+    chat = kind == "chat"
+    rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+    head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+            "model": worker.served.name}
+    result = Answer(prompt_tokens=len(ids))
+    if not _flag(body, "stream"):
+        text = "".join([piece async for piece in worker.pieces(ids, s, result)])
+        choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
+        return {**head, "choices": [{"index": 0, **choice, "finish_reason": result.finish_reason,
+                                     "logprobs": None}], "usage": result.usage()}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    return _streamed(worker, chat, head, body, ids, s, result)
+
+
+def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list[int], s: Sampling,
+              result: Answer):
+    """A streamed answer: a StreamingResponse of server-sent events, each chunk starting with `head`, the
+    usage last if `stream_options.include_usage`, then [DONE]; an error on the way is an event."""
+    from fastapi.responses import StreamingResponse
+
+    options = body.get("stream_options") or {}
+    usage = isinstance(options, dict) and options.get("include_usage") is True
+
+    def event(delta: dict | None, finish=None, **extra) -> str:
+        choices = [] if delta is None else [
+            {"index": 0, **({"delta": delta} if chat else {"text": delta.get("content", "")}),
+             "finish_reason": finish, "logprobs": None}]
+        return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
+
+    async def events() -> AsyncIterator[str]:
+        try:
+            if chat:
+                yield event({"role": "assistant", "content": ""})
+            async for piece in worker.pieces(ids, s, result):
+                yield event({"content": piece})
+            yield event({}, result.finish_reason)
+            if usage:
+                yield event(None, usage=result.usage())
+        except Exception as error:  # the status line has gone: the error is an event
+            yield f"data: {json.dumps(error_body(f'the server failed: {error}', 'server_error'))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _add_routes(app, served: Served, worker: ModelWorker) -> None:
+    """The routes of `app`: the chat page at /, the OpenAI API's models, completions and chat completions."""
+    from fastapi import Request
+    from fastapi.responses import HTMLResponse
+
+    @app.get("/", response_class=HTMLResponse)
+    async def chat_page():
+        return HTMLResponse(page())
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(served)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def one_model(name: str):
+        if name != served.name:
+            raise RequestError(f"the model {name!r} does not exist here: this server has {served.name!r}", "model",
+                               "model_not_found", 404)
+        return _model_card(served)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _read_body(served, request)
+        s = sampling(body, COMPLETION_MAX_TOKENS)
+        _flag(body, "stream")
+        return await _answer(worker, "text", body, completion_ids(served, body, s.max_tokens), s)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await _read_body(served, request)
+        s = sampling(body, CHAT_MAX_TOKENS)
+        _flag(body, "stream")
+        return await _answer(worker, "chat", body, chat_ids(served, body, s.max_tokens), s)
+
+
 def create_app(served: Served, on_start=None, token_delay: float = 0.0):
     """The FastAPI application serving `served`; `on_start()` is called once it is ready; `token_delay`
     seconds pass after each token (0: none), to watch the tokens arrive."""
-    from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
-    from starlette.exceptions import HTTPException
+    from fastapi import FastAPI
 
     worker = ModelWorker(served, token_delay)
 
@@ -387,113 +528,8 @@ def create_app(served: Served, on_start=None, token_delay: float = 0.0):
 
     app = FastAPI(title="transformer-course", lifespan=lifespan, docs_url=None, redoc_url=None)  # no CDN pages
     app.state.worker = worker
-
-    def refuse(status: int, message: str, param=None, code=None, kind="invalid_request_error") -> JSONResponse:
-        return JSONResponse(error_body(message, kind, param, code), status_code=status)
-
-    @app.exception_handler(RequestError)
-    async def _refused(_request, error: RequestError):
-        return refuse(error.status, str(error), error.param, error.code)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(_request, error: RequestValidationError):
-        first = error.errors()[0] if error.errors() else {}
-        return refuse(400, f"{first.get('msg', 'invalid request')}", _param(first.get("loc", ())), first.get("type"))
-
-    @app.exception_handler(HTTPException)
-    async def _http(_request, error: HTTPException):
-        code = "not_found" if error.status_code == 404 else None
-        return refuse(error.status_code, str(error.detail), None, code)
-
-    @app.exception_handler(Exception)
-    async def _crash(_request, error: Exception):
-        return refuse(500, f"the server failed: {type(error).__name__}: {error}", kind="server_error")
-
-    def model_card() -> dict:
-        return {"id": served.name, "object": "model", "created": served.created, "owned_by": "transformer-course",
-                "description": served.description, "chat": served.chat, "context_length": served.block_size}
-
-    @app.get("/", response_class=HTMLResponse)
-    async def chat_page():
-        return HTMLResponse(page())
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card()]}
-
-    @app.get("/v1/models/{name:path}")
-    async def one_model(name: str):
-        if name != served.name:
-            raise RequestError(f"the model {name!r} does not exist here: this server has {served.name!r}", "model",
-                               "model_not_found", 404)
-        return model_card()
-
-    async def read_body(request: Request) -> dict:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise RequestError(f"the body is not valid JSON: {error}", None, "invalid_json") from None
-        if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object", None, "invalid_type")
-        if body.get("model") != served.name:
-            if not isinstance(body.get("model"), str):
-                raise RequestError(f"model must be a string: this server has {served.name!r}", "model",
-                                   "invalid_type" if "model" in body else "missing")
-            raise RequestError(f"the model {body['model']!r} does not exist here: this server has {served.name!r}",
-                               "model", "model_not_found", 404)
-        return body
-
-    async def answer(kind: str, body: dict, ids: list[int], s: Sampling):
-        chat = kind == "chat"
-        rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-                "model": served.name}
-        result = Answer(prompt_tokens=len(ids))
-        if not _flag(body, "stream"):
-            text = "".join([piece async for piece in worker.pieces(ids, s, result)])
-            choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
-            return {**head, "choices": [{"index": 0, **choice, "finish_reason": result.finish_reason,
-                                         "logprobs": None}], "usage": result.usage()}
-        options = body.get("stream_options") or {}
-        usage = isinstance(options, dict) and options.get("include_usage") is True
-        head["object"] = "chat.completion.chunk" if chat else "text_completion"
-
-        def event(delta: dict | None, finish=None, **extra) -> str:
-            choices = [] if delta is None else [
-                {"index": 0, **({"delta": delta} if chat else {"text": delta.get("content", "")}),
-                 "finish_reason": finish, "logprobs": None}]
-            return f"data: {json.dumps({**head, 'choices': choices, **extra})}\n\n"
-
-        async def events() -> AsyncIterator[str]:
-            try:
-                if chat:
-                    yield event({"role": "assistant", "content": ""})
-                async for piece in worker.pieces(ids, s, result):
-                    yield event({"content": piece})
-                yield event({}, result.finish_reason)
-                if usage:
-                    yield event(None, usage=result.usage())
-            except Exception as error:  # the status line has gone: the error is an event
-                yield f"data: {json.dumps(error_body(f'the server failed: {error}', 'server_error'))}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        body = await read_body(request)
-        s = sampling(body, COMPLETION_MAX_TOKENS)
-        _flag(body, "stream")
-        return await answer("text", body, completion_ids(served, body, s.max_tokens), s)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        body = await read_body(request)
-        s = sampling(body, CHAT_MAX_TOKENS)
-        _flag(body, "stream")
-        return await answer("chat", body, chat_ids(served, body, s.max_tokens), s)
-
+    _handle_errors(app)
+    _add_routes(app, served, worker)
     return app
 
 
