@@ -37,6 +37,15 @@ def _logsig(z: float) -> float:
 def check_dpo_loss(fn):
     """``fn(policy_chosen [B], policy_rejected [B], ref_chosen [B], ref_rejected [B], beta)``
     ``-> (loss, margins [B])``."""
+    _expect_dpo_hand_worked(fn)
+    _expect_dpo_batch(fn)
+    _expect_dpo_far_margin(fn)
+    _expect_dpo_gradient(fn)
+
+
+def _expect_dpo_hand_worked(fn):
+    """One pair worked by hand (β = 0.5): ``fn`` returns (loss, margins), the margin 0.75 and the
+    loss log(1 + e^-0.75), or the hint naming the slip."""
     one = [torch.tensor([v]) for v in (-2.0, -3.0, -2.5, -2.0)]
     out = fn(*one, 0.5)
     expect(
@@ -77,6 +86,11 @@ def check_dpo_loss(fn):
         )
         or f"the hand-worked loss is log(1 + e^-0.75) = 0.3869, got {float(loss):.4f}",
     )
+
+
+def _expect_dpo_batch(fn):
+    """Six random pairs (β = 0.2): margins [6] and a scalar loss, their mean (not their sum),
+    against plain-float loops."""
     with fresh_rng(12):
         pc, pr, rc, rr = (torch.randn(6) * 3 - 8 for _ in range(4))
     beta = 0.2
@@ -99,6 +113,10 @@ def check_dpo_loss(fn):
         if math.isclose(float(loss), 6 * want, abs_tol=1e-4)
         else f"expected a mean loss of {want:.5f}, got {float(loss):.5f}",
     )
+
+
+def _expect_dpo_far_margin(fn):
+    """A margin of −200: the loss is 200, finite (logsigmoid, not log of sigmoid)."""
     far = fn(
         torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([0.0]), torch.tensor([-400.0]), 0.5
     )[0]
@@ -107,6 +125,10 @@ def check_dpo_loss(fn):
         "a margin of −200 must give a loss of 200, not inf: use F.logsigmoid(margins), which "
         "stays finite where torch.log(torch.sigmoid(...)) rounds to log 0",
     )
+
+
+def _expect_dpo_gradient(fn):
+    """The gradient: the loss falls as the chosen reply gets likelier, the rejected one less."""
     grads = [torch.tensor([-2.0], requires_grad=True), torch.tensor([-3.0], requires_grad=True)]
     loss = fn(grads[0], grads[1], torch.tensor([-2.5]), torch.tensor([-2.5]), 0.5)[0]
     if isinstance(loss, torch.Tensor) and loss.requires_grad:
