@@ -216,6 +216,67 @@ def _die_with_parent() -> None:
         _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _sandbox_files(stack: contextlib.ExitStack, hidden) -> dict[str, int]:
+    """The files the sandbox gets read-only, {path in the sandbox: fd} (open until ``stack`` closes): its own
+    ``ETC_FILES``, and readable copies of this package's files nobody could read, never the answer key's."""
+    data_fds: dict[str, int] = {}
+    for file, text in ETC_FILES.items():
+        handle = stack.enter_context(tempfile.TemporaryFile())
+        handle.write(text.encode())
+        handle.seek(0)
+        data_fds[f"/etc/{file}"] = handle.fileno()
+    covered = [os.path.realpath(h) for h in hidden]
+    for path in unreadable_by_the_sandbox():  # a shipped model saved 0600: a readable copy over it
+        if copied_in(path) and not any(_inside(path, h) for h in covered):  # never the answer key
+            data_fds[path] = stack.enter_context(open(path, "rb")).fileno()
+    return data_fds
+
+
+def _unsandboxed_folder(private: str, name: str, hand_in: bytes, course_data) -> str:
+    """Without the sandbox, its layout under ``private``: ``course/chapters/name`` holds the hand-in and
+    ``course/benchmarks/results`` links to ``course_data``; returns the chapters folder."""
+    folder = os.path.join(private, "course", "chapters")
+    os.makedirs(folder)
+    Path(folder, name).write_bytes(hand_in)
+    if course_data is not None and os.path.isdir(course_data):
+        os.makedirs(os.path.join(private, "course", "benchmarks"))
+        os.symlink(os.path.realpath(course_data), os.path.join(private, "course", DATA_DIR))
+    return folder
+
+
+def _wait_then_kill(process: subprocess.Popen, payload: bytes, timeout: float) -> None:
+    """Send the worker its request on stdin and wait (``timeout``, plus the kernel's start and the check
+    imports), then kill whatever the run left in its process group."""
+    try:
+        process.communicate(payload, timeout=timeout + 2 * KERNEL_START_SECONDS + 30)  # start, check imports
+    except subprocess.TimeoutExpired:
+        pass
+    except BrokenPipeError:  # the sandbox failed before reading its request: its stderr says why
+        pass
+    finally:
+        try:  # whatever the run left in its process group (bwrap's PID namespace dies with it)
+            if os.name == "posix":
+                os.killpg(process.pid, signal.SIGKILL)
+            else:
+                process.kill()
+        except ProcessLookupError:
+            pass
+        process.wait()
+
+
+def _parsed_answer(answer: bytes, tail: list[str], returncode: int | None) -> dict:
+    """The worker's JSON answer, or one with no records saying why there is none (the last line of its
+    stderr ``tail``, else its exit status)."""
+    try:
+        result = json.loads(answer)
+        if not isinstance(result, dict):
+            raise ValueError
+        return result
+    except ValueError:
+        why = tail[-1] if tail else f"exit status {returncode}"
+        return {"records": [], "error": f"the grading process ended without an answer ({why})", "cells_run": 0}
+
+
 def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str = "notebook.ipynb", course_data=None,
               timeout: float = 60, sandbox: bool = True, expected=(), hidden=(), memory: int = MEMORY_LIMIT,
               processes: int = PROCESS_LIMIT, check_modules=()) -> dict:
@@ -235,24 +296,11 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
         name = safe_name(name)
         data_fds: dict[str, int] = {}
         if sandbox:
-            for file, text in ETC_FILES.items():
-                handle = stack.enter_context(tempfile.TemporaryFile())
-                handle.write(text.encode())
-                handle.seek(0)
-                data_fds[f"/etc/{file}"] = handle.fileno()
-            covered = [os.path.realpath(h) for h in hidden]
-            for path in unreadable_by_the_sandbox():  # a shipped model saved 0600: a readable copy over it
-                if copied_in(path) and not any(_inside(path, h) for h in covered):  # never the answer key
-                    data_fds[path] = stack.enter_context(open(path, "rb")).fileno()
+            data_fds = _sandbox_files(stack, hidden)
             command = sandbox_command(copy.fileno(), name, course_data, hidden, data_fds=data_fds)
             cwd, folder = None, WORK_DIR
         else:
-            folder = os.path.join(private, "course", "chapters")
-            os.makedirs(folder)
-            Path(folder, name).write_bytes(hand_in)
-            if course_data is not None and os.path.isdir(course_data):
-                os.makedirs(os.path.join(private, "course", "benchmarks"))
-                os.symlink(os.path.realpath(course_data), os.path.join(private, "course", DATA_DIR))
+            folder = _unsandboxed_folder(private, name, hand_in, course_data)
             command, cwd = [sys.executable, "-m", WORKER_MODULE, "run"], folder
         if PIPE_ANSWER:
             read_end, write_end = os.pipe()
@@ -270,21 +318,7 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
                                    preexec_fn=_die_with_parent if os.name == "posix" else None)
         if PIPE_ANSWER:
             os.close(write_end)
-        try:
-            process.communicate(payload, timeout=timeout + 2 * KERNEL_START_SECONDS + 30)  # start, check imports
-        except subprocess.TimeoutExpired:
-            pass
-        except BrokenPipeError:  # the sandbox failed before reading its request: its stderr says why
-            pass
-        finally:
-            try:  # whatever the run left in its process group (bwrap's PID namespace dies with it)
-                if os.name == "posix":
-                    os.killpg(process.pid, signal.SIGKILL)
-                else:
-                    process.kill()
-            except ProcessLookupError:
-                pass
-            process.wait()
+        _wait_then_kill(process, payload, timeout)
         if PIPE_ANSWER:
             with os.fdopen(read_end, "rb") as pipe:
                 answer = pipe.read(2**24)
@@ -292,14 +326,7 @@ def run_cells(cells: list[tuple[int, str]], *, hand_in: bytes = b"", name: str =
             answer = Path(channel["result_file"]).read_bytes() if os.path.exists(channel["result_file"]) else b""
         errors.seek(0)
         tail = errors.read()[-2000:].decode(errors="replace").strip().splitlines()
-    try:
-        result = json.loads(answer)
-        if not isinstance(result, dict):
-            raise ValueError
-        return result
-    except ValueError:
-        why = tail[-1] if tail else f"exit status {process.returncode}"
-        return {"records": [], "error": f"the grading process ended without an answer ({why})", "cells_run": 0}
+    return _parsed_answer(answer, tail, process.returncode)
 
 
 def unreadable_by_the_sandbox() -> list[str]:
