@@ -247,7 +247,7 @@ def _train_in(args, world, out) -> int:
 
     from . import faults
     from .checkpoint import load_checkpoint
-    from .config import PRESETS, TRAIN_PRESETS
+    from .config import PRESETS
     from .data import load_shakespeare, train_val_split
     from .model import GPT
     from .parallel import train  # chapter 06's loop on every process of `world` (appendix 90)
@@ -261,23 +261,7 @@ def _train_in(args, world, out) -> int:
     train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
     del text
     faults.reached("start")  # tests only: TRANSFORMER_COURSE_FAULT=kill:start=1
-    overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
-    if args.bf16:
-        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
-    for name in ("max_iters", "eval_interval", "eval_iters", "grad_accum"):
-        if getattr(args, name):
-            overrides[name] = getattr(args, name)
-    preset = TRAIN_PRESETS[args.preset]
-    if args.learning_rate:  # the cosine's floor keeps its ratio to the peak
-        overrides |= {"learning_rate": args.learning_rate,
-                      "min_lr": preset.min_lr * args.learning_rate / preset.learning_rate}
-    cfg = replace(preset, **overrides)
-    if args.global_batch:
-        per_step = cfg.batch_size * world.size  # one micro-batch on every process
-        if args.global_batch % per_step:
-            raise ValueError(f"--global-batch {args.global_batch} does not split over {world.size} process(es) of "
-                             f"batch {cfg.batch_size}: choose a multiple of {per_step}, or another number of processes")
-        cfg = replace(cfg, grad_accum=args.global_batch // per_step)
+    cfg = _train_config(args, world)
     say = print if world.is_main else (lambda *_, **__: None)  # logs from rank 0 only
     seed_everything(args.seed)
     model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
@@ -303,6 +287,33 @@ def _train_in(args, world, out) -> int:
     say(f"step {history.eval_step[-1]}: train loss {history.train_loss[-1]:.4f}, val loss {history.val_loss[-1]:.4f}, "
         f"{history.tokens_per_second:,.0f} tokens/s; checkpoint {checkpoint}")
     return 0
+
+
+def _train_config(args, world):
+    """The run's TrainConfig: the preset's, with the command line's settings over it (--learning-rate keeps
+    the floor's ratio to the peak; --global-batch sets grad_accum for the `world.size` processes)."""
+    from dataclasses import replace
+
+    from .config import TRAIN_PRESETS
+
+    overrides = {"seed": args.seed, "device": args.device, "max_seconds": args.max_seconds}
+    if args.bf16:
+        overrides["bf16"] = True  # opt-in: bf16 autocast on the CPU too
+    for name in ("max_iters", "eval_interval", "eval_iters", "grad_accum"):
+        if getattr(args, name):
+            overrides[name] = getattr(args, name)
+    preset = TRAIN_PRESETS[args.preset]
+    if args.learning_rate:  # the cosine's floor keeps its ratio to the peak
+        overrides |= {"learning_rate": args.learning_rate,
+                      "min_lr": preset.min_lr * args.learning_rate / preset.learning_rate}
+    cfg = replace(preset, **overrides)
+    if args.global_batch:
+        per_step = cfg.batch_size * world.size  # one micro-batch on every process
+        if args.global_batch % per_step:
+            raise ValueError(f"--global-batch {args.global_batch} does not split over {world.size} process(es) of "
+                             f"batch {cfg.batch_size}: choose a multiple of {per_step}, or another number of processes")
+        cfg = replace(cfg, grad_accum=args.global_batch // per_step)
+    return cfg
 
 
 # ---------------------------------------------------------------- generate (chapter 07)
