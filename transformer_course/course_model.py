@@ -342,7 +342,6 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
     from .assistant import exact_match, make_tasks, save_chat_model
     from .data import load_shakespeare
     from .preferences import HELD_OUT_SEED, accuracy, dpo, pass_at_1, preference_pairs, strange_words
-    from .rewards import grpo
 
     out_dir = Path(out_dir)
     chat = load_chat_model()
@@ -371,21 +370,7 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
                     steps=dpo_steps, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT, pairs=len(pairs), **common,
                     after=scores(policy), exact_match_after=exact_match(policy, tok, tasks.held),
                     history={k: [round(v, 4) for v in vals] for k, vals in history.items()})
-    torch.manual_seed(0)
-    policy, curve, evaluating = copy.deepcopy(sft), [{"step": 0, **before}], 0.0
-
-    def measure(step: int, _history: dict) -> None:
-        nonlocal evaluating
-        if step % GRPO_EVAL_EVERY == 0 or step == grpo_steps:
-            start = time.perf_counter()
-            curve.append({"step": step, **scores(policy)})
-            policy.train()
-            evaluating += time.perf_counter() - start
-
-    began = time.perf_counter()
-    history = grpo(policy, sft, tok, grpo_steps, lr=GRPO_LR, kl_coef=GRPO_KL, seed=1, avoid=avoid,
-                   progress=progress, on_step=measure)
-    wall = time.perf_counter() - began - evaluating
+    policy, history, curve, wall = _grpo_with_curve(sft, tok, grpo_steps, scores, before, avoid, progress)
     rl_path = save_chat_model(out_dir / "shakespeare_grpo.pt", policy.eval(), tok, [])
     _write_manifest(out_dir, "shakespeare_grpo", rl_path, wall, parameters=policy.num_parameters(),
                     recipe={"function": "transformer_course.rewards.grpo", "seed": 1, "tasks_per_step": 16,
@@ -394,3 +379,29 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
                     exact_match_after=exact_match(policy, tok, tasks.held), curve=curve,
                     reward=[round(v, 4) for v in history["reward"]], kl=[round(v, 5) for v in history["kl"]])
     return path
+
+
+def _grpo_with_curve(sft, tok, steps: int, scores, before: dict, avoid, progress: bool):
+    """GRPO from a copy of ``sft`` (``scores(model)`` -> its held-out scores, ``before`` those of ``sft``),
+    scored every GRPO_EVAL_EVERY steps and at the last -> (policy, history, curve, wall seconds without the
+    scoring)."""
+    import copy
+    import time
+
+    from .rewards import grpo
+
+    torch.manual_seed(0)
+    policy, curve, evaluating = copy.deepcopy(sft), [{"step": 0, **before}], 0.0
+
+    def measure(step: int, _history: dict) -> None:
+        nonlocal evaluating
+        if step % GRPO_EVAL_EVERY == 0 or step == steps:
+            start = time.perf_counter()
+            curve.append({"step": step, **scores(policy)})
+            policy.train()
+            evaluating += time.perf_counter() - start
+
+    began = time.perf_counter()
+    history = grpo(policy, sft, tok, steps, lr=GRPO_LR, kl_coef=GRPO_KL, seed=1, avoid=avoid,
+                   progress=progress, on_step=measure)
+    return policy, history, curve, time.perf_counter() - began - evaluating
