@@ -1248,77 +1248,94 @@ def _check_size(config: GPTConfig, weights: dict, max_parameters: int | None) ->
 _ADAMW_NEVER = ("amsgrad", "maximize", "capturable", "differentiable")  # make_optimizer leaves these False
 
 
+def _need(ok, entry: str, what: str) -> None:
+    if not ok:
+        raise ValueError(f"its entry {entry} must be {what}")
+
+
 def _check_resume(state: dict, model: nn.Module) -> None:
     """Refuse (naming the entry) what a resume would hand to AdamW, the history or the random generators
     unless it is what save_checkpoint writes for `model`: AdamW's fused kernel trusts every shape."""
-    def need(ok, entry: str, what: str) -> None:
-        if not ok:
-            raise ValueError(f"its entry {entry} must be {what}")
+    if (history := state.get("history")) is not None:
+        _check_history(history)
+    _check_rng(state.get("rng", {}))
+    if (optimizer := state.get("optimizer")) is not None:
+        _check_optimizer(optimizer, model)
 
-    number, history = (int, float), state.get("history")
+
+def _check_history(history: History) -> None:
+    """Each per-step and per-evaluation list as long as its first, of numbers; the totals finite, >= 0."""
+    number = (int, float)
     lists = {"step": ("step", "loss", "lr"), "eval_step": ("eval_step", "train_loss", "val_loss", "eval_seconds")}
-    for first, keys in lists.items() if history is not None else ():
+    for first, keys in lists.items():
         for key in keys:
             values, kind = getattr(history, key), int if key.endswith("step") else number
-            need(isinstance(values, list) and len(values) == len(getattr(history, first))
-                 and all(isinstance(v, kind) and not isinstance(v, bool) for v in values), f"history[{key!r}]",
-                 f"a list of {'whole numbers' if kind is int else 'numbers'} as long as history[{first!r}]")
-    for key in ("tokens_per_step", "train_seconds", "wall_seconds") if history is not None else ():
+            _need(isinstance(values, list) and len(values) == len(getattr(history, first))
+                  and all(isinstance(v, kind) and not isinstance(v, bool) for v in values), f"history[{key!r}]",
+                  f"a list of {'whole numbers' if kind is int else 'numbers'} as long as history[{first!r}]")
+    for key in ("tokens_per_step", "train_seconds", "wall_seconds"):
         value = getattr(history, key)
-        need(isinstance(value, number) and not isinstance(value, bool) and 0 <= value < math.inf,
-             f"history[{key!r}]", "a finite number >= 0")
-    for key, value in state.get("rng", {}).items():
-        need(key in ("torch", "batch", "ranks", "cuda"), f"rng[{key!r}]", "one of torch, batch, ranks, cuda")
+        _need(isinstance(value, number) and not isinstance(value, bool) and 0 <= value < math.inf,
+              f"history[{key!r}]", "a finite number >= 0")
+
+
+def _check_rng(rng: dict) -> None:
+    """Every saved generator state one that this PyTorch's generators (and this machine's GPUs) take."""
+    for key, value in rng.items():
+        _need(key in ("torch", "batch", "ranks", "cuda"), f"rng[{key!r}]", "one of torch, batch, ranks, cuda")
         for i, saved in enumerate(value if key in ("ranks", "cuda") and isinstance(value, list) else [value]):
-            need(isinstance(saved, torch.Tensor) and saved.dtype == torch.uint8 and saved.dim() == 1, f"rng[{key!r}]",
-                 "a generator state (a 1-D uint8 tensor)")
+            _need(isinstance(saved, torch.Tensor) and saved.dtype == torch.uint8 and saved.dim() == 1,
+                  f"rng[{key!r}]", "a generator state (a 1-D uint8 tensor)")
             try:
                 if key != "cuda":
                     torch.Generator().set_state(saved.cpu())
                 elif torch.cuda.is_available():
-                    need(saved.shape == torch.cuda.get_rng_state(i).shape, f"rng['cuda'][{i}]", "a GPU's state")
+                    _need(saved.shape == torch.cuda.get_rng_state(i).shape, f"rng['cuda'][{i}]", "a GPU's state")
             except (RuntimeError, IndexError):  # another size, or more GPUs than this machine has
-                need(False, f"rng[{key!r}]", "a state of this PyTorch's generator")
-    if (optimizer := state.get("optimizer")) is None:
-        return
+                _need(False, f"rng[{key!r}]", "a state of this PyTorch's generator")
+
+
+def _check_optimizer(optimizer, model: nn.Module) -> None:
+    """AdamW's state as make_optimizer's two groups over `model` make it: every shape, dtype and setting."""
+    number = (int, float)
     # make_optimizer's two groups, in order: the matrices (decayed), then the vectors (a stable sort keeps order)
     ordered = sorted((p for p in model.parameters() if p.requires_grad), key=lambda p: p.dim() < 2)
     n_matrices = sum(p.dim() >= 2 for p in ordered)
     groups = [ordered[:n_matrices], ordered[n_matrices:]]
-    need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
-         and isinstance(saved := optimizer.get("param_groups"), list) and len(saved) == len(groups)
-         and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(params)
-                 for g, params in zip(saved, groups, strict=True)),
-         "optimizer", f"AdamW's state, {len(groups)} param_groups of {' and '.join(map(str, map(len, groups)))} "
-         "parameters")
+    _need(isinstance(optimizer, dict) and isinstance(optimizer.get("state"), dict)
+          and isinstance(saved := optimizer.get("param_groups"), list) and len(saved) == len(groups)
+          and all(isinstance(g, dict) and isinstance(g.get("params"), list) and len(g["params"]) == len(params)
+                  for g, params in zip(saved, groups, strict=True)),
+          "optimizer", f"AdamW's state, {len(groups)} param_groups of {' and '.join(map(str, map(len, groups)))} "
+          "parameters")
     ids = [i for g in saved for i in g["params"]]
-    need(all(type(i) is int for i in ids) and len(set(ids)) == len(ids), "optimizer['param_groups']",
-         "lists of distinct parameter numbers")
+    _need(all(type(i) is int for i in ids) and len(set(ids)) == len(ids), "optimizer['param_groups']",
+          "lists of distinct parameter numbers")
     for i, g in enumerate(saved):
         entry = f"optimizer['param_groups'][{i}]"
         for key, high in (("lr", math.inf), ("eps", 1.0), ("weight_decay", math.inf)):
-            need(isinstance(g.get(key), number) and 0 <= g[key] < high, f"{entry}[{key!r}]",
-                 f"a number in [0, {high})")
-        need(isinstance(g.get("betas"), tuple | list) and len(g["betas"]) == 2
-             and all(isinstance(b, number) and 0 <= b < 1 for b in g["betas"]), f"{entry}['betas']",
-             "two numbers in [0, 1)")
+            _need(isinstance(g.get(key), number) and 0 <= g[key] < high, f"{entry}[{key!r}]",
+                  f"a number in [0, {high})")
+        _need(isinstance(g.get("betas"), tuple | list) and len(g["betas"]) == 2
+              and all(isinstance(b, number) and 0 <= b < 1 for b in g["betas"]), f"{entry}['betas']",
+              "two numbers in [0, 1)")
         for flag in (*_ADAMW_NEVER, "foreach", "fused", "decoupled_weight_decay"):
             allowed = (False,) if flag in _ADAMW_NEVER else (True, False, None)
-            need(any(g.get(flag, False) is a for a in allowed), f"{entry}[{flag!r}]", " or ".join(map(str, allowed)))
+            _need(any(g.get(flag, False) is a for a in allowed), f"{entry}[{flag!r}]", " or ".join(map(str, allowed)))
     parameter = dict(zip(ids, (p for params in groups for p in params), strict=True))
     for i, entry in optimizer["state"].items():
         name = f"optimizer['state'][{i!r}]"
-        need(i in parameter and isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}, name,
-             "AdamW's step, exp_avg and exp_avg_sq of a parameter of its param_groups")
+        _need(i in parameter and isinstance(entry, dict) and set(entry) == {"step", "exp_avg", "exp_avg_sq"}, name,
+              "AdamW's step, exp_avg and exp_avg_sq of a parameter of its param_groups")
         p, step = parameter[i], entry["step"]
-        need(isinstance(step, torch.Tensor) and step.shape == () and step.dtype == torch.float32
-             and 0 <= step.item() < math.inf, f"{name}['step']", "a number >= 0 in a float32 tensor of shape ()")
+        _need(isinstance(step, torch.Tensor) and step.shape == () and step.dtype == torch.float32
+              and 0 <= step.item() < math.inf, f"{name}['step']", "a number >= 0 in a float32 tensor of shape ()")
         for key in ("exp_avg", "exp_avg_sq"):
             t = entry[key]
-            need(isinstance(t, torch.Tensor) and t.shape == p.shape and t.dtype == p.dtype, f"{name}[{key!r}]",
-                 f"a {p.dtype} tensor of its parameter's shape {tuple(p.shape)}")
-            need(bool(torch.isfinite(t).all()) and (key == "exp_avg" or bool((t >= 0).all())), f"{name}[{key!r}]",
-                 "finite" + (" and >= 0" if key == "exp_avg_sq" else ""))
+            _need(isinstance(t, torch.Tensor) and t.shape == p.shape and t.dtype == p.dtype, f"{name}[{key!r}]",
+                  f"a {p.dtype} tensor of its parameter's shape {tuple(p.shape)}")
+            _need(bool(torch.isfinite(t).all()) and (key == "exp_avg" or bool((t >= 0).all())), f"{name}[{key!r}]",
+                  "finite" + (" and >= 0" if key == "exp_avg_sq" else ""))
 
 
 def _tokenizer_from(entry):
