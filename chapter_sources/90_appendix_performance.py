@@ -368,6 +368,7 @@ import math
 import os
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -631,6 +632,43 @@ def _save(world: World, path, model: GPT, optimizer, batches: torch.Generator, *
     world.barrier()
 
 
+def _prepare(model: GPT, cfg: TrainConfig, world: World, resume: Checkpoint | None):
+    """The run's device, AdamW, batch sampler, history and first step (`resume`'s, if given); the
+    model on the device in training mode."""
+    device = pick_device(cfg.device)
+    model.to(device).train()
+    optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
+    history, step = History(), 0
+    if world.size > 1:  # distinct dropout draws per rank
+        torch.manual_seed(cfg.seed + world.rank)
+    if resume is not None:
+        _restore_rank(resume, model, optimizer, batches, world, cfg.seed)
+        history, step = resume.history or history, resume.step
+    return device, optimizer, batches, history, step
+
+
+def _timed_step(world: World, stepper, optimizer, batch, step: int, cfg: TrainConfig, device,
+                history: History, checkpoint_path) -> None:
+    """Step `step` at the schedule's learning rate on `batch()` (drawn once the clock runs, as
+    chapter 06 does); its loss, checked finite, its rate and its time go into `history`."""
+    tick, lr = _now(device), lr_at(step, cfg)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss = _step(world, stepper, optimizer, batch(), cfg, device)
+    _check_finite(loss, step, "training loss", checkpoint_path)
+    history.loss.append(loss)
+    history.step.append(step)
+    history.lr.append(lr)
+    history.train_seconds += _now(device) - tick
+
+
+def _evaluation_line(step: int, max_iters: int, shown: dict, history: History) -> str:
+    """The plain log line of the evaluation just recorded in `history`."""
+    running = f"running loss {shown['loss']}, " if "loss" in shown else ""
+    return (f"step {step}/{max_iters}: {running}train loss {history.train_loss[-1]:.4f}, "
+            f"val loss {history.val_loss[-1]:.4f}, {history.eval_seconds[-1]:.0f} s")
+
+
 def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
           cfg: TrainConfig | None = None, *, resume: Checkpoint | None = None, checkpoint_path=None,
           tokenizer=None, log=None) -> History:
@@ -642,20 +680,14 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
     from tqdm.auto import tqdm
 
     cfg, world = cfg or TrainConfig(), current_world()
-    device = pick_device(cfg.device)
-    model.to(device).train()
-    optimizer, batches = make_optimizer(model, cfg), torch.Generator().manual_seed(cfg.seed)
+    device, optimizer, batches, history, step = _prepare(model, cfg, world, resume)
     global_rows = cfg.batch_size * cfg.grad_accum * world.size  # windows per step, all ranks
-    history, step = History(), 0
-    if world.size > 1:  # distinct dropout draws per rank
-        torch.manual_seed(cfg.seed + world.rank)
-    if resume is not None:
-        _restore_rank(resume, model, optimizer, batches, world, cfg.seed)
-        history, step = resume.history or history, resume.step
     history.tokens_per_step = global_rows * model.cfg.block_size  # ranks may differ from last run's
     forward = torch.compile(model) if cfg.compile else model
     stepper = world.wrap(forward)  # DDP: backward averages the gradients over the ranks
     began, base = _now(device), history.wall_seconds
+    # one global batch from the sampler every rank shares; each rank steps on its rows
+    draw = partial(get_batch, train_data, model.cfg.block_size, global_rows, generator=batches, device=device)
 
     def evaluate() -> None:
         splits = (train_data, val_data)
@@ -668,9 +700,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
         shown = _running_loss(history.loss, history.train_loss, history.val_loss)
         bar.set_postfix(shown)
         if log is not None and world.is_main:
-            running = f"running loss {shown['loss']}, " if "loss" in shown else ""
-            log(f"step {step}/{cfg.max_iters}: {running}train loss {train_loss:.4f}, val loss {val_loss:.4f}, "
-                f"{history.eval_seconds[-1]:.0f} s")
+            log(_evaluation_line(step, cfg.max_iters, shown, history))
         _save(world, checkpoint_path, model, optimizer, batches, step=step, train_config=cfg,
               tokenizer=tokenizer, history=history)
 
@@ -683,18 +713,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor,
             # the ranks' clocks differ: all stop at one step, or one would wait for the others forever
             if cfg.max_seconds is not None and world.any(_now(device) - began > cfg.max_seconds):
                 break
-            tick, lr = _now(device), lr_at(step, cfg)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            # one global batch from the sampler every rank shares; each rank steps on its rows
-            batch = get_batch(train_data, model.cfg.block_size, global_rows, generator=batches,
-                              device=device)
-            loss = _step(world, stepper, optimizer, batch, cfg, device)
-            _check_finite(loss, step, "training loss", checkpoint_path)
-            history.loss.append(loss)
-            history.step.append(step)
-            history.lr.append(lr)
-            history.train_seconds += _now(device) - tick
+            _timed_step(world, stepper, optimizer, draw, step, cfg, device, history, checkpoint_path)
             step += 1
             bar.set_postfix(_running_loss(history.loss, history.train_loss, history.val_loss), refresh=False)
             bar.update(1)
