@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -204,11 +205,15 @@ def test_a_refused_user_namespace_names_the_kernel_setting(monkeypatch):
 
 # ------------------------------------------------------------------ the same, as an unprivileged user
 
-UNPRIVILEGED_PROBE = '''import sys
+UNPRIVILEGED_PROBE = '''import os, sys
 sys.path.insert(0, ROOT)
+# the grader itself: the teacher's uid, no capabilities, so no namespace it makes can map to host root
+host = [line.split()[1:2] for line in open("/proc/self/status") if line.startswith(("Uid", "CapEff"))]
+assert host == [["65534"], ["0000000000000000"]], host
 from transformer_course.classroom.sandbox import run_cells
 CELL = """import os
-assert os.getuid() == 65534 and open("/proc/self/uid_map").read().split()[1] == "65534"
+caps = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")]
+assert os.getuid() == 65534 and caps == ["0000000000000000"], (os.getuid(), caps)
 for path in ("/proc/sys/kernel/hostname", "/proc/sys/kernel/core_pattern", "/etc/shadow"):
     try:
         os.close(os.open(path, os.O_WRONLY))
@@ -220,35 +225,66 @@ assert answer["isolated"] and not answer["error"] and answer["cells_run"] == 1, 
 '''
 
 
-def _unprivileged_python() -> str:
-    """Why this Python cannot run as uid 65534 here ("" when it can)."""
-    if os.geteuid() != 0:
-        return "the tests already run as an unprivileged user"
-    if shutil.which("setpriv") is None:
-        return "no setpriv (util-linux) to become uid 65534"
-    real = os.path.realpath(sys.executable)
-    probe = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable, "-c",
-                            f"import os, transformer_course, jupyter_client; assert os.path.exists({real!r})"],
-                           capture_output=True, text=True, timeout=120)
-    return "" if probe.returncode == 0 else (f"uid 65534 cannot read this Python ({real}) or the course: install them "
-                                             "where every user can read them to run this test as an unprivileged user")
+def _as_nobody(*command: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *command],
+                          capture_output=True, text=True, **kwargs)
+
+
+def _runs_as_nobody(python: str) -> bool:
+    real = os.path.realpath(python)
+    check = f"import os, transformer_course, jupyter_client; assert os.path.exists({real!r})"
+    return _as_nobody(python, "-c", check, timeout=120).returncode == 0
+
+
+@contextlib.contextmanager
+def _python_for_nobody():
+    """An interpreter uid 65534 can run with this venv's packages: this one, or (when it lives where only
+    root can read, such as /root/.pyenv) a venv of the system's Python of the same version, under build/
+    (not /tmp: the sandbox hides /tmp), that reads this venv's site-packages."""
+    if _runs_as_nobody(sys.executable):
+        yield sys.executable
+        return
+    system = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    if not system.exists():
+        pytest.skip(f"uid 65534 cannot read this Python ({os.path.realpath(sys.executable)}) and there is no "
+                    f"{system} to stand in: install Python where every user can read it to run this test")
+    (ROOT / "build").mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="python-for-nobody-", dir=ROOT / "build"))
+    try:
+        subprocess.run([str(system), "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+        packages = sysconfig.get_paths()["purelib"]
+        site = subprocess.run([str(folder / "bin" / "python"), "-c", "import sysconfig; "
+                               "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        Path(site, "course.pth").write_text(f"import site; site.addsitedir({packages!r})\n")
+        for path in [folder, *folder.rglob("*")]:
+            path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
+        python = str(folder / "bin" / "python")
+        if not _runs_as_nobody(python):
+            pytest.skip(f"uid 65534 cannot run {python} with this venv's packages (a folder above {ROOT} or "
+                        f"{packages} it cannot enter?)")
+        yield python
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @needs_sandbox
 @pytest.mark.slow
 def test_the_sandbox_holds_for_an_unprivileged_grader():
     """A teacher without root: the sandbox is bwrap's user namespace mapped to the teacher; same probes."""
-    why = _unprivileged_python()
-    if why:
-        pytest.skip(why)
+    if os.geteuid() != 0:
+        pytest.skip("the tests already run as an unprivileged user")
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv (util-linux) to become uid 65534")
     folder = Path(tempfile.mkdtemp(prefix="grade-as-nobody-"))  # not under pytest's 0700 folder
     folder.chmod(0o755)
     script = folder / "probe.py"
     script.write_text(UNPRIVILEGED_PROBE.replace("ROOT", repr(str(ROOT)), 1))
-    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
-                             str(script)], capture_output=True, text=True, timeout=300, cwd=folder,
-                            env={**os.environ, "HOME": str(folder)})
-    shutil.rmtree(folder)
+    try:
+        with _python_for_nobody() as python:
+            result = _as_nobody(python, str(script), timeout=300, cwd=folder, env={**os.environ, "HOME": str(folder)})
+    finally:
+        shutil.rmtree(folder)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
