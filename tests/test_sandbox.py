@@ -225,6 +225,21 @@ assert answer["isolated"] and not answer["error"] and answer["cells_run"] == 1, 
 '''
 
 
+def test_an_interpreter_under_tmp_is_bound_over_the_empty_tmp(monkeypatch):
+    """A venv in /tmp must stay visible: its bind comes after the tmpfs that empties /tmp."""
+    with tempfile.TemporaryDirectory(dir="/tmp") as tmp, tempfile.TemporaryDirectory(dir="/var/tmp") as var:
+        venvs = [os.path.join(tmp, "venv"), os.path.join(var, "venv")]
+        for venv in venvs:
+            os.mkdir(venv)
+        monkeypatch.setattr(sandbox, "runtime_paths", lambda hidden=(): venvs)
+        args = sandbox.sandbox_command(3, "me_03_toy.ipynb", None, features={"--perms", "--size", "--clearenv"})
+    pairs = list(zip(args, args[1:], strict=False))
+    for scratch, venv in zip(("/tmp", "/var/tmp"), venvs, strict=True):
+        assert pairs.index(("--tmpfs", scratch)) < pairs.index(("--dir", os.path.dirname(venv))) \
+            < pairs.index(("--ro-bind", venv)), args
+    assert ("--dir", "/tmp") not in pairs and ("--dir", "/var/tmp") not in pairs, args
+
+
 def _as_nobody(*command: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", *command],
                           capture_output=True, text=True, **kwargs)
@@ -239,8 +254,8 @@ def _runs_as_nobody(python: str) -> bool:
 @contextlib.contextmanager
 def _python_for_nobody():
     """An interpreter uid 65534 can run with this venv's packages: this one, or (when it lives where only
-    root can read, such as /root/.pyenv) a venv of the system's Python of the same version, under build/
-    (not /tmp: the sandbox hides /tmp), that reads this venv's site-packages."""
+    root can read, such as /root/.pyenv) a venv of the system's Python of the same version, in /tmp (which
+    the sandbox covers with an empty tmpfs, under the interpreter's bind), reading this venv's site-packages."""
     if _runs_as_nobody(sys.executable):
         yield sys.executable
         return
@@ -248,8 +263,7 @@ def _python_for_nobody():
     if not system.exists():
         pytest.skip(f"uid 65534 cannot read this Python ({os.path.realpath(sys.executable)}) and there is no "
                     f"{system} to stand in: install Python where every user can read it to run this test")
-    (ROOT / "build").mkdir(exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="python-for-nobody-", dir=ROOT / "build"))
+    folder = Path(tempfile.mkdtemp(prefix="python-for-nobody-", dir="/tmp"))
     try:
         subprocess.run([str(system), "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
         packages = sysconfig.get_paths()["purelib"]

@@ -168,7 +168,9 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
             args += ["--symlink", os.readlink(system), system]
         elif os.path.isdir(system):
             args += ["--ro-bind", system, system]
-    made: set[str] = set()
+    # the empty scratch folders first, so that an interpreter installed under /tmp is bound on top of them
+    args += ["--proc", "/proc", "--dev", "/dev", *tmpfs("/tmp", "1777"), *tmpfs("/var/tmp", "1777")]
+    made: set[str] = {"/tmp", "/var/tmp"}
     for path in [*runtime_paths(hidden), *_SYSTEM_FILES]:
         if os.path.exists(path):
             args += [*_folder_args(path, made, perms), "--ro-bind", path, path]
@@ -176,8 +178,7 @@ def sandbox_command(hand_in_fd: int, name: str, course_data, hidden=(), features
         real = os.path.realpath(path)
         if os.path.isdir(real) and any(_inside(real, p) for p in runtime_paths()):
             args += ["--tmpfs", real]
-    args += ["--proc", "/proc", "--dev", "/dev", *tmpfs("/tmp", "1777"), *tmpfs("/var/tmp", "1777"),
-             *(["--perms", "0755"] if perms else []), "--dir", COURSE_DIR]
+    args += [*(["--perms", "0755"] if perms else []), "--dir", COURSE_DIR]
     if course_data is not None and os.path.isdir(course_data):
         args += [*(["--perms", "0755"] if perms else []), "--dir", f"{COURSE_DIR}/benchmarks",
                  "--ro-bind", os.path.realpath(course_data), f"{COURSE_DIR}/{DATA_DIR}"]
