@@ -34,7 +34,8 @@ help:
 	@echo "make test-student  every chapter's student edition run by the grader (each check 'not done')"
 	@echo "make test-wheel    build the wheel, install it in a new venv, run every command"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
-	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv)"
+	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv;"
+	@echo "                   PYTHON=python3.13 for another Python too)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab; serve's chat page"
 	@echo "make student       write the student edition to student/"
@@ -120,8 +121,9 @@ test-gpu: $(STAMP)
 
 # Unit tests and strict nbval of every chapter on another PyTorch release, in a venv of its own
 # (.venv-torch-X.Y.Z): CI runs it for TORCH_FLOOR and TORCH_NEWEST. The stored outputs must hold on each.
+# With PYTHON=python3.13 (say) the venv is .venv-torch-X.Y.Z-python3.13: another Python, its own venv.
 TORCH ?= $(TORCH_FLOOR)
-TORCH_VENV := .venv-torch-$(TORCH)
+TORCH_VENV := .venv-torch-$(TORCH)$(if $(filter-out python3,$(PYTHON)),-$(notdir $(PYTHON)))
 test-torch:
 	$(MAKE) --no-print-directory install-dev VENV=$(TORCH_VENV) TORCH_SPEC=torch==$(TORCH)
 	$(TORCH_VENV)/bin/python tools/install_torch.py --exact --spec torch==$(TORCH)
