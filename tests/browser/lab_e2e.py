@@ -91,6 +91,22 @@ JS_MODEL = ("() => { const w = window.jupyterapp.shell.currentWidget; "
 JS_KERNEL = """() => { const w = window.jupyterapp.shell.currentWidget;
   const k = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
   return k ? k.status : 'none'; }"""
+# what wait_until_run polls each second, without serialising the notebook (its outputs hold every plot):
+# the first error outputs anywhere, and how many non-empty code cells of `cells` (null: all) have not run
+# since execution count `after`
+JS_PROGRESS = """({cells, after}) => { const list = window.jupyterapp.shell.currentWidget.content.model.cells;
+  const errors = []; let pending = 0;
+  for (let i = 0; i < list.length; i++) {
+    const c = list.get(i);
+    if (c.type !== 'code') continue;
+    for (let j = 0; j < c.outputs.length; j++) {
+      const o = c.outputs.get(j);
+      if (o.type === 'error') { const d = o.toJSON(); errors.push(`${d.ename}: ${d.evalue}`.slice(0, 300)); }
+    }
+    if ((cells === null || cells.includes(i)) && c.sharedModel.getSource().trim() && !((c.executionCount || 0) > after))
+      pending++;
+  }
+  return {errors, pending}; }"""
 JS_BUSY_CELLS = ("() => Array.from(document.querySelectorAll('.jp-InputPrompt'))"
                  ".filter(e => e.textContent.includes('*')).length")
 # mark cell `i` of the open notebook (its DOM node) so that a locator can find it
@@ -297,19 +313,19 @@ def last_count(model: dict) -> int:
 def wait_until_run(page, name: str, deadline: float, cells=None, after: int = 0) -> dict:
     """Wait until every non-empty code cell in ``cells`` (indices; default all) has run since execution
     count ``after`` and the kernel is idle; fail at once on an error output. Returns the model as JSON."""
-    code_cells = None
+    pending = 0
+    wanted = {"cells": None if cells is None else list(cells), "after": after}
     while time.monotonic() < deadline:
         page.wait_for_timeout(1000)
-        model = page.evaluate(JS_MODEL)
-        errors = errors_in(model)
-        if errors:
-            raise ChapterFailure(f"{name}: error output: {errors[0]}")
-        picked = [model["cells"][i] for i in cells] if cells is not None else model["cells"]
-        code_cells = [c for c in picked if c["cell_type"] == "code" and source(c).strip()]
-        done = all((c.get("execution_count") or 0) > after for c in code_cells)
-        if done and page.evaluate(JS_BUSY_CELLS) == 0 and page.evaluate(JS_KERNEL) == "idle":
+        state = page.evaluate(JS_PROGRESS, wanted)
+        if state["errors"]:
+            raise ChapterFailure(f"{name}: error output: {state['errors'][0]}")
+        pending = state["pending"]
+        if not pending and page.evaluate(JS_BUSY_CELLS) == 0 and page.evaluate(JS_KERNEL) == "idle":
+            model = page.evaluate(JS_MODEL)
+            if errors := errors_in(model):
+                raise ChapterFailure(f"{name}: error output: {errors[0]}")
             return model
-    pending = sum((c.get("execution_count") or 0) <= after for c in code_cells or [])
     raise ChapterFailure(f"{name}: kernel did not finish in time "
                          + (f"({pending} cells not run)" if pending else "(still busy)"))
 
