@@ -271,7 +271,7 @@ def _python_for_nobody():
                                "print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True,
                               check=True).stdout.strip()
         Path(site, "course.pth").write_text(f"import site; site.addsitedir({packages!r})\n")
-        for path in [folder, *folder.rglob("*")]:
+        for path in [folder, *(p for p in folder.rglob("*") if not p.is_symlink())]:  # not the system's python
             path.chmod(path.stat().st_mode | 0o444 | (0o111 if path.is_dir() else 0))
         python = str(folder / "bin" / "python")
         if not _runs_as_nobody(python):
