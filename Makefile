@@ -1,8 +1,9 @@
 # transformer-course: one command to open the course, one to test everything.
 #   make lab     create .venv if needed, install, open JupyterLab on chapters/
-#   make test    same set-up, then export drift check, ruff, pytest and strict nbval over every chapter
-#   make test-student     every chapter's student edition run top to bottom by the grader (CI runs it)
-#   make test-wheel       the wheel built, installed in a new venv and every command run (CI runs it)
+#   make test    same set-up, then export drift check, ruff, the unit tests and strict nbval of every chapter
+#   make test-system      the tests that start processes of their own, the wheel's among them (CI runs it)
+#   make test-student     every chapter's student edition under strict nbval (CI runs it on the newest torch)
+#   make test-wheel       the wheel built, installed in a new venv and every command run
 #   make test-other-cpu   strict nbval again as if on another kind of CPU (other instruction set,
 #                         2 threads, the bf16 probe flipped): stored outputs must hold on any CPU
 # The notebooks' stored outputs are the offline ones (chapter 08 says the real GPT-2 is unreachable),
@@ -23,19 +24,20 @@ TORCH_FLOOR := 2.7.0
 TORCH_NEWEST := 2.14.1
 CHAPTERS := $(sort $(wildcard chapters/[0-9][0-9]_*.ipynb))
 # a cell that runs longer than 15 minutes fails (a kernel that died would otherwise be waited for 33 min)
-NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900 -p no:cacheprovider
+NBVAL := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 900
 ROOT_FLAG := $(shell [ "$$(id -u)" = 0 ] && echo --allow-root)
 
-.PHONY: help install install-dev lab test test-student test-wheel test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
+.PHONY: help install install-dev lab test test-system torch-venv torch-venv-floor torch-venv-newest clean-torch-venvs test-student test-wheel test-torch test-torch-floor test-torch-newest test-other-cpu test-gpu test-fast export course check lint student test-browser bench clean
 
 help:
 	@echo "make lab           open the course in JupyterLab (JUPYTER_ARGS='--no-browser --port 8899')"
-	@echo "make test          export drift check, ruff, pytest, strict nbval over every chapter"
-	@echo "make test-student  every chapter's student edition run by the grader (each check 'not done')"
+	@echo "make test          export drift check, ruff, the unit tests and strict nbval over every chapter"
+	@echo "make test-system   the tests that start processes (torchrun, grader sandbox, make lab, the wheel...)"
+	@echo "make test-student  every chapter's student edition under strict nbval (each check 'not done')"
 	@echo "make test-wheel    build the wheel, install it in a new venv, run every command"
 	@echo "make test-other-cpu strict nbval as if on another CPU (instruction set, threads, bf16 probe)"
-	@echo "make test-torch TORCH=2.6.0  unit tests and strict nbval on another PyTorch release (its own venv;"
-	@echo "                   PYTHON=python3.13 for another Python too)"
+	@echo "make test-torch TORCH=2.7.0  torch-dependent unit tests and strict nbval on another PyTorch release"
+	@echo "                   (a venv cached in ~/.cache/transformer-course/venvs; PYTHON=python3.13 for another Python)"
 	@echo "make test-gpu      the GPU tier (tests/test_gpu.py) on a CUDA GPU; results in benchmarks/results/gpu_tests.json"
 	@echo "make test-browser  run every chapter in headless Chromium through JupyterLab; serve's chat page"
 	@echo "make student       write the student edition to student/"
@@ -78,36 +80,45 @@ lint: $(STAMP)
 
 # Two workers, one PyTorch thread each: on two cores that beats one worker with two threads, and a
 # kernel's numbers do not depend on the machine's core count (the stored outputs come from one thread).
-# Notebooks go to workers whole (--dist loadfile): a chapter's cells share one kernel, in order;
-# conftest.py starts the longest chapter runs first (student edition and nbval) so both workers end together.
+# Units and notebooks share one session (no idle tail between them); a notebook's cells go to one worker
+# together, in order (--dist loadfile: a test file goes to one worker whole), and the longest start first.
+# Every run writes what each item took to build/durations/$(TC_DURATIONS_RUN).json (conftest.py).
 # The device is pinned to the CPU: stored outputs are the CPU's, with or without a GPU in the machine.
 JOBS ?= 2
 TEST_ENV := OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TRANSFORMER_COURSE_DEVICE=cpu
+PYTEST_OPTS := -q -p no:cacheprovider -n $(JOBS) --dist loadfile
 
+# the README's test command: drift check, ruff, the unit tests and strict nbval of every chapter. The
+# `system` tier (tests that start processes of their own: torchrun, the sandboxed grader, make lab, killed
+# runs, model builders, the wheel) is `make test-system`, which CI runs after it (docs/testing.md).
 test: $(STAMP)
 	$(BIN)/python tools/nb.py check
 	$(BIN)/ruff check transformer_course tests benchmarks tools conftest.py
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 $(NOT_IN_MAKE_TEST)
-	$(TEST_ENV) $(BIN)/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+	TC_DURATIONS_RUN=test $(TEST_ENV) $(BIN)/pytest tests $(CHAPTERS) $(NBVAL) $(PYTEST_OPTS) -m "not system"
 
-# Two runs of the whole product that `make test` leaves to targets of their own (CI runs both after it):
-# the student editions (every chapter executed a second time) and the installed wheel (a build, a new
-# venv and every command): together about 6 minutes on two cores, which would take make test past 10.
-NOT_IN_MAKE_TEST := -m "not student_edition" --ignore=tests/test_wheel.py
+# The system tier: first the torch_free tests with `import torch` refused in the test process (the proof
+# that their results cannot depend on the PyTorch release: the floor and newest runs leave them out), then
+# the rest; the wheel test (`make test-wheel` alone) is one of them.
+test-system: $(STAMP)
+	TC_DURATIONS_RUN=system-torch-free $(TEST_ENV) $(BIN)/pytest tests --torch-free $(PYTEST_OPTS) -m "torch_free"
+	TC_DURATIONS_RUN=system $(TEST_ENV) $(BIN)/pytest tests $(PYTEST_OPTS) -m "system and not torch_free"
 
-# Every chapter's student edition run top to bottom by the grader (solutions stubbed, every check "not
-# done", the chapter still finishing): a second execution of every chapter, so not in `make test`; CI runs it.
+# Every chapter's student edition (solutions stubbed) under strict nbval, against the answer key's stored
+# outputs with each verdict turned into "not done" (tools/student_nbval.py): the edition runs top to
+# bottom, no stub passes a check, and the rest of each chapter shows what the key shows.
+STUDENT_NBVAL := build/student-nbval
 test-student: $(STAMP)
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m student_edition
+	$(BIN)/python tools/student_nbval.py $(STUDENT_NBVAL) > /dev/null
+	TC_DURATIONS_RUN=student $(TEST_ENV) $(BIN)/pytest $(NBVAL) $(PYTEST_OPTS) $(STUDENT_NBVAL)/chapters/*.ipynb
 
 # The course as `pip install` gives it: a wheel built from this tree, installed into a new venv beside
-# torch alone, runs every command (tests/test_wheel.py).
+# torch alone, runs every command (tests/test_wheel.py; also part of make test-system).
 test-wheel: $(STAMP)
 	$(TEST_ENV) $(BIN)/pytest tests/test_wheel.py -q -p no:cacheprovider
 
 # The same stored outputs, checked in a second CPU configuration (tools/other_cpu.py says which).
 test-other-cpu: $(STAMP)
-	$(BIN)/python tools/other_cpu.py $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+	TC_DURATIONS_RUN=other-cpu $(BIN)/python tools/other_cpu.py $(NBVAL) $(PYTEST_OPTS) $(CHAPTERS)
 
 # The GPU tier: tests/test_gpu.py's `cuda` tests (skipped by `make test`, which pins the CPU), with the device
 # left to PyTorch; every outcome, with the GPU named, goes to benchmarks/results/gpu_tests.json. Stops at
@@ -119,26 +130,59 @@ test-gpu: $(STAMP)
 	-TRANSFORMER_COURSE_DEVICE= OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(BIN)/python -m pytest tests/test_gpu.py -m cuda -q -p no:cacheprovider -o junit_family=xunit1 --junitxml $(GPU_JUNIT)
 	$(BIN)/python tools/gpu_test_report.py $(GPU_JUNIT) benchmarks/results/gpu_tests.json
 
-# Unit tests and strict nbval of every chapter on another PyTorch release, in a venv of its own
-# (.venv-torch-X.Y.Z): CI runs it for TORCH_FLOOR and TORCH_NEWEST. The stored outputs must hold on each.
-# With PYTHON=python3.13 (say) the venv is .venv-torch-X.Y.Z-python3.13: another Python, its own venv.
+# Another PyTorch release, in a venv of its own kept between runs OUTSIDE the clone ($(TORCH_VENVS)),
+# named after the release, the Python and pyproject.toml's hash (a changed pyproject.toml builds a new
+# one; `make clean-torch-venvs` removes them all). Each run re-links the cached venv to this clone
+# (pip --no-deps -e .), then runs the unit tests whose results can depend on torch (not torch_free; not the
+# wheel's packaging test, which tests pip and the entry points, run once by make test-system) and
+# strict nbval of NBVAL_NOTEBOOKS (default every chapter), through NBVAL_RUNNER (default plain pytest).
+# CI: the floor runs the chapters as if on another CPU (tools/other_cpu.py); the newest runs the student
+# edition (tools/student_nbval.py). With PYTHON=python3.13 (say) the venv is for that Python.
 TORCH ?= $(TORCH_FLOOR)
-TORCH_VENV := .venv-torch-$(TORCH)$(if $(filter-out python3,$(PYTHON)),-$(notdir $(PYTHON)))
-test-torch:
-	$(MAKE) --no-print-directory install-dev VENV=$(TORCH_VENV) TORCH_SPEC=torch==$(TORCH)
-	$(TORCH_VENV)/bin/python tools/install_torch.py --exact --spec torch==$(TORCH)
-	$(TORCH_VENV)/bin/python -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)', torch.__version__; print('testing on torch', torch.__version__)"
-	$(TEST_ENV) $(TORCH_VENV)/bin/pytest tests -q -p no:cacheprovider -n $(JOBS) --maxschedchunk 2 $(NOT_IN_MAKE_TEST)
-	$(TEST_ENV) $(TORCH_VENV)/bin/pytest $(NBVAL) -q -n $(JOBS) --dist loadfile $(CHAPTERS)
+TORCH_VENVS ?= $(HOME)/.cache/transformer-course/venvs
+PY_TAG := $(shell $(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])' 2>/dev/null)
+PYPROJECT_HASH := $(shell $(PYTHON) -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()[:12])' 2>/dev/null)
+TORCH_VENV := $(TORCH_VENVS)/torch-$(TORCH)-$(PY_TAG)-$(PYPROJECT_HASH)
+NBVAL_NOTEBOOKS ?= $(CHAPTERS)
+NBVAL_RUNNER ?= -m pytest
+NBVAL_PREPARE ?=
+
+# the cached venv, built whole or not at all (.complete is written last; a half-built one is rebuilt)
+torch-venv:
+	@if [ -f "$(TORCH_VENV)/.complete" ]; then echo "torch $(TORCH): cached venv $(TORCH_VENV)"; else \
+	  echo "torch $(TORCH): building $(TORCH_VENV) (kept for later runs)" && rm -rf "$(TORCH_VENV)" && \
+	  $(PYTHON) -m venv "$(TORCH_VENV)" && \
+	  "$(TORCH_VENV)/bin/python" -m pip install --quiet --upgrade pip packaging && \
+	  "$(TORCH_VENV)/bin/python" tools/install_torch.py --exact --spec torch==$(TORCH) && \
+	  PYTHONWARNINGS="ignore:Editable installation" "$(TORCH_VENV)/bin/python" -m pip install --quiet -e ".[lab,dev]" && \
+	  touch "$(TORCH_VENV)/.complete"; fi
+
+torch-venv-floor:
+	@$(MAKE) --no-print-directory torch-venv TORCH=$(TORCH_FLOOR)
+
+torch-venv-newest:
+	@$(MAKE) --no-print-directory torch-venv TORCH=$(TORCH_NEWEST)
+
+test-torch: torch-venv
+	PYTHONWARNINGS="ignore:Editable installation" "$(TORCH_VENV)/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(if $(NBVAL_PREPARE),"$(TORCH_VENV)/bin/python" $(NBVAL_PREPARE) > /dev/null)
+	"$(TORCH_VENV)/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$(TORCH)', torch.__version__; print('testing on torch', torch.__version__)"
+	TC_DURATIONS_RUN=torch-$(TORCH) $(TEST_ENV) "$(TORCH_VENV)/bin/pytest" tests $(PYTEST_OPTS) -m "not torch_free" \
+	  --ignore=tests/test_wheel.py
+	TC_DURATIONS_RUN=torch-$(TORCH)-nbval $(TEST_ENV) "$(TORCH_VENV)/bin/python" $(NBVAL_RUNNER) $(NBVAL) $(PYTEST_OPTS) $(NBVAL_NOTEBOOKS)
 
 test-torch-floor:
-	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_FLOOR)
+	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_FLOOR) NBVAL_RUNNER=tools/other_cpu.py
 
 test-torch-newest:
-	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_NEWEST)
+	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_NEWEST) NBVAL_PREPARE="tools/student_nbval.py $(STUDENT_NBVAL)" \
+	  NBVAL_NOTEBOOKS="$(STUDENT_NBVAL)/chapters/*.ipynb"
+
+clean-torch-venvs:
+	rm -rf "$(TORCH_VENVS)"
 
 test-fast: $(STAMP)
-	$(TEST_ENV) $(BIN)/pytest tests -q -p no:cacheprovider -n $(JOBS) -m "not slow"
+	$(TEST_ENV) $(BIN)/pytest tests $(PYTEST_OPTS) -m "not system"
 
 test-browser: $(STAMP)
 	$(BIN)/python tests/browser/lab_e2e.py --jobs $(JOBS)

@@ -100,7 +100,7 @@ def test_a_dates_file_of_another_format_is_refused(scratch_assets):
         load_dates_model()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_builder_writes_a_loadable_model_and_manifest(tmp_path, monkeypatch):
     path = build_course_model(tmp_path, max_iters=3, progress=False)
     monkeypatch.setattr(course_model, "ASSETS", tmp_path)
@@ -115,7 +115,7 @@ def test_the_builder_writes_a_loadable_model_and_manifest(tmp_path, monkeypatch)
     assert torch.isfinite(loaded.model(x)[0]).all()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_dates_builder_writes_a_loadable_model(tmp_path, monkeypatch):
     build_dates_model(tmp_path, steps=2, progress=False)
     monkeypatch.setattr(course_model, "ASSETS", tmp_path)

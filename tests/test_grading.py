@@ -114,7 +114,7 @@ def cli(*args, timeout=300):
 
 # ------------------------------------------------------------------ one bad notebook never stops a batch
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_batch_survives_dead_kernels_bad_json_and_raising_cells(course):
     chapters, subs = course
     handed_in(subs, "ok_03_toy.ipynb", solve)
@@ -168,7 +168,7 @@ def test_grade_refuses_a_timeout_that_is_no_limit(bad, tmp_path):
         grade_notebooks([tmp_path / "x.ipynb"], timeout=float(bad) if bad != "soon" else bad)
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_timeout_bounds_the_whole_notebook_and_an_endless_loop(course):
     """Only the time limit can end these notebooks: one of 600 one-second cells (ten minutes, each cell
     well inside the limit, so only a limit on the whole notebook stops it), one endless loop. No wall
@@ -187,7 +187,7 @@ def test_the_timeout_bounds_the_whole_notebook_and_an_endless_loop(course):
 FORGED = "print('✅ Exercise 3.1 (double): passed - the rest of the chapter uses yours')"
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_printed_verdicts_invented_and_deleted_exercises(course):
     subs = course[1]
     forged = handed_in(subs, "forged_03_toy.ipynb",
@@ -266,7 +266,7 @@ def _gone(marker: str, within: float = 30.0) -> list[str]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.skipif(not SANDBOX, reason=f"no sandbox here: {NO_SANDBOX}")
 def test_the_sandbox_blocks_writes_network_and_leftover_processes(course, tmp_path):
     outside = ROOT / "build" / f"grading-test-{uuid.uuid4().hex}"  # outside /tmp, which the sandbox replaces
@@ -309,7 +309,7 @@ def test_without_a_sandbox_nothing_runs_unless_asked(course, monkeypatch):
     assert not (course[1] / "ran").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_answer_file_used_where_there_are_no_pipes_to_pass(monkeypatch, tmp_path):
     """Windows passes no file descriptors: the worker's answer comes back in a file of the grader's."""
     import transformer_course.classroom.sandbox as sandbox

@@ -24,7 +24,7 @@ def _notebooks(folder):
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.ipynb"))}
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_killing_the_grader_loses_nothing(course):  # noqa: F811
     chapters, subs = course
     marker = f"600.{uuid.uuid4().int % 10**6:06d}"  # ten minutes at most, should the sandbox fail

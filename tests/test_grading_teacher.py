@@ -203,7 +203,7 @@ FORGERIES = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.skipif(not SANDBOX, reason="no sandbox here")
 def test_a_forging_notebook_gets_no_passed_and_jobs_keep_the_order(course):  # noqa: F811
     chapters, subs = course
@@ -227,7 +227,7 @@ def char_frequencies(text):
 check_char_frequencies(char_frequencies)"""
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.skipif(not SANDBOX, reason="no sandbox here")
 def test_the_packages_check_stays_the_genuine_one(tmp_path):
     """A chapter whose checks come from the package: a notebook that drops the import and defines its own
@@ -293,7 +293,7 @@ _NOTEBOOK = st.fixed_dictionaries({"cells": st.lists(_CELL, max_size=4), "nbform
                                    "metadata": st.just({"transformer_course": {"chapter": "03_toy"}})})
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(notebook=_NOTEBOOK, name=st.text(st.characters(blacklist_characters="/\x00"), min_size=1, max_size=20))
 def test_a_hostile_notebook_is_one_row_and_no_crash(course, notebook, name):  # noqa: F811

@@ -26,7 +26,7 @@ def _get(url: str):
         return response.status, response.read()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_make_lab_serves_the_chapters(tmp_path):
     # `make lab` in the venv running this test (.venv under make test, .venv-torch-X.Y.Z under make test-torch),
     # whose set-up make already did: so nothing is installed here and the wait below is only for JupyterLab

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import other_cpu  # noqa: E402
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_other_configuration_differs_in_isa_threads_and_bf16_probe(monkeypatch):
     from transformer_course import runtime
 

@@ -42,7 +42,7 @@ def _last_line(run: subprocess.CompletedProcess) -> str:
 
 
 # ---------------------------------------------------------------- Ctrl-C
-@pytest.mark.slow
+@pytest.mark.system
 def test_ctrl_c_during_train_says_where_it_stopped_exits_130_and_keeps_the_checkpoint(tmp_path):
     out = tmp_path / "run"
     # the 5th step's update done (step 4), its loss not yet recorded: the checkpoint of step 3 is the last
@@ -66,7 +66,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_there_is_none(tmp_path):
 
 
 # ---------------------------------------------------------------- divergence
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_nan_loss_stops_training_and_leaves_the_last_finite_checkpoint_untouched(tmp_path):
     out = tmp_path / "run"
     checkpoint = out / "checkpoint.pt"
@@ -265,7 +265,7 @@ def _random_edit(state, rng) -> str:
     return f"{keys} = {parent[keys[-1]]!r}"[:200] if not isinstance(parent, tuple) else f"{keys} edited"
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_random_edits_of_the_resumed_entries_resume_cleanly_or_raise_a_checkpoint_error(tmp_path):
     """100 seeded random edits of the optimizer, history, random states and step, each re-hashed: every one
     either loads and resumes, or is refused with a CheckpointError; never another error (or a crash)."""

@@ -283,7 +283,7 @@ def _python_for_nobody():
 
 
 @needs_sandbox
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_sandbox_holds_for_an_unprivileged_grader():
     """A teacher without root: the sandbox is bwrap's user namespace mapped to the teacher; same probes."""
     if os.geteuid() != 0:

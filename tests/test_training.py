@@ -341,7 +341,7 @@ def test_encode_corpus_with_fewer_or_more_ids_than_characters():
 
 
 # ---------------------------------------------------------------- command line
-@pytest.mark.slow
+@pytest.mark.system
 def test_cli_trains_writes_and_resumes(tmp_path, capsys):
     out = tmp_path / "run"
     assert cli.main(["train", "--preset", "tiny", "--out", str(out), "--max-iters", "2", "--device", "cpu"]) == 0
@@ -571,7 +571,7 @@ def test_a_damaged_checkpoint_loads_the_same_or_fails_with_the_loaders_own_error
 
 
 # ---------------------------------------------------------------- interrupted and failed saves
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_save_killed_mid_write_leaves_a_temporary_file_that_the_next_save_removes(tmp_path):
     """The child kills itself halfway through writing (TRANSFORMER_COURSE_FAULT=kill:mid_save=1, see
     transformer_course.faults): no timer decides where the kill lands."""

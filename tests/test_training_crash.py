@@ -23,7 +23,7 @@ import pytest
 from transformer_course.checkpoint import load_checkpoint
 from transformer_course.faults import FAULT_ENV
 
-pytestmark = pytest.mark.slow  # trainings started, killed and resumed: about half a minute
+pytestmark = pytest.mark.system  # trainings started, killed and resumed: about half a minute
 ROOT = Path(__file__).resolve().parents[1]
 
 

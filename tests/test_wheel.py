@@ -22,7 +22,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # about 1-2 minutes: a build, two installs, a training run and the commands
+pytestmark = pytest.mark.system  # about 1-2 minutes: a build, two installs, a training run and the commands
 
 
 def _torch_and_its_requirements() -> list[importlib.metadata.Distribution]:

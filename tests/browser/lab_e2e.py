@@ -1,7 +1,9 @@
-"""End-to-end: every chapter run in JupyterLab inside headless Chromium, widgets included; and the
-student edition of two chapters run and solved in the browser as a learner would.
+"""End-to-end: the chapters with widgets run in JupyterLab inside headless Chromium; and the student
+edition of two chapters run and solved in the browser as a learner would.
 
-Run with ``make test-browser`` (CI runs it after ``make test``). For each chapter notebook it:
+Run with ``make test-browser`` (CI runs it last). By default it runs the chapters whose stored outputs
+hold a widget other than the quiz (``widget_chapters``: the quiz is one widget, the same in every
+chapter, so it is tried in those; strict nbval runs every chapter). For each chapter notebook it:
 
 1. opens the notebook in JupyterLab (served from a scratch copy of the chapters, so nothing in the
    repository is modified), clears the stored outputs and runs all cells;
@@ -41,7 +43,7 @@ so does the run.
 ``--jobs N`` (default 2) splits the chapters into N groups and runs each group in a child process of
 this script, with its own JupyterLab (own port, own scratch copy, log ``jupyter-lab-<k>.log``) and its
 own Chromium, and ``OMP_NUM_THREADS=1`` so that concurrent chapters do not fight over cores. Groups
-are balanced with a fixed table of relative chapter costs (``tests/chapter_costs.py``; a student
+are balanced with the chapters' last measured run times (``tests/durations.py``; a student
 chapter solved in the browser runs twice, so counts double), longest first. The children's
 lines are printed prefixed with ``[k]``; the run fails if any child fails. When the run times out or
 is interrupted, the children are stopped and whatever they started is killed. ``--jobs 1`` runs
@@ -68,7 +70,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
-from chapter_costs import cost  # noqa: E402  (relative run time of each chapter, to balance --jobs)
+from durations import cost  # noqa: E402  (each chapter's last measured run time, to balance --jobs)
 
 from transformer_course.checks import RESULT_LINE  # noqa: E402  (the one line every check prints)
 from transformer_course.classroom.edition import write_student_edition  # noqa: E402
@@ -151,6 +153,24 @@ def item_name(arg: str) -> str:
     """A command-line chapter (``chapters/03_x.ipynb``, ``student/03_x.ipynb``) -> the item's name."""
     path = Path(arg)
     return STUDENT + path.name if "student" in path.parts[:-1] else path.name
+
+
+QUIZ_WIDGET = "Quick check:"  # the text/plain of the quiz widget (transformer_course.quiz), in most chapters
+
+
+def widget_chapters() -> list[str]:
+    """The chapters the browser runs by default: those whose stored outputs hold a widget other than the
+    quiz (an explorer, a chat box, a progress bar). The quiz is the same widget in every chapter, so the
+    chapters that show nothing else add nothing here; nbval runs every chapter."""
+    chosen = []
+    for path in sorted((ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            views = [o["data"] for o in cell.get("outputs", [])
+                     if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+            if any(not "".join(v.get("text/plain", "")).startswith(QUIZ_WIDGET) for v in views):
+                chosen.append(path.name)
+                break
+    return chosen
 
 
 def item_cost(item: str) -> float:
@@ -690,7 +710,7 @@ def run_jobs(args, notebooks: list[str], out: Path, jobs: int) -> int:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("chapters", nargs="*", help="chapter notebooks to run, student/NAME.ipynb for a student "
-                        "edition (default: every chapter, and the student edition of "
+                        "edition (default: every chapter with a widget other than the quiz, and the student edition of "
                         + " and ".join(STUDENT_CHAPTERS) + ")")
     parser.add_argument("--jobs", type=int, default=2, help="chapters run at the same time, each group in its own "
                         "JupyterLab and Chromium (default 2; 1 runs them one after another in this process)")
@@ -707,9 +727,7 @@ def main(argv=None) -> int:
         parser.error("--jobs must be at least 1")
 
     ensure_chromium()
-    notebooks = [item_name(p) for p in args.chapters] or [
-        *sorted(p.name for p in (ROOT / "chapters").glob("[0-9][0-9]_*.ipynb")),
-        *(STUDENT + n for n in STUDENT_CHAPTERS)]
+    notebooks = [item_name(p) for p in args.chapters] or [*widget_chapters(), *(STUDENT + n for n in STUDENT_CHAPTERS)]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = min(args.jobs, len(notebooks))
