@@ -277,3 +277,23 @@ def test_the_chat_command_answers_a_held_out_question_and_survives_a_bad_one(tas
     assert "not sent" in out[0] and "not in the vocabulary" in out[0]
     assert "not sent" in out[1] and "too long" in out[1]
     assert out[2] == f"assistant: {word.answer}"
+
+
+def test_reset_starts_a_new_conversation_and_ctrl_c_ends_chat_with_one_line():
+    """/reset forgets the history; Ctrl-C, sent while chat waits for a line (its start line on stderr is
+    read first, so the signal never races the code), ends it with one line and status 130."""
+    import signal
+
+    process = subprocess.Popen([sys.executable, "-m", "transformer_course", "chat"], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "/reset" in process.stderr.readline()
+        process.stdin.write("/reset\n")
+        process.stdin.flush()
+        assert process.stdout.readline() == "(a new conversation)\n"  # read: chat is back at input()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert err.strip() == "chat: stopped (Ctrl-C)" and "Traceback" not in err

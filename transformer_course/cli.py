@@ -407,7 +407,6 @@ def _add_chat(sub) -> None:
 def _cmd_chat(args) -> int:
     import torch
 
-    from .assistant import reply_stream
     from .course_model import load_chat_model
     from .generation import check_sampling
 
@@ -416,16 +415,32 @@ def _cmd_chat(args) -> int:
         raise SystemExit("transformer-course chat: give --checkpoint (your file) or --model (a shipped one), not both")
     chat = load_chat_model(args.checkpoint, shipped=CHAT_MODELS[args.model or "sft"])
     generator = torch.Generator().manual_seed(args.seed)
-    interactive = sys.stdin.isatty()
+    print("chat: /reset starts a new conversation; /exit or Ctrl-D ends", file=sys.stderr, flush=True)
+    try:
+        _chat_loop(chat, args, generator, interactive=sys.stdin.isatty())
+    except KeyboardInterrupt:  # Ctrl-C: one line, status 130 (128 + SIGINT), as train and serve
+        print("\nchat: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
+    return 0
+
+
+def _chat_loop(chat, args, generator, interactive: bool) -> None:
+    """Read a message a line; stream each reply; keep the conversation until /reset, /exit or end of input."""
+    from .assistant import reply_stream
+
     history: list[dict] = []
     while True:
         try:
             line = input("you: " if interactive else "")
         except EOFError:
-            break
+            return
         line = line.strip()
         if line == "/exit":
-            break
+            return
+        if line == "/reset":
+            history = []
+            print("(a new conversation)", flush=True)
+            continue
         if not line:
             continue
         turn = [*history, {"role": "user", "content": line}]
@@ -439,7 +454,6 @@ def _cmd_chat(args) -> int:
             continue
         print()
         history = [*turn, {"role": "assistant", "content": reply}]
-    return 0
 
 
 # ---------------------------------------------------------------- serve (issue 37)
