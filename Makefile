@@ -131,8 +131,8 @@ test-gpu: $(STAMP)
 	$(BIN)/python tools/gpu_test_report.py $(GPU_JUNIT) benchmarks/results/gpu_tests.json
 
 # Another PyTorch release, in a venv of its own kept between runs OUTSIDE the clone ($(TORCH_VENVS)),
-# named after the release, the Python and pyproject.toml's hash (a changed pyproject.toml builds a new
-# one; `make clean-torch-venvs` removes them all). Each run re-links the cached venv to this clone
+# named after the release, the Python and a hash of pyproject.toml's dependencies (changed dependencies
+# build a new one; `make clean-torch-venvs` removes them all). Each run re-links the cached venv to this clone
 # (pip --no-deps -e .), then runs the unit tests whose results can depend on torch (not torch_free; not the
 # wheel's packaging test, which tests pip and the entry points, run once by make test-system) and
 # strict nbval of NBVAL_NOTEBOOKS (default every chapter), through NBVAL_RUNNER (default plain pytest).
@@ -141,7 +141,9 @@ test-gpu: $(STAMP)
 TORCH ?= $(TORCH_FLOOR)
 TORCH_VENVS ?= $(HOME)/.cache/transformer-course/venvs
 PY_TAG := $(shell $(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_info[:2])' 2>/dev/null)
-PYPROJECT_HASH := $(shell $(PYTHON) -c 'import hashlib; print(hashlib.sha256(open("pyproject.toml", "rb").read()).hexdigest()[:12])' 2>/dev/null)
+# what decides a venv's content in pyproject.toml: the build system, the Python range and the dependencies
+# (not the version: a release alone does not rebuild the venvs; the clone is re-linked every run anyway)
+PYPROJECT_HASH := $(shell $(PYTHON) -c 'import hashlib, json, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); q = p["project"]; print(hashlib.sha256(json.dumps([p.get("build-system"), q.get("requires-python"), q.get("dependencies"), q.get("optional-dependencies")], sort_keys=True).encode()).hexdigest()[:12])' 2>/dev/null)
 TORCH_VENV := $(TORCH_VENVS)/torch-$(TORCH)-$(PY_TAG)-$(PYPROJECT_HASH)
 NBVAL_NOTEBOOKS ?= $(CHAPTERS)
 NBVAL_RUNNER ?= -m pytest

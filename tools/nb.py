@@ -130,7 +130,8 @@ def _wrapped(opening: str, items: list[str], closing: str, width: int = 100) -> 
     return "\n".join([opening, *lines, line, closing])
 
 
-def _module_text(src_rel: str, cells: list[str], summary: str = "", secondary: bool = False) -> str:
+def _module_text(src_rel: str, cells: list[str], summary: str = "", secondary: bool = False,
+                 module: str = "") -> str:
     """One module: the header line, the docstring (the first cell's, else the chapter's summary), the
     cells in order two blank lines apart, ``__all__`` after the first. ``from __future__ import
     annotations`` comes first where a cell has it, and always in a chapter's second module."""
@@ -152,7 +153,19 @@ def _module_text(src_rel: str, cells: list[str], summary: str = "", secondary: b
     last = ast.parse(opening).body[-1:]
     gap = "\n\n" if last and isinstance(last[0], ast.Import | ast.ImportFrom) else "\n\n\n"
     rest = [c for c in body[1:] if c.strip()]
-    return "\n\n\n".join([head, opening + gap + all_line, *rest]) + "\n"
+    return "\n\n\n".join([head, opening + gap + all_line, *rest, *_moved_footer(module)]) + "\n"
+
+
+def _moved_footer(module: str) -> list[str]:
+    """A module that lost public names (transformer_course/_moved.py) ends with a ``__getattr__`` naming
+    their replacements."""
+    tree = ast.parse((PACKAGE / "_moved.py").read_text(encoding="utf-8"))
+    table = next(node.value for node in tree.body if isinstance(node, ast.AnnAssign)
+                 and getattr(node.target, "id", "") == "MOVED")
+    if module not in ast.literal_eval(table):
+        return []
+    return ['def __getattr__(name: str):\n    """Names removed from this module say where they went '
+            '(transformer_course/_moved.py)."""\n    from ._moved import moved\n\n    raise moved(__name__, name)']
 
 
 def export(package: Path = PACKAGE) -> list[Path]:
@@ -163,7 +176,8 @@ def export(package: Path = PACKAGE) -> list[Path]:
         modules, default, summary = _exported_cells(src)
         for name, cells in modules.items():
             target = package / (name.replace(".", "/") + ".py")
-            text = _module_text(rel, cells, summary if name == default else "", secondary=name != default)
+            text = _module_text(rel, cells, summary if name == default else "", secondary=name != default,
+                                module=f"transformer_course.{name}")
             if not target.exists() or target.read_text(encoding="utf-8") != text:
                 target.write_text(text, encoding="utf-8")
             written.append(target)

@@ -193,3 +193,10 @@ def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Modu
 def build_gpt(cfg: GPTConfig) -> GPT:
     """Chapter 06's `GPT` with this chapter's parts: any `GPTConfig`, GPT-2's or a Llama-style one."""
     return GPT(cfg, parts=modern_parts(cfg))
+
+
+def __getattr__(name: str):
+    """Names removed from this module say where they went (transformer_course/_moved.py)."""
+    from ._moved import moved
+
+    raise moved(__name__, name)
