@@ -782,8 +782,13 @@ for bad in (dict(learning_rate=0.0), dict(learning_rate=-3e-4), dict(batch_size=
 # 3. the backward pass, which fills `.grad` of every parameter;
 # 4. **gradient clipping**: when the combined (global) norm of all gradients exceeds `grad_clip`,
 #    rescale them all together down to that norm (`torch.nn.utils.clip_grad_norm_` does it), so a rare
-#    bad batch moves the weights no further than a normal one. It needs the gradients (after 3) and
-#    must act before they are used (before 5). `grad_clip` 0 means no clipping;
+#    bad batch cannot hand the optimizer a gradient far larger than a normal one. With plain SGD that
+#    bounds the step itself. With AdamW (below) the step is m/√v, a running mean of the gradient (m)
+#    over the square root of a running mean of its square (v), so a large gradient does not make a
+#    proportionally large step anyway; what clipping bounds is the gradient that enters m and v. One
+#    huge gradient cannot blow them up: m would carry its direction into the next steps, and v would
+#    shrink the steps after it for many steps. It needs the gradients (after 3) and must act before
+#    they are used (before 5). `grad_clip` 0 means no clipping;
 # 5. the optimizer's update.
 #
 # Return the batch's loss as a Python float (the loss *before* this update: it is the one the forward

@@ -60,8 +60,8 @@ print(f"{sft.num_parameters():,} parameters,", tok.vocab_size, "ids")
 # ## 1. What fine-tuning left undone: words it never read
 #
 # Chapter 11's model reverses and upper-cases the plays' words almost perfectly. Give it strings no play
-# contains and it stumbles: it learned the skill on real words, and where a string looks like a word it
-# knows, it drifts towards that word.
+# contains and it stumbles: it learned the skill on real words, and on these strings it drops, repeats
+# or adds letters.
 
 # %%
 for prompt in ["reverse: gentle", "reverse: qzkvb", "upper: mirth", "upper: xqjwb"]:
@@ -569,11 +569,19 @@ print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 # samples. After the first, the policy π is no longer the π_old that sampled them, so each token's
 # log-probability is weighted by the ratio ρ = π/π_old, and PPO's **clip** stops any token's ratio from
 # paying off beyond [1 − ε, 1 + ε]: min(ρA, clip(ρ, 1 − ε, 1 + ε)A). A **KL term** keeps the policy near
-# the reference (the SFT model), estimated per token by k3 = e^d − d − 1 with d = log π_ref − log π
-# (Schulman, 2020: unbiased when the tokens are sampled from π itself), which is never negative:
+# the reference (the SFT model), estimated per token by k3 = e^d − d − 1 with d = log π_ref − log π,
+# which is never negative. Its *value* is an unbiased estimate of KL(π‖π_ref) when the tokens are sampled
+# from π itself (Schulman's 2020 note on KL approximators):
 #
 # $$\mathcal{L} = -\frac{1}{N}\sum_i \frac{1}{|y_i|}\sum_{t \in y_i}\Big[\min\big(\rho_t A_i,\;
 #   \text{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_i\big) - \beta_\text{KL}\, k3_t\Big]$$
+#
+# A caveat on k3 as a loss: it is differentiated with the sampled tokens held fixed, and then its
+# expected gradient, token by token, is not the gradient of KL(π‖π_ref) but that of the other direction,
+# KL(π_ref‖π). An unbiased estimate of a number need not give an unbiased estimate of its gradient, as
+# later analyses of the KL term in GRPO-style training point out. Both divergences are zero only at
+# π = π_ref, so the term still pulls the policy back towards the reference, but it is not quite the pull
+# the formula names.
 #
 # Each reply's tokens are averaged, then the replies (GRPO's choice; Dr. GRPO, Liu et al. 2025, argues
 # for dividing by a constant instead, so long wrong replies are not punished less per token).
@@ -730,14 +738,19 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 #
 # RL needs the model to be right *sometimes*: a group that is all wrong has zero advantage everywhere,
 # so a task the SFT model never solves (chapter 11's model gets every word of 8 letters wrong) gives
-# GRPO nothing to climb. That is why RL comes after SFT, and why pass@1, not greedy accuracy, is its
-# number: it learns from samples, and first makes its right samples more common.
+# GRPO nothing to climb. What RL needs is that pass rate above zero, not SFT as such: DeepSeek-R1-Zero
+# ran RL directly on a base model, which was already right on some of its problems. Here RL starts
+# from the SFT model because chapter 06's base model is right on none of these tasks (before
+# fine-tuning it scored 0% on every kind of chapter 11's tasks). And pass@1, not greedy accuracy, is
+# RL's number: it learns from samples, and first makes its right samples more common.
 #
-# **What a GPU buys.** Almost all of a step is sampling: 128 short replies, one token at a time, here on
-# two CPU cores. A GPU samples the whole group in parallel; real runs use groups of 16-64 replies of
-# hundreds to thousands of tokens, thousands of prompts, and often a separate inference engine (vLLM,
-# say) for the rollouts.
-# The algorithm is the one above.
+# **What a GPU buys.** At these sizes sampling is a minority of a step: timed over 8 steps on two CPU
+# cores, the rollout (128 replies of a few tokens, one token at a time) took 12-26% of a step. The
+# rest is the policy's forward and backward passes on the two inner steps and the forward passes that
+# give the sampler's and the reference's log-probabilities. Real runs use groups of 16-64 replies of
+# hundreds to thousands of tokens and thousands of prompts, so generating the rollouts one token at a
+# time takes a much larger share, and they often hand it to a separate inference engine (vLLM, say). A
+# GPU runs both parts in parallel over the whole group. The algorithm is the one above.
 #
 # ## 6. What the policy optimises: holes in the checker, and the KL leash
 #
@@ -761,13 +774,29 @@ print("so does an empty reply:", hasty_check(held[0], ""), "| and the first lett
 # the whole reply) and watching a number the reward does not see (here, greedy accuracy and chapter
 # 11's exact match).
 #
-# **The KL term** is the other defence. It charges the policy for every token on which it moved away from
-# the SFT model. Without it, nothing stops the policy from spending what SFT taught to gain reward. The
-# benchmark trained GRPO with and without it from the same start: compare chapter 11's exact match (not
-# trained here; counting suffers most) and the diversity of the sampled replies (the distinct replies
-# among 8 samples of one prompt). In these runs reinforcement learning also **sharpens**: its samples
-# become fewer and more alike, and pass@1 rises more than pass@8, the chance that at least one of 8
-# samples is right (Exercise 12.7 below computes it without bias).
+# **The KL term** is the other defence, in principle. It charges the policy for every token on which it
+# moved away from the SFT model: without it, nothing in the objective holds the policy near what SFT
+# taught. The benchmark trained GRPO with and without it from the same start, one run each (seed 1):
+# compare chapter 11's exact match (not trained here; counting suffers most) and the diversity of the
+# sampled replies (the distinct replies among 8 samples of one prompt). Counting fell to 71% without the
+# KL term and to 91% with it. That looks like the KL term at work, but one seed per arm cannot show it.
+# Re-run with seeds 2 and 3, the runs without the term did not lose counting that way: counting ended
+# at 95% and 90% without the term, 94% and 96% with it. The spread from seed to seed is as large as the
+# gap between the arms at seed 1. Nor did the term keep the policy much nearer the reference at this
+# coefficient (0.04): over the last 20 steps the mean k3 per reply token was 0.33 with it and 0.34
+# without. In these runs the KL term is a guard in principle, not a measured effect.
+#
+# **Does RL only sharpen?** Reinforcement learning is often said only to **sharpen**: to make replies the
+# model could already write more common, without making new right ones reachable. Its sampled replies
+# did become fewer and more alike (distinct replies among 8: 4.66 for SFT, 2.49 and 2.33 after GRPO;
+# part of that is just more replies being the one right answer). But sharpening is judged by pass@k,
+# the chance that at least one of k samples is right (Exercise 12.7 below computes it without bias), at
+# large k, and by failure rates rather than points: near 100% there are few points left to gain. With
+# the KL term, pass@1 rose from 36.8% to 74.7% and pass@8 from 65.0% to 96.2%. The failures fell from
+# 63% to 25% at k = 1, 2.5 times fewer, and from 35% to 3.8% at k = 8, about 9 times fewer. So this run
+# does not show mere sharpening: pass@8 rose too, and its failures fell more, in ratio, than pass@1's.
+# Whether the SFT model would catch up at k in the hundreds, where sharpening would show, 8 samples per
+# word cannot say.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -871,9 +900,12 @@ quiz([
 #   its reward relative to the group (you wrote the advantages), through PPO's clipped ratio with a KL
 #   term to the reference (you wrote the objective). Pass@1 on held-out strange words rises, with no
 #   answer written down anywhere.
-# - The policy optimises what the checker says: a checker with a hole gets **reward-hacked**, and
-#   without the **KL term** the policy spends what SFT taught. Here RL mostly sharpened: pass@1 rose more
-#   than pass@8; pass@k has an unbiased estimator from n samples (you wrote it).
+# - The policy optimises what the checker says: a checker with a hole gets **reward-hacked**. The
+#   **KL term** guards, in principle, against spending what SFT taught; one run per arm here could not
+#   measure that (counting 71% without it and 91% with it at seed 1; re-run with seeds 2 and 3, 95% and
+#   90% without, 94% and 96% with). Whether RL only sharpens is judged by failure rates and pass@k at
+#   large k: here pass@8 rose too (65.0% → 96.2%), and its failures fell more in ratio (about 9 times
+#   fewer) than pass@1's (2.5 times); pass@k has an unbiased estimator from n samples (you wrote it).
 #
 # Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
 # `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,
