@@ -23,7 +23,7 @@ os.environ.setdefault("TRANSFORMER_COURSE_CACHE", tempfile.mkdtemp(prefix="tc-ca
 # test modules whose process never imports torch (proved by `make test-system`: they run with --torch-free)
 TORCH_FREE = {
     "test_arguments", "test_bpe_heap", "test_checks_tokenization", "test_checks_welcome", "test_classroom",
-    "test_clone_location",
+    "test_ci_budget", "test_clone_location",
     "test_export", "test_function_length", "test_grading", "test_grading_crash", "test_grading_teacher",
     "test_lab", "test_leak_check", "test_notebook_hygiene", "test_quiz", "test_sandbox",
     "test_tokenizer_file_bounds",
