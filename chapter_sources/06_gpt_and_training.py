@@ -1109,6 +1109,10 @@ class History(_DictFields):
 #   damaged file says so (a `CheckpointError`) instead of failing deep inside the unpickler. What a
 #   resume hands to AdamW, the history and the random generators is checked too, entry by entry: an
 #   optimizer state of the wrong shape would run AdamW's fused kernel out of bounds.
+#
+# Weights that are NaN or infinite (a run that diverged) are neither saved, so they never replace the
+# last good checkpoint, nor loaded. The checks that need no model are one function, `read_state`,
+# through which chapters 11 and 12 read their chat models and adapters too.
 
 # %%
 #| export checkpoint
@@ -1152,6 +1156,25 @@ def state_sha256(state) -> str:
     return digest.hexdigest()
 
 
+def weights_problem(weights, entry: str = "") -> str | None:
+    """What keeps `weights` from being a dict of finite floating-point tensors, naming the first entry at
+    fault as `entry[key]` (e.g. "model['ln_f.weight'] holds NaN or infinite numbers"), or None."""
+    def kind(value) -> str:
+        return "None" if value is None else f"a {type(value).__name__}"
+
+    if not isinstance(weights, dict):
+        return f"{entry or 'the state'} is {kind(weights)}, not a dict of tensors"
+    for key, t in weights.items():
+        name = f"{entry}[{key!r}]" if entry else repr(key)
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is {kind(t)}, not a tensor"
+        if not t.is_floating_point():
+            return f"{name} is a {t.dtype} tensor, not a floating-point one"
+        if not bool(torch.isfinite(t).all()):
+            return f"{name} holds NaN or infinite numbers"
+    return None
+
+
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
@@ -1170,6 +1193,9 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__,
                                                           "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
+    if problem := weights_problem(state["model"]):  # a run that diverged: the last good file stays
+        raise FloatingPointError(f"{path} was not written: the model's {problem}; a file already there is left "
+                                 "as it was. If training diverged, lower the learning rate and resume from it")
     state["sha256"] = state_sha256(state)
     return atomic_save(state, path)
 
@@ -1192,39 +1218,70 @@ class Checkpoint:
     history: History | None
 
 
-def _read(path: Path, map_location) -> dict:
-    """The checkpoint's contents, after every check that needs no model: readable, safe, intact."""
+@dataclass(frozen=True)
+class SavedFile:
+    """A kind of file the package writes, as `read_state` checks it: its name, the function that writes
+    it, the entries it holds (a "format" among them: its version), the entry holding its weights (None:
+    the whole file), and the fixes to name when there is no such file or it is damaged."""
+
+    name: str
+    writer: str
+    keys: tuple[str, ...] = ()
+    version: int | None = None
+    weights: str | None = "model"
+    missing: str = ""
+    redo: str = ""
+    title: str = ""  # "is not a <title>" (default: the name)
+
+
+CHECKPOINT_FILE = SavedFile("checkpoint", "save_checkpoint", ("format", "model_config", "model", "step"),
+                            CHECKPOINT_FORMAT, missing="train one first (transformer-course train --out DIR)",
+                            redo="delete it and train again, or use an older copy",
+                            title="transformer-course checkpoint")
+
+
+def read_state(path, kind: SavedFile = CHECKPOINT_FILE, map_location="cpu", explain=None) -> dict:
+    """The contents of a `kind` file after every check that needs no model, the same for every loader of
+    the package (checkpoints, chat and preference models, adapters): it exists; read with
+    weights_only=True, it runs no code; it holds `kind.keys`, of `kind.version`; no tensor is a strided
+    view; it matches the SHA-256 saved with it (files saved before checksums have none); its weights are
+    finite floating-point tensors. Raises `CheckpointError` naming the file and the fix (`explain(state)`:
+    more words when entries are missing)."""
+    path, name = Path(path), kind.name
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (transformer-course train --out DIR)")
+        raise FileNotFoundError(f"no {name} at {path}: {kind.missing}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
+    except Exception as error:  # zip/pickle errors: truncated, overwritten, not such a file at all
         message = str(error)
         # weights_only refused a Python object ("Unsupported global: GLOBAL os.system"): never run it
         if refused := re.search(r"unsupported global:?\s+(?:global\s+)?([\w.]+)", message, re.IGNORECASE):
             raise CheckpointError(f"{path} asks to run code when opened (it calls the Python object {refused[1]}); "
-                                  "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
-                                  "it with save_checkpoint") from error
+                                  f"refused, nothing was run. A {name} holds tensors and plain data only: save "
+                                  f"it with {kind.writer}") from error
         detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read "
-                              f"({type(error).__name__}: {detail[0][:120]}); delete it and train again, "
-                              "or use an older copy") from error
-    missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
-    if missing:
-        raise CheckpointError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
-    if state["format"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; "
-                              f"this version reads format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{name} {path} is truncated or corrupted and cannot be read "
+                              f"({type(error).__name__}: {detail[0][:120]}); {kind.redo}") from error
+    entries = set(state) if isinstance(state, dict) else set()
+    if "format" in kind.keys and "format" in entries and state["format"] != kind.version:  # before its keys
+        raise CheckpointError(f"{path} has {name} format {state['format']!r}; this version reads format "
+                              f"{kind.version}: load it with the version of transformer-course that wrote it")
+    if missing := set(kind.keys) - entries:
+        raise CheckpointError(f"{path} is not a {kind.title or name} (missing {sorted(missing)})"
+                              + (explain(state) if explain else ""))
     # a view repeating a few stored numbers (stride 0) would be expanded by the checksum: refused first
-    if strided := next((name for name, t in _tensors(state) if not t.is_contiguous()), None):
-        raise CheckpointError(f"checkpoint {path}: its entry {strided} is a strided view (a few stored numbers "
-                              "repeated), which save_checkpoint never writes")
-    stored = state.pop("sha256", None)  # files saved before checksums have none
+    if strided := next((entry for entry, t in _tensors(state) if not t.is_contiguous()), None):
+        raise CheckpointError(f"{name} {path}: its entry {strided} is a strided view (a few stored numbers "
+                              f"repeated), which {kind.writer} never writes")
+    stored = state.pop("sha256", None) if isinstance(state, dict) else None
     if stored is not None and stored != state_sha256(state):
-        raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "
-                              "them (damaged on disk or in a copy); delete it and train again, or use an older copy")
-    if not isinstance(state["model"], dict) or not all(isinstance(t, torch.Tensor) for t in state["model"].values()):
-        raise CheckpointError(f"checkpoint {path} stores its weights in another layout than save_checkpoint writes")
+        raise CheckpointError(f"{name} {path} is corrupted: its contents do not match the SHA-256 saved with "
+                              f"them (damaged on disk or in a copy); {kind.redo}")
+    weights = state if kind.weights is None else state[kind.weights]
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise CheckpointError(f"{name} {path} stores its weights in another layout than {kind.writer} writes")
+    if problem := weights_problem(weights, kind.weights or ""):  # NaN: the weights of a run that diverged
+        raise CheckpointError(f"{name} {path}: its entry {problem}, which {kind.writer} never writes; {kind.redo}")
     return state
 
 
@@ -1359,7 +1416,7 @@ def load_checkpoint(path, model=None, map_location="cpu", *,
     `model` is a builder such as chapter 10's `modern.build_gpt`, by `GPT(config)` when it is None.
     Raises `CheckpointError` saying why."""
     path = Path(path)
-    state = _read(path, map_location)
+    state = read_state(path, CHECKPOINT_FILE, map_location)
     try:
         config = GPTConfig.from_dict(state["model_config"])
         _check_size(config, state["model"], max_parameters)
@@ -1443,6 +1500,14 @@ def _running_loss(losses: list[float], train_loss: list[float], val_loss: list[f
     return shown
 
 
+def _finite(loss: float, step: int) -> float:
+    """`loss`, if it is finite: a NaN or infinite loss stops training before its weights reach a checkpoint."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"training diverged at step {step}: the loss is {loss}; the last checkpoint "
+                                 "written, if any, is kept as it was. Lower the learning rate and resume from it")
+    return loss
+
+
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
     """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
     PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
@@ -1466,7 +1531,8 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     """Train `model` in place on 1-D tensors of token ids, on `cfg.device` (None: `pick_device()`, a GPU
     if there is one), where the model stays afterwards; return the History. Every `eval_interval` steps
     and at the end: evaluate and write `checkpoint_path` (if given). `resume` (from `load_checkpoint`)
-    continues exactly: the same losses as never stopping. (On several processes: appendix 90.)"""
+    continues exactly: the same losses as never stopping. A loss that is not finite stops the run with a
+    FloatingPointError, its checkpoint left as it was. (On several processes: appendix 90.)"""
     from tqdm.auto import tqdm
 
     cfg = cfg or TrainConfig()
@@ -1512,7 +1578,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         else:
             loss = accumulated_step(forward, optimizer, x, y, cfg.grad_accum, cfg.grad_clip,
                                     autocast_for(device, cfg))
-        history.loss.append(loss)
+        history.loss.append(_finite(loss, step))
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick
@@ -2067,7 +2133,8 @@ quiz([
 # `transformer_course.training`: `train_step`, `accumulated_step`, `param_groups`, `fused_adamw_works`, `make_optimizer`,
 # `lr_at`, `estimate_loss`, `autocast_for`, `train`, `plot_history`, `encode_corpus`.
 # `transformer_course.checkpoint`: `save_checkpoint`, `load_checkpoint`, `Checkpoint`,
-# `CheckpointError`, `config_differences`, `state_sha256`, `MAX_PARAMETERS`, `CHECKPOINT_FORMAT`. The `train` command
+# `CheckpointError`, `config_differences`, `state_sha256`, `weights_problem`, `MAX_PARAMETERS`, `CHECKPOINT_FORMAT`,
+# and `read_state`, `SavedFile`, `CHECKPOINT_FILE` (the checks every loader of the package shares). The `train` command
 # itself is in `transformer_course/cli.py`.
 #
 # **Next.** Chapter 07 starts from the model the course ships, trained once with this chapter's recipe

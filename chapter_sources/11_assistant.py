@@ -154,11 +154,13 @@ print(tok, tok.encode("<|user|>hi<|end|>"), repr(tok.decode(tok.encode("<|assist
 # The model must grow too: its embedding has one row per id, 76 of them, and with tied weights (chapter
 # 06) the same matrix gives one logit per id. Three rows must be added, and **every existing row kept as
 # it is**, so the model still computes exactly what it computed before for every text without the new
-# tokens. What should the new rows hold? Zeros would make a new token's logit 0 at every position, far
-# above the usual logits of a trained model (most are strongly negative), so the untrained `<|end|>`
-# would suddenly be likely everywhere. A common choice, recommended by Hewitt (2021), is **the mean of
-# the existing rows**: the new token starts as an average token, with an average logit; a little noise
-# keeps the three new rows apart, so the model can tell them from each other.
+# tokens. What should the new rows hold? A row of zeros gives a new token the logit 0 at every
+# position. In a large trained model most logits are strongly negative, so 0 would be far above them
+# and the untrained `<|end|>` would suddenly be likely everywhere: that is Hewitt's (2021) argument for
+# **the mean of the existing rows**, which gives the new token the average logit instead, low whatever
+# the scale. Our model is small and its logits are milder; the cell after the exercise measures what
+# each choice would give here. A little noise keeps the three new rows apart, so the model can tell
+# them from each other.
 #
 # **Your turn.** Write `grow_rows(weight, n_new, generator)`: weight [V, C] to a new tensor [V + n_new, C]
 # whose first V rows equal `weight`, and whose new rows are the mean of the V rows plus noise drawn with
@@ -227,8 +229,31 @@ with torch.no_grad():
     after, _ = chat_model(text_ids)
 print("vocabulary", base.model.cfg.vocab_size, "->", chat_model.cfg.vocab_size)
 print("old logits unchanged (within 1e-6):", bool((after[..., :76] - before).abs().max() < 1e-6))
-print("<|end|> as likely as an average character:",
-      bool(after[0, -1].softmax(-1)[tok.end_id] < 5 / 76))
+print("the new <|end|> starts far less likely than an average character (under a tenth of 1/76):",
+      bool(after[0, -1].softmax(-1)[tok.end_id] < 1 / 760))
+
+# %% [markdown]
+# How much would the choice matter here? Over 1,024 characters of the plays, the probability a new token
+# would get at each position: with a zero row (logit 0) and with the mean row (the average logit), beside
+# an average character's share, 1/76.
+
+# %%
+probe = torch.tensor(base.tokenizer.encode(load_shakespeare()[100_000:101_024])).view(16, 64)
+with torch.no_grad():
+    logits, _ = base.model(probe)  # (16, 64, 76)
+total = logits.exp().sum(-1)  # Σ over the 76 characters of e^logit, at each position
+p_zero = 1 / (total + 1)  # a zero row: e^0 = 1 beside them
+p_mean = logits.mean(-1).exp() / (total + logits.mean(-1).exp())  # the mean row: e^(average logit)
+print(f"the logits' mean: {logits.mean():.1f}; a new token's probability over {probe.numel()} positions, "
+      "median (largest):")
+print(f"  zero row {p_zero.median():.1%} ({p_zero.max():.1%}); mean row {p_mean.median():.2%} "
+      f"({p_mean.max():.2%}); an average character {1 / 76:.1%}")
+
+# %% [markdown]
+# So at this scale a zero row would not have made `<|end|>` likely everywhere: about a tenth of a percent,
+# because the logits here are only mildly negative. Hewitt's argument is about large models, whose logits
+# sit much lower. The mean row is still the safer start, about ten times less likely again, and it
+# is low at any scale: e to the average logit is never more than the average of e to the logits.
 
 # %% [markdown]
 # ## 3. The template, and the loss on the answers only
@@ -634,6 +659,7 @@ import torch
 from torch import nn
 
 from transformer_course.arguments import real_number, whole_number
+from transformer_course.checkpoint import weights_problem
 
 LORA_TARGETS = ("attn.qkv", "mlp.fc")  # the layers `add_lora` adapts in every block
 
@@ -759,7 +785,11 @@ def trainable_parameters(model: nn.Module) -> int:
 
 
 def load_adapter(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """Copy an `adapter_state` into a model prepared by `add_lora` the same way (in place)."""
+    """Copy an `adapter_state` into a model prepared by `add_lora` the same way (in place). Anything but
+    a dict of finite floating-point tensors that fits the model raises a ValueError saying why."""
+    if problem := weights_problem(state):  # whole numbers would be copied in silently, rounded
+        raise ValueError(f"not an adapter: {problem}; load_adapter takes what adapter_state returns, a dict of "
+                         "finite floating-point tensors")
     own = adapter_state(model)
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
         raise ValueError("the adapter does not fit this model: prepare it with add_lora(model, rank, ...) "
@@ -965,9 +995,10 @@ check_chatml(chatml)
 # %% [markdown]
 # ## 10. Saving a chat model, and what goes wrong
 #
-# A chat model is a GPT and its `ChatTokenizer`; `save_chat_model` writes both (atomically, loaded
-# back with `weights_only=True`), and `load_chat_model(path)` (in `course_model`, which also loads the
-# shipped one) reads them back.
+# A chat model is a GPT and its `ChatTokenizer`; `save_chat_model` writes both (atomically, with a
+# SHA-256 of the contents), and `load_chat_model(path)` (in `course_model`, which also loads the
+# shipped one) reads them back through chapter 06's checks (`read_state`: `weights_only=True`, the
+# checksum, finite weights).
 
 # %%
 #| export
@@ -975,15 +1006,21 @@ CHAT_FORMAT = 1
 
 
 def save_chat_model(path, model: GPT, tok: ChatTokenizer, losses: list[float] | None = None):
-    """Write a chat model (config, weights, tokenizer, the SFT losses) to `path` atomically; returns the path."""
+    """Write a chat model (config, weights, tokenizer, the SFT losses) to `path` atomically, with their
+    SHA-256 (chapter 06's `state_sha256`, checked by the loader); returns the path."""
+    from transformer_course.checkpoint import state_sha256, weights_problem
     from transformer_course.runtime import atomic_save
 
     if model.cfg.vocab_size != tok.vocab_size:
         raise ValueError(f"the model has {model.cfg.vocab_size} ids, the tokenizer {tok.vocab_size}: "
                          "grow the model with add_chat_tokens first")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return atomic_save({"format": CHAT_FORMAT, "config": model.cfg.to_dict(), "model": state,
-                        "tokenizer": tok.to_dict(), "losses": list(losses or [])}, path)
+    if problem := weights_problem(state):  # a run that diverged: a file already there stays
+        raise FloatingPointError(f"{path} was not written: the model's {problem}")
+    saved = {"format": CHAT_FORMAT, "config": model.cfg.to_dict(), "model": state, "tokenizer": tok.to_dict(),
+             "losses": [float(x) for x in losses or []]}
+    saved["sha256"] = state_sha256(saved)
+    return atomic_save(saved, path)
 
 # %%
 bad_calls = {
@@ -1059,9 +1096,12 @@ from transformer_course.quiz import Question, quiz
 
 quiz([
     Question("Why are the new rows of the embedding set to the mean of the old ones rather than to zeros?",
-             ["Zeros cannot be trained", "A zero row gives logit 0, far above a trained model's usual logits",
-              "The mean makes the model faster"],
-             answer=1, explain="A logit of 0 beats most trained logits, so the new token would be predicted everywhere."),
+             ["Zeros cannot be trained",
+              "The mean gives the average logit, low at any scale; a zero row's logit 0 can sit far above a "
+              "large model's usual logits", "The mean makes the model faster"],
+             answer=1, explain="Here (logits around -2) a zero row would give about 0.1% and the mean row about "
+                               "0.01%, as measured in section 2; in a large model most logits are far below 0, "
+                               "so a zero row would make the new token likely everywhere."),
     Question("What does the SFT loss mask leave out?",
              ["The assistant's answers", "The user's questions and the turn tokens before an answer",
               "Nothing: every token is trained"],

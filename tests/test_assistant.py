@@ -259,7 +259,7 @@ def test_a_saved_chat_model_loads_back_and_other_files_are_refused_clearly(tmp_p
     with pytest.raises(ValueError, match="not a chat model"):
         load_chat_model(plain)
     (tmp_path / "cut.pt").write_bytes(path.read_bytes()[:1000])
-    with pytest.raises(ValueError, match="not a readable chat model"):
+    with pytest.raises(ValueError, match="is truncated or corrupted and cannot be read"):
         load_chat_model(tmp_path / "cut.pt")
     with pytest.raises(FileNotFoundError, match="no chat model"):
         load_chat_model(tmp_path / "missing.pt")

@@ -218,7 +218,9 @@ def test_student_edition_command_fails_on_a_leak(tmp_path, capsys):
     nbformat.write(_nb("import math\nimport torch", EXERCISE), chapters / "03_a.ipynb")
     run = ["student-edition", str(tmp_path / "out"), "--chapters", str(chapters)]
     assert cli.main(run) == 0, capsys.readouterr().err
-    capsys.readouterr()
+    closing = capsys.readouterr().out.splitlines()[-1]  # how to open it, and where JupyterLab comes from
+    assert f"jupyter lab --notebook-dir={tmp_path / 'out' / 'chapters'}" in closing, closing
+    assert "`lab` extra" in closing and 'pip install -e ".[lab]"' in closing, closing
     nbformat.write(_nb("import math\nimport torch", EXERCISE, copy), chapters / "03_a.ipynb")
     assert cli.main(run) == 1 and "03_a.ipynb: Exercise 3.3" in capsys.readouterr().err
 

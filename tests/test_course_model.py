@@ -96,7 +96,7 @@ def test_a_dates_file_of_another_format_is_refused(scratch_assets):
     info = manifest("dates_iso")
     info["sha256"] = course_model._sha256(path)
     (scratch_assets / "dates_iso.json").write_text(json.dumps(info))
-    with pytest.raises(ValueError, match="not a dates model of format 1"):
+    with pytest.raises(ValueError, match="has dates model format 99; this version reads format 1"):
         load_dates_model()
 
 

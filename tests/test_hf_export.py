@@ -198,3 +198,170 @@ def test_a_checkpoint_without_a_tokenizer_is_refused(tmp_path):
     path = save_checkpoint(tmp_path / "ck.pt", build_gpt(BASE))
     with pytest.raises(E.ExportError, match="no tokenizer"):
         E.export_checkpoint(path, tmp_path / "out")
+
+
+# ---------------------------------------------------------------- issue 55: the exporter's safety
+def _files(folder) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_folder_that_is_not_an_earlier_export_is_refused_untouched(tmp_path, capsys):
+    folder = tmp_path / "theirs"
+    folder.mkdir()
+    (folder / "model-00001-of-00002.safetensors").write_bytes(b"someone else's shard")
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": {"a": "model-00001-of-00002.safetensors"}}')
+    (folder / "README.md").write_text("their card")
+    before = _files(folder)
+    model = _randomise(build_gpt(BASE), seed=1)
+    with pytest.raises(E.ExportError, match="not empty and not an earlier export"):
+        E.export(model, CHARS, folder)
+    assert _files(folder) == before
+    assert cli.main(["export", "--to", str(folder)]) == 2
+    assert "not an earlier export" in _one_line(capsys.readouterr().err)
+    assert _files(folder) == before and sorted(p.name for p in folder.iterdir()) == sorted(before)
+
+
+def test_an_earlier_export_is_replaced_and_only_the_files_it_wrote(tmp_path):
+    folder = tmp_path / "out"
+    chat = ChatTokenizer(CHARS)
+    E.export(_randomise(build_gpt(replace(BASE, vocab_size=chat.vocab_size)), seed=2), chat, folder)
+    manifest = json.loads((folder / E.MANIFEST).read_text())
+    assert "chat_template.jinja" in manifest["files"] and "model.safetensors" in manifest["files"]
+    (folder / "notes.txt").write_text("mine")  # a file the exporter did not write: kept as it is
+    model = _randomise(build_gpt(BASE), seed=3)
+    E.export(model, CHARS, folder)  # a plain tokenizer: the earlier chat template, the export's own, goes
+    assert not (folder / "chat_template.jinja").exists() and (folder / "notes.txt").read_text() == "mine"
+    hf, tok = _load(folder)
+    assert tok.chat_template is None
+    _round_trip(model, hf, CHARS.encode("To be"), 4)
+    written = json.loads((folder / E.MANIFEST).read_text())["files"]
+    assert "notes.txt" not in written and set(written) == set(_files(folder)) - {"notes.txt", E.MANIFEST}
+    # a file the export wrote, changed since, is someone's work: refused, nothing written
+    (folder / "README.md").write_text("my own card")
+    before = _files(folder)
+    with pytest.raises(E.ExportError, match=r"README\.md changed since"):
+        E.export(model, CHARS, folder)
+    assert _files(folder) == before
+    # a file of a name the export writes, that the export did not write: refused
+    (folder / "README.md").unlink()
+    E.export(model, CHARS, folder)
+    (folder / "chat_template.jinja").write_text("theirs")
+    before = _files(folder)
+    with pytest.raises(E.ExportError, match=r"chat_template\.jinja was not written by"):
+        E.export(_randomise(build_gpt(replace(BASE, vocab_size=chat.vocab_size)), seed=2), chat, folder)
+    assert _files(folder) == before
+
+
+def test_a_manifest_naming_files_outside_the_folder_is_not_an_export(tmp_path):
+    folder = tmp_path / "out"
+    E.export(build_gpt(BASE), CHARS, folder)
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep")
+    manifest = json.loads((folder / E.MANIFEST).read_text())
+    manifest["files"]["../precious.txt"] = E._sha256(outside)
+    (folder / E.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(E.ExportError, match="not an earlier export"):
+        E.export(build_gpt(BASE), CHARS, folder)
+    assert outside.read_text() == "keep"
+
+
+def test_an_empty_to_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "README.md").write_text("the project's own readme")
+    assert cli.main(["export", "--to", ""]) == 2
+    assert "--to is empty" in _one_line(capsys.readouterr().err)
+    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]
+    assert (tmp_path / "README.md").read_text() == "the project's own readme"
+    with pytest.raises(E.ExportError, match="--to is empty"):
+        E.export(build_gpt(BASE), CHARS, "")
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_every_exported_file_follows_the_umask(tmp_path, mask):
+    import os
+    import stat
+
+    tok = ChatTokenizer(CHARS) if mask == 0o002 else CHARS  # a chat model writes chat_template.jinja too
+    model = build_gpt(replace(BASE, vocab_size=tok.vocab_size))
+    old = os.umask(mask)
+    try:
+        folder = E.export(model, tok, tmp_path / "a" / "b")
+    finally:
+        os.umask(old)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in folder.iterdir()}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+    assert "model.safetensors" in modes and stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~mask
+
+
+def _snippet(folder) -> str:
+    import re
+
+    card = (folder / "README.md").read_text()
+    code = re.search(r"## Use\n.*?```python\n(.*?)```", card, re.S).group(1)
+    assert "PATH/TO/THIS/FOLDER" in code
+    return code.replace("PATH/TO/THIS/FOLDER", str(folder))
+
+
+SNIPPET_MODELS = {
+    "gpt2, 32 tokens": (BASE, CHARS),
+    "llama, 16 tokens": (replace(LLAMA, block_size=16), CHARS),
+    "chat, 24 tokens": (replace(BASE, block_size=24, vocab_size=CHARS.vocab_size + 3), ChatTokenizer(CHARS)),
+    "no capitals, 8 tokens": (replace(BASE, block_size=8, vocab_size=5), CharTokenizer(list("abcde"))),
+    "chat, 4 tokens": (replace(BASE, block_size=4, vocab_size=8), ChatTokenizer(CharTokenizer(list("abcde")))),
+}
+
+
+@pytest.mark.parametrize("name", list(SNIPPET_MODELS))
+def test_the_model_cards_snippet_runs(name, tmp_path, capsys):
+    """The card's own code, run as written (transformers, offline, from the exported folder): it keeps the
+    prompt and the new tokens within the model's context (was: max_new_tokens=100 past 64: IndexError)."""
+    cfg, tok = SNIPPET_MODELS[name]
+    folder = E.export(_randomise(build_gpt(cfg), seed=5), tok, tmp_path / "model")
+    code = _snippet(folder)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out
+    assert printed.strip()
+    assert f"at most {cfg.block_size} tokens" in (folder / "README.md").read_text()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_weights_are_refused_naming_the_tensor(value, tmp_path):
+    model = build_gpt(BASE)
+    with torch.no_grad():
+        model.blocks[1].mlp.fc.weight[3, 2] = value
+    with pytest.raises(E.ExportError, match=r"'blocks\.1\.mlp\.fc\.weight' holds 1 (NaN|infinite) value"):
+        E.export(model, CHARS, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # (checkpoint files holding such weights are refused by their loader)
+
+
+def test_a_lora_model_before_merge_lora_is_refused_saying_so(tmp_path):
+    from transformer_course.lora import add_lora, merge_lora
+
+    model = add_lora(_randomise(build_gpt(BASE), seed=6), rank=2)
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "B") and isinstance(module.B, torch.nn.Parameter):
+                module.B.normal_(0, 0.1)
+    with pytest.raises(E.ExportError, match=r"LoRA adapters .*blocks\.0\.attn\.qkv.*merge_lora"):
+        E.export(model, CHARS, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+    merged = merge_lora(model).eval()
+    hf, _ = _load(E.export(merged, CHARS, tmp_path / "out"))
+    _round_trip(merged, hf, CHARS.encode("Now is"), 8)
+
+
+def test_a_dangling_link_is_refused_saying_what_it_is(tmp_path, capsys):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "missing")
+    assert cli.main(["export", "--to", str(link)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "symbolic link to a missing target" in line and "File exists" not in line
+    assert link.is_symlink() and not (tmp_path / "missing").exists()
+    with pytest.raises(E.ExportError, match="symbolic link to a missing target"):
+        E.export(build_gpt(BASE), CHARS, link)

@@ -1,3 +1,4 @@
+import os
 import random
 
 import numpy as np
@@ -65,3 +66,38 @@ def test_cpu_has_fast_bf16_can_be_forced_from_the_environment(monkeypatch, value
             runtime.cpu_has_fast_bf16()
     finally:
         runtime.cpu_has_fast_bf16.cache_clear()
+
+
+def test_set_threads_takes_a_request_or_one_thread_per_idle_core(monkeypatch):
+    from transformer_course import runtime
+
+    before = torch.get_num_threads()
+    try:
+        assert runtime.set_threads(1) == 1 and torch.get_num_threads() == 1
+        for bad in (0, -1, 1.5, True, "2"):
+            with pytest.raises(ValueError, match="threads must be a whole number >= 1"):
+                runtime.set_threads(bad)
+        torch.set_num_threads(2)
+        monkeypatch.setattr(runtime, "idle_cores", lambda: 0)  # every core busy: still one thread
+        assert runtime.set_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setattr(runtime, "idle_cores", lambda: 8)  # never more than PyTorch's own default
+        assert runtime.set_threads() == 2
+        monkeypatch.setattr(runtime, "idle_cores", lambda: None)  # no /proc/stat: PyTorch's default
+        assert runtime.set_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_idle_cores_counts_cores_from_proc_stat():
+    from transformer_course.runtime import idle_cores
+
+    found = idle_cores(0.05)
+    assert found is None or 0 <= found <= os.cpu_count()
+
+
+def test_the_threads_option_refuses_zero_with_one_line(capsys):
+    from transformer_course import cli
+
+    assert cli.main(["generate", "--threads", "0", "--prompt", "x"]) == 2
+    assert "threads must be a whole number >= 1" in capsys.readouterr().err

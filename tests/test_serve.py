@@ -283,6 +283,7 @@ def test_serve_refuses_checkpoint_with_model_and_names_the_missing_extra(monkeyp
     assert "serve extra" in capsys.readouterr().err.replace("`", "")
 
 
+@pytest.mark.system
 def test_the_command_serves_a_shipped_model_and_ctrl_c_stops_it_with_one_line():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen([sys.executable, "-m", "transformer_course.cli", "serve", "--model", "dpo", "--port",

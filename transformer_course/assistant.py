@@ -335,12 +335,18 @@ CHAT_FORMAT = 1
 
 
 def save_chat_model(path, model: GPT, tok: ChatTokenizer, losses: list[float] | None = None):
-    """Write a chat model (config, weights, tokenizer, the SFT losses) to `path` atomically; returns the path."""
+    """Write a chat model (config, weights, tokenizer, the SFT losses) to `path` atomically, with their
+    SHA-256 (chapter 06's `state_sha256`, checked by the loader); returns the path."""
+    from .checkpoint import state_sha256, weights_problem
     from .runtime import atomic_save
 
     if model.cfg.vocab_size != tok.vocab_size:
         raise ValueError(f"the model has {model.cfg.vocab_size} ids, the tokenizer {tok.vocab_size}: "
                          "grow the model with add_chat_tokens first")
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return atomic_save({"format": CHAT_FORMAT, "config": model.cfg.to_dict(), "model": state,
-                        "tokenizer": tok.to_dict(), "losses": list(losses or [])}, path)
+    if problem := weights_problem(state):  # a run that diverged: a file already there stays
+        raise FloatingPointError(f"{path} was not written: the model's {problem}")
+    saved = {"format": CHAT_FORMAT, "config": model.cfg.to_dict(), "model": state, "tokenizer": tok.to_dict(),
+             "losses": [float(x) for x in losses or []]}
+    saved["sha256"] = state_sha256(saved)
+    return atomic_save(saved, path)

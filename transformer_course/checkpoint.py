@@ -24,8 +24,9 @@ CHECKPOINT_FORMAT = 1  # the file layout `save_checkpoint` writes; loading check
 
 
 __all__ = [
-    'CHECKPOINT_FORMAT', 'CheckpointError', 'config_differences', 'state_sha256', 'save_checkpoint',
-    'MAX_PARAMETERS', 'Checkpoint', 'load_checkpoint',
+    'CHECKPOINT_FORMAT', 'CheckpointError', 'config_differences', 'state_sha256', 'weights_problem',
+    'save_checkpoint', 'MAX_PARAMETERS', 'Checkpoint', 'SavedFile', 'CHECKPOINT_FILE', 'read_state',
+    'load_checkpoint',
 ]
 
 
@@ -69,6 +70,25 @@ def state_sha256(state) -> str:
     return digest.hexdigest()
 
 
+def weights_problem(weights, entry: str = "") -> str | None:
+    """What keeps `weights` from being a dict of finite floating-point tensors, naming the first entry at
+    fault as `entry[key]` (e.g. "model['ln_f.weight'] holds NaN or infinite numbers"), or None."""
+    def kind(value) -> str:
+        return "None" if value is None else f"a {type(value).__name__}"
+
+    if not isinstance(weights, dict):
+        return f"{entry or 'the state'} is {kind(weights)}, not a dict of tensors"
+    for key, t in weights.items():
+        name = f"{entry}[{key!r}]" if entry else repr(key)
+        if not isinstance(t, torch.Tensor):
+            return f"{name} is {kind(t)}, not a tensor"
+        if not t.is_floating_point():
+            return f"{name} is a {t.dtype} tensor, not a floating-point one"
+        if not bool(torch.isfinite(t).all()):
+            return f"{name} holds NaN or infinite numbers"
+    return None
+
+
 def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_config: TrainConfig | None = None,
                     tokenizer=None, history: History | None = None, batch_generator: torch.Generator | None = None,
                     rank_rng: list[torch.Tensor] | None = None) -> Path:
@@ -87,6 +107,9 @@ def save_checkpoint(path, model: GPT, optimizer=None, *, step: int = 0, train_co
              "tokenizer": None if tokenizer is None else {"class": type(tokenizer).__name__,
                                                           "state": tokenizer.to_dict()},
              "history": None if history is None else history.to_dict()}
+    if problem := weights_problem(state["model"]):  # a run that diverged: the last good file stays
+        raise FloatingPointError(f"{path} was not written: the model's {problem}; a file already there is left "
+                                 "as it was. If training diverged, lower the learning rate and resume from it")
     state["sha256"] = state_sha256(state)
     return atomic_save(state, path)
 
@@ -108,39 +131,70 @@ class Checkpoint:
     history: History | None
 
 
-def _read(path: Path, map_location) -> dict:
-    """The checkpoint's contents, after every check that needs no model: readable, safe, intact."""
+@dataclass(frozen=True)
+class SavedFile:
+    """A kind of file the package writes, as `read_state` checks it: its name, the function that writes
+    it, the entries it holds (a "format" among them: its version), the entry holding its weights (None:
+    the whole file), and the fixes to name when there is no such file or it is damaged."""
+
+    name: str
+    writer: str
+    keys: tuple[str, ...] = ()
+    version: int | None = None
+    weights: str | None = "model"
+    missing: str = ""
+    redo: str = ""
+    title: str = ""  # "is not a <title>" (default: the name)
+
+
+CHECKPOINT_FILE = SavedFile("checkpoint", "save_checkpoint", ("format", "model_config", "model", "step"),
+                            CHECKPOINT_FORMAT, missing="train one first (transformer-course train --out DIR)",
+                            redo="delete it and train again, or use an older copy",
+                            title="transformer-course checkpoint")
+
+
+def read_state(path, kind: SavedFile = CHECKPOINT_FILE, map_location="cpu", explain=None) -> dict:
+    """The contents of a `kind` file after every check that needs no model, the same for every loader of
+    the package (checkpoints, chat and preference models, adapters): it exists; read with
+    weights_only=True, it runs no code; it holds `kind.keys`, of `kind.version`; no tensor is a strided
+    view; it matches the SHA-256 saved with it (files saved before checksums have none); its weights are
+    finite floating-point tensors. Raises `CheckpointError` naming the file and the fix (`explain(state)`:
+    more words when entries are missing)."""
+    path, name = Path(path), kind.name
     if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}: train one first (transformer-course train --out DIR)")
+        raise FileNotFoundError(f"no {name} at {path}: {kind.missing}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # zip/pickle errors: truncated, overwritten, not a checkpoint at all
+    except Exception as error:  # zip/pickle errors: truncated, overwritten, not such a file at all
         message = str(error)
         # weights_only refused a Python object ("Unsupported global: GLOBAL os.system"): never run it
         if refused := re.search(r"unsupported global:?\s+(?:global\s+)?([\w.]+)", message, re.IGNORECASE):
             raise CheckpointError(f"{path} asks to run code when opened (it calls the Python object {refused[1]}); "
-                                  "refused, nothing was run. A checkpoint holds tensors and plain data only: save "
-                                  "it with save_checkpoint") from error
+                                  f"refused, nothing was run. A {name} holds tensors and plain data only: save "
+                                  f"it with {kind.writer}") from error
         detail = message.split("WeightsUnpickler error:")[-1].strip().splitlines() or [""]
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted and cannot be read "
-                              f"({type(error).__name__}: {detail[0][:120]}); delete it and train again, "
-                              "or use an older copy") from error
-    missing = {"format", "model_config", "model", "step"} - set(state if isinstance(state, dict) else ())
-    if missing:
-        raise CheckpointError(f"{path} is not a transformer-course checkpoint (missing {sorted(missing)})")
-    if state["format"] != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} has checkpoint format {state['format']!r}; "
-                              f"this version reads format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(f"{name} {path} is truncated or corrupted and cannot be read "
+                              f"({type(error).__name__}: {detail[0][:120]}); {kind.redo}") from error
+    entries = set(state) if isinstance(state, dict) else set()
+    if "format" in kind.keys and "format" in entries and state["format"] != kind.version:  # before its keys
+        raise CheckpointError(f"{path} has {name} format {state['format']!r}; this version reads format "
+                              f"{kind.version}: load it with the version of transformer-course that wrote it")
+    if missing := set(kind.keys) - entries:
+        raise CheckpointError(f"{path} is not a {kind.title or name} (missing {sorted(missing)})"
+                              + (explain(state) if explain else ""))
     # a view repeating a few stored numbers (stride 0) would be expanded by the checksum: refused first
-    if strided := next((name for name, t in _tensors(state) if not t.is_contiguous()), None):
-        raise CheckpointError(f"checkpoint {path}: its entry {strided} is a strided view (a few stored numbers "
-                              "repeated), which save_checkpoint never writes")
-    stored = state.pop("sha256", None)  # files saved before checksums have none
+    if strided := next((entry for entry, t in _tensors(state) if not t.is_contiguous()), None):
+        raise CheckpointError(f"{name} {path}: its entry {strided} is a strided view (a few stored numbers "
+                              f"repeated), which {kind.writer} never writes")
+    stored = state.pop("sha256", None) if isinstance(state, dict) else None
     if stored is not None and stored != state_sha256(state):
-        raise CheckpointError(f"checkpoint {path} is corrupted: its contents do not match the SHA-256 saved with "
-                              "them (damaged on disk or in a copy); delete it and train again, or use an older copy")
-    if not isinstance(state["model"], dict) or not all(isinstance(t, torch.Tensor) for t in state["model"].values()):
-        raise CheckpointError(f"checkpoint {path} stores its weights in another layout than save_checkpoint writes")
+        raise CheckpointError(f"{name} {path} is corrupted: its contents do not match the SHA-256 saved with "
+                              f"them (damaged on disk or in a copy); {kind.redo}")
+    weights = state if kind.weights is None else state[kind.weights]
+    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
+        raise CheckpointError(f"{name} {path} stores its weights in another layout than {kind.writer} writes")
+    if problem := weights_problem(weights, kind.weights or ""):  # NaN: the weights of a run that diverged
+        raise CheckpointError(f"{name} {path}: its entry {problem}, which {kind.writer} never writes; {kind.redo}")
     return state
 
 
@@ -275,7 +329,7 @@ def load_checkpoint(path, model=None, map_location="cpu", *,
     `model` is a builder such as chapter 10's `modern.build_gpt`, by `GPT(config)` when it is None.
     Raises `CheckpointError` saying why."""
     path = Path(path)
-    state = _read(path, map_location)
+    state = read_state(path, CHECKPOINT_FILE, map_location)
     try:
         config = GPTConfig.from_dict(state["model_config"])
         _check_size(config, state["model"], max_parameters)

@@ -464,6 +464,28 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    """--token-delay: 0 to 60 seconds (serve.TOKEN_DELAY_LIMIT); inf or nan would fail every request."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to 60, got {text}")
+    return value
+
+
+def _megabytes(text: str) -> int:
+    """--max-body-mb: a positive number of MiB (up to 1024), as bytes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1024 or value * 2**20 < 1:
+        raise argparse.ArgumentTypeError(f"must be a number of megabytes above 0, at most 1024, got {text}")
+    return int(value * 2**20)
+
+
 def _add_serve(sub) -> None:
     p = _parser(
         sub, "serve", help="serve a model over an OpenAI-compatible HTTP API, with a chat page (the `serve` extra)",
@@ -479,8 +501,10 @@ def _add_serve(sub) -> None:
                    help="the model's id in the API (default: the shipped model's name, or the file's name)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=_port, default=8000, help="port to listen on; 0 picks a free one (default 8000)")
-    p.add_argument("--token-delay", type=float, default=0.0,
-                   help="seconds to wait after each token, to watch the tokens arrive (default 0: none)")
+    p.add_argument("--token-delay", type=_seconds, default=0.0,
+                   help="seconds to wait after each token, to watch the tokens arrive (default 0: none; at most 60)")
+    p.add_argument("--max-body-mb", dest="max_body", type=_megabytes, default=4 * 2**20, metavar="MB",
+                   help="largest request body read, in megabytes (MiB); a larger one is refused with 413 (default 4)")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -498,7 +522,7 @@ def _cmd_serve(args) -> int:
     status = 0
     try:
         serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True),
-                  token_delay=max(args.token_delay, 0.0))
+                  token_delay=args.token_delay, max_body=args.max_body)
     except KeyboardInterrupt:
         status = 130
     print("transformer-course serve: stopped", flush=True)
@@ -524,7 +548,8 @@ def _add_export(sub) -> None:
                         "(default: the course's shipped model, chapter 06's recipe)")
     p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
                    help="a chat model the course ships instead: sft (chapter 11), dpo or grpo (chapter 12)")
-    p.add_argument("--to", required=True, help="the folder to write (created; files already there are replaced)")
+    p.add_argument("--to", required=True, help="the folder to write: new, empty or an earlier export (whose own "
+                                                "files alone are replaced; any other folder is refused)")
     p.add_argument("--data", default=None, help="what the model was trained on, for the model card (default: "
                                                 "what the checkpoint tells)")
     p.set_defaults(handler=_cmd_export)
@@ -633,6 +658,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_export(sub)
     _add_classroom(sub)
+    for name in ("train", "generate", "chat", "serve"):  # the commands that compute with PyTorch on the CPU
+        sub.choices[name].add_argument(
+            "--threads", type=int, default=None, metavar="N",
+            help="PyTorch CPU threads (default: one per core idle at start, so a busy machine does not slow "
+                 "every step down; runtime.set_threads)")
     return parser
 
 
@@ -643,6 +673,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        if "threads" in args:
+            from .runtime import set_threads
+
+            set_threads(args.threads)
         return int(args.handler(args) or 0)
     except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable or unwritable files, full disks
         import os

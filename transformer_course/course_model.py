@@ -20,7 +20,8 @@ instruction set; loading a file does not).
   for 1,200 steps on 60,000 dates. Chapter 09: `load_dates_model`.
 
 Each file sits in ``assets/`` beside a manifest (``NAME.json``: SHA-256, recipe, losses, the machine
-it was trained on), and is checked against that SHA-256 before it is read (weights_only=True). Rebuild
+it was trained on), and is checked against that SHA-256 before it is read, then read through chapter 06's
+`checkpoint.read_state` as every file of the package is (weights_only=True, finite weights). Rebuild
 both (about three minutes on a 2-core CPU) with::
 
     .venv/bin/python tools/build_course_model.py
@@ -101,17 +102,50 @@ class DatesModel:
     losses: list[float]
 
 
+def _shipped_file(what: str, writer: str, **entries):
+    """What `checkpoint.read_state` expects of a shipped model (a `what` file `writer` wrote): one that
+    is damaged is rebuilt, not retrained."""
+    from .checkpoint import SavedFile
+
+    return SavedFile(what, writer, missing=f"reinstall the package or rebuild it with `{REBUILD}`",
+                     redo=f"reinstall the package or rebuild it with `{REBUILD}`", **entries)
+
+
+def _used(path: Path, kind, build):
+    """``build()``, its errors (a bad entry, weights that do not fit) raised as a CheckpointError naming
+    `path` and the fix of `kind` (a `checkpoint.SavedFile`)."""
+    from .checkpoint import CheckpointError
+
+    try:
+        return build()
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        detail = " ".join(str(error).split()).rstrip(". ")  # load_state_dict's lines, on one line
+        raise CheckpointError(f"{kind.name} {path} cannot be used: {detail}; {kind.redo}") from None
+
+
+def _numbers(values, entry: str) -> list[float]:
+    """`values` as floats, if it is a list of numbers (not bools); else a ValueError naming `entry`."""
+    if not isinstance(values, list) or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise ValueError(f"its entry {entry} must be a list of numbers, got {values!r:.60}")
+    return [float(v) for v in values]
+
+
 def load_dates_model() -> DatesModel:
     """Chapter 09's encoder-decoder, trained by `dates.train_dates` for 1,200 steps."""
+    from .checkpoint import read_state
     from .encoder_decoder import EncoderDecoder, Seq2SeqConfig
 
     path = _verified("dates_iso")
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != DATES_FORMAT:
-        raise ValueError(f"{path} is not a dates model of format {DATES_FORMAT}; rebuild it with `{REBUILD}`")
-    model = EncoderDecoder(Seq2SeqConfig(**state["config"]))
-    model.load_state_dict(state["model"])
-    return DatesModel(model=model.eval(), losses=list(state["losses"]))
+    kind = _shipped_file("dates model", "course_model.build_dates_model", keys=("format", "config", "model", "losses"),
+                         version=DATES_FORMAT)
+    state = read_state(path, kind)
+
+    def build() -> DatesModel:
+        model = EncoderDecoder(Seq2SeqConfig(**state["config"]))
+        model.load_state_dict(state["model"])
+        return DatesModel(model=model.eval(), losses=_numbers(state["losses"], "losses"))
+
+    return _used(path, kind, build)
 
 
 @dataclass
@@ -128,11 +162,36 @@ class ChatModel:
 SHIPPED_CHAT_MODELS = ("shakespeare_chat", "shakespeare_dpo", "shakespeare_grpo")  # chapters 11 and 12
 
 
+_CHAT_KEYS = ("format", "config", "model", "tokenizer")  # what save_chat_model writes (and "losses")
+
+
+def _chat_file(shipped: bool):
+    """The `checkpoint.SavedFile` a chat model is read as: a shipped model, or a user's file."""
+    from .assistant import CHAT_FORMAT
+    from .checkpoint import SavedFile
+
+    if shipped:
+        return _shipped_file("chat model", "assistant.save_chat_model", keys=_CHAT_KEYS, version=CHAT_FORMAT)
+    return SavedFile("chat model", "save_chat_model", _CHAT_KEYS, CHAT_FORMAT,
+                     missing="give a file written by save_chat_model (chapter 11)",
+                     redo="delete it and save the model again with save_chat_model (chapter 11), or use an older copy")
+
+
+def _not_a_chat_model(state) -> str:
+    """More words for a file that is not a chat model, when it is one of chapter 06's checkpoints."""
+    if isinstance(state, dict) and "model_config" in state:
+        return (": it is a checkpoint of a text model (save_checkpoint); load it with load_checkpoint, or "
+                "fine-tune it into a chat model as chapter 11 does")
+    return ""
+
+
 def load_chat_model(path=None, shipped: str = "shakespeare_chat") -> ChatModel:
     """A chat model written by `assistant.save_chat_model`; `path` None: the shipped one named `shipped`
     (one of SHIPPED_CHAT_MODELS: chapter 11's SFT model, chapter 12's DPO and GRPO models), checked
-    against its manifest's SHA-256."""
-    from .assistant import CHAT_FORMAT, ChatTokenizer
+    against its manifest's SHA-256. Read through `checkpoint.read_state`, as checkpoints are; a file
+    that cannot be used raises `checkpoint.CheckpointError` naming it and the fix."""
+    from .assistant import ChatTokenizer
+    from .checkpoint import MAX_PARAMETERS, _check_size, read_state  # chapter 06's checks, for every file
     from .config import GPTConfig
     from .model import GPT
     from .modern import build_gpt
@@ -141,29 +200,21 @@ def load_chat_model(path=None, shipped: str = "shakespeare_chat") -> ChatModel:
         raise ValueError(f"no shipped chat model {shipped!r}: choose one of {SHIPPED_CHAT_MODELS}")
     name, shipped = shipped, path is None
     path = _verified(name) if shipped else Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no chat model at {path}: give a file written by save_chat_model (chapter 11)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated file, another format, not a torch file at all
-        raise ValueError(f"{path} is not a readable chat model ({type(e).__name__}: {e})") from None
-    tokenizer_type = state.get("tokenizer", {}).get("type") if isinstance(state, dict) and isinstance(
-        state.get("tokenizer"), dict) else None
-    if not isinstance(state, dict) or state.get("format") != CHAT_FORMAT or tokenizer_type != "chat":
-        hint = (f" (it holds a model with a {tokenizer_type!r} tokenizer, as chapter 06's checkpoints do: fine-tune "
-                "it into a chat model as chapter 11 does)") if tokenizer_type else ""
-        raise ValueError(f"{path} is not a chat model of format {CHAT_FORMAT}{hint}")
-    try:
+    kind = _chat_file(shipped)
+    state = read_state(path, kind, explain=_not_a_chat_model)
+
+    def build() -> ChatModel:
         cfg = GPTConfig.from_dict(state["config"])
         tokenizer = ChatTokenizer.from_dict(state["tokenizer"])
         if tokenizer.vocab_size != cfg.vocab_size:
             raise ValueError(f"the tokenizer has {tokenizer.vocab_size} ids, the model {cfg.vocab_size}")
+        losses = _numbers(state.get("losses", []), "losses")
+        _check_size(cfg, state["model"], MAX_PARAMETERS)  # before a model of that size is built
         model = build_gpt(cfg) if cfg.needs_modern_parts else GPT(cfg)
         model.load_state_dict(state["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"{path} is not a valid chat model: {e}") from None
-    return ChatModel(model.eval(), tokenizer, [float(x) for x in state.get("losses", [])],
-                     manifest(name) if shipped else None)
+        return ChatModel(model.eval(), tokenizer, losses, manifest(name) if shipped else None)
+
+    return _used(path, kind, build)
 
 
 @dataclass
@@ -178,8 +229,11 @@ class LoraAdapter:
 def load_lora_adapter() -> LoraAdapter:
     """The rank-8 adapter the course ships; apply it with `lora.load_adapter(lora.add_lora(
     assistant.add_chat_tokens(base), rank, train_rows_from=V), adapter.state)`."""
+    from .checkpoint import read_state
+
     path = _verified("shakespeare_chat_lora")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # the file is the adapter's tensors and nothing else (lora.adapter_state, saved by runtime.atomic_save)
+    state = read_state(path, _shipped_file("LoRA adapter", "course_model.build_chat_models", weights=None))
     info = manifest("shakespeare_chat_lora")
     return LoraAdapter(state=state, rank=int(info["rank"]), manifest=info)
 

@@ -10,13 +10,26 @@ the other way. Exactly what our model computes is written, or the export is refu
 that `transformers` has no equivalent for (post-norm blocks, a mix of GPT-2's and Llama's parts).
 ``export_checkpoint(path, folder)`` reads a checkpoint of `transformer-course train` or a chat model
 (chapters 11-12) first; ``transformer-course export`` calls it.
+
+The folder is written safely (issue 55): an empty ``--to``, a link to a missing target or a non-empty folder
+that is not an earlier export is refused; the files are written into a hidden folder inside it and moved
+in, with the permissions of a normal file write (the umask); ``MANIFEST`` lists them with their SHA-256,
+and a later export replaces or removes only those, unchanged; nothing else in the folder is touched. A
+model with NaN or infinite weights, or with LoRA adapters not merged, is refused naming the tensor or the
+layers.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
+import re
+import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 import torch
@@ -27,12 +40,13 @@ from .pretrained import HF_ACTIVATIONS, hf_key_map
 __all__ = [
     "ExportError", "hf_architecture", "gpt2_config", "llama_config", "gpt2_state_dict", "llama_state_dict",
     "hf_model", "chat_template", "hf_tokenizer", "hf_tokenizer_fast", "model_card", "export",
-    "read_for_export", "export_checkpoint",
+    "read_for_export", "export_checkpoint", "MANIFEST", "check_folder",
 ]
 
 
 class ExportError(ValueError):
-    """A model or tokenizer that `transformers` cannot reproduce exactly; the message names the option."""
+    """A model or tokenizer that `transformers` cannot reproduce exactly (the message names the option),
+    weights that are not finite or not merged, or a folder the export may not write into."""
 
 
 _LLAMA_PARTS = {"positional": "rope", "normalization": "rmsnorm", "mlp": "swiglu"}
@@ -91,7 +105,23 @@ def llama_config(cfg: GPTConfig, eos_id: int | None = None) -> dict:
 
 
 def _state(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    """The model's tensors (float32, CPU), refused (`ExportError`) when LoRA adapters are not merged or
+    a tensor holds NaN or infinite values: `transformers` would load them without a word."""
+    from .lora import LoRALinear
+
+    if adapted := [name for name, module in model.named_modules() if isinstance(module, LoRALinear)]:
+        raise ExportError(f"the model has {len(adapted)} LoRA adapters not merged ({', '.join(adapted[:4])}"
+                          f"{', ...' if len(adapted) > 4 else ''}): call transformer_course.lora.merge_lora(model) "
+                          "first and export the merged model")
+    state = {k: v.detach().to("cpu", torch.float32) for k, v in model.state_dict().items()}
+    for name, t in state.items():
+        if not torch.isfinite(t).all():
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            what = " and ".join(f"{n:,} {kind} value{'s' if n > 1 else ''}"
+                                for n, kind in ((nan, "NaN"), (inf, "infinite")) if n)
+            raise ExportError(f"tensor {name!r} holds {what} (of {t.numel():,}): a model with non-finite weights "
+                              "is not exported (a diverged training run? export an earlier checkpoint)")
+    return state
 
 
 def _full_heads(model, state: dict[str, torch.Tensor], i: int, suffix: str) -> torch.Tensor | None:
@@ -268,6 +298,44 @@ def _losses_lines(history: dict | None, losses: list[float] | None) -> list[str]
     return lines
 
 
+def _one_token_text(tokenizer) -> str | None:
+    """The first printable text that `tokenizer` encodes as one id of its own: the shortest prompt."""
+    for i in range(tokenizer.vocab_size):
+        try:
+            text = tokenizer.decode([i])
+            if text.strip() and text.isprintable() and tokenizer.encode(text) == [i]:
+                return text
+        except (ValueError, KeyError, IndexError, TypeError):
+            continue
+    return None
+
+
+def _use_example(tokenizer, block_size: int) -> str:
+    """The card's line that generates: a prompt this tokenizer encodes and as many new tokens (at most 100,
+    16 for a chat) as keep the prompt and them within the model's `block_size` tokens (at least one)."""
+    from .assistant import ChatTokenizer, render_chat
+
+    chat = isinstance(tokenizer, ChatTokenizer)
+    short = _one_token_text(tokenizer.base if chat else tokenizer)
+    fits = []
+    for text in ("upper: hello" if chat else "ROMEO:", short):
+        if text is None:
+            continue
+        try:
+            n = (len(render_chat([{"role": "user", "content": text}], tokenizer, generation_prompt=True)[0]) if chat
+                 else len(tokenizer.encode(text)))
+        except (ValueError, KeyError):  # a character the vocabulary lacks
+            continue
+        fits.append((n >= block_size, n, text))
+        if n < block_size:
+            break
+    _, n, text = min(fits) if fits else (True, 1, short or "")
+    new = max(1, min(16 if chat else 100, block_size - n))
+    if chat:
+        return f"print(generate([{{'role': 'user', 'content': {text!r}}}], max_new_tokens={new}))"
+    return f'print(generate({text!r}, max_new_tokens={new}, do_sample=False)[0]["generated_text"])'
+
+
 def model_card(model, tokenizer, *, architecture: str, source: str | None = None, data: str | None = None,
                train_config: dict | None = None, history: dict | None = None, losses: list[float] | None = None,
                facts: dict | None = None) -> str:
@@ -310,44 +378,175 @@ def model_card(model, tokenizer, *, architecture: str, source: str | None = None
               "```python",
               "from transformers import pipeline", "",
               'generate = pipeline("text-generation", model="PATH/TO/THIS/FOLDER")',
-              ("print(generate([{'role': 'user', 'content': 'upper: hello'}], max_new_tokens=16))"
-               if getattr(tokenizer, "end_id", None) is not None else
-               'print(generate("ROMEO:", max_new_tokens=100, do_sample=False)[0]["generated_text"])'),
+              _use_example(tokenizer, cfg.block_size),
               "```", ""]
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the folder
+MANIFEST = ".transformer-course-export.json"  # {"files": {name: SHA-256}}: what the last export wrote
+_NAME = re.compile(r"[\w.-]+")  # a plain file name: no folder, no link out of the folder
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_manifest(folder: Path) -> dict[str, set[str]] | None:
+    """{file name: the SHA-256s it may have} of the export that wrote `folder`, or None when `folder` has
+    no such manifest or one that is not (a link, bad JSON, a name that is not a plain file name)."""
+    try:
+        handle = os.open(folder / MANIFEST, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(handle, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                return None
+            files = json.loads(file.read(1 << 20).decode("utf-8"))["files"]
+        manifest = {name: {digest} if isinstance(digest, str) else set(digest) for name, digest in files.items()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    ok = all(isinstance(name, str) and _NAME.fullmatch(name) and name not in (".", "..", MANIFEST) and digests
+             and all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests)
+             for name, digests in manifest.items())
+    return manifest if ok else None
+
+
+def _write_manifest(folder: Path, staging: Path, files: dict, mode: int) -> None:
+    tmp = staging / MANIFEST
+    tmp.write_text(json.dumps({"written_by": "transformer-course export: it replaces or removes only these files, "
+                                             "unchanged", "files": files}, indent=1, sort_keys=True) + "\n",
+                   encoding="utf-8")
+    tmp.chmod(mode)
+    os.replace(tmp, folder / MANIFEST)
+
+
+def check_folder(folder) -> Path:
+    """`folder` as a Path when an export may write there: missing, empty, or an earlier export (its
+    `MANIFEST`); else an `ExportError` in one line: an empty path (an unset shell variable would mean the
+    current folder), a link to a missing target, a file, a folder holding other things."""
+    if isinstance(folder, str) and not folder:
+        raise ExportError("--to is empty (an unset shell variable?): give the folder to write, e.g. --to hf/my-model")
+    folder = Path(folder)
+    if folder.is_symlink() and not folder.exists():
+        raise ExportError(f"--to {folder} is a symbolic link to a missing target ({os.readlink(folder)}): remove the "
+                          "link or give another folder")
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"--to {folder} is a file; give a folder")
+    _check_replaceable(folder, _earlier_export(folder), ())  # its files are all replaced or removed
+    return folder
+
+
+def _earlier_export(folder: Path, ignore: Path | None = None) -> dict[str, set[str]]:
+    """The manifest of the earlier export in `folder` ({} for a missing or empty folder); `ExportError`
+    for a non-empty folder without one."""
+    held = sorted(p.name for p in folder.iterdir() if p != ignore) if folder.is_dir() else []
+    if not held:
+        return {}
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise ExportError(f"--to {folder} is not empty and not an earlier export of transformer-course (it holds "
+                          f"{shown}; no {MANIFEST}): give a new or empty folder, nothing in it is replaced")
+    return manifest
+
+
+def _check_replaceable(folder: Path, manifest: dict[str, set[str]], names) -> None:
+    """`ExportError` unless each of `names` (to be written) and of the earlier export's files (to be
+    replaced or removed) is missing, or a regular file the export wrote, unchanged since."""
+    for name in sorted(set(manifest) | set(names)):
+        path = folder / name
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            raise ExportError(f"{path} is not a regular file the export wrote (a link or a folder): move it away or "
+                              "export to another folder")
+        if name not in manifest:
+            raise ExportError(f"{path} was not written by transformer-course export: move it away or export to "
+                              "another folder")
+        if _sha256(path) not in manifest[name]:
+            raise ExportError(f"{path} changed since transformer-course export wrote it (your edits?): move it away "
+                              "or export to another folder")
+
+
+def _file_mode() -> int:
+    """The permissions a normal file write gets: 0o666 less the umask (safetensors writes 0o600)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def _write_folder(folder: Path, write) -> None:
+    """Call `write(staging)` to write the export's files into a new folder inside `folder`, then move them
+    in: each file of the earlier export replaced or, if not written again, removed; nothing else touched."""
+    created, done = not folder.exists(), False
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".transformer-course-export-", dir=folder))
+    try:
+        manifest = _earlier_export(folder, ignore=staging)
+        write(staging)
+        mode = _file_mode()
+        files = {}
+        for path in sorted(staging.iterdir()):
+            if not path.is_file() or path.is_symlink() or not _NAME.fullmatch(path.name) or path.name == MANIFEST:
+                raise RuntimeError(f"the export wrote {path.name!r}, which is not a plain file it can list")
+            path.chmod(mode)
+            files[path.name] = _sha256(path)
+        _check_replaceable(folder, manifest, files)
+        # while files move, the manifest allows each its old and its new content: an interrupted export is redone
+        _write_manifest(folder, staging, {name: sorted(manifest.get(name, set()) | ({files[name]} if name in files
+                                                                                     else set()))
+                                          for name in set(manifest) | set(files)}, mode)
+        for name in files:
+            os.replace(staging / name, folder / name)
+        for name in set(manifest) - set(files):  # the earlier export's, unchanged (checked above)
+            (folder / name).unlink(missing_ok=True)
+        _write_manifest(folder, staging, files, mode)
+        done = True
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # made by this export, holding only what it wrote
+        if created and not done:
+            with contextlib.suppress(OSError):  # the folder this export made, if still empty
+                folder.rmdir()
+
+
 def export(model, tokenizer, folder, *, source: str | None = None, data: str | None = None,
            train_config: dict | None = None, history: dict | None = None, losses: list[float] | None = None,
            facts: dict | None = None) -> Path:
-    """Write `folder` (created; files already there are replaced): config.json, model.safetensors,
-    generation_config.json, tokenizer.json, tokenizer_config.json (chat_template for a ChatTokenizer) and
-    README.md. Returns the folder. Refuses (`ExportError`, naming the option) what `transformers` cannot
-    compute exactly, and a tokenizer whose vocabulary is larger than the model's."""
+    """Write `folder` (created): config.json, model.safetensors, generation_config.json, tokenizer.json,
+    tokenizer_config.json (chat_template.jinja for a ChatTokenizer), README.md and `MANIFEST`, the files
+    with their SHA-256. Returns the folder. Refuses (`ExportError`, naming the option) what `transformers`
+    cannot compute exactly, a tokenizer whose vocabulary is larger than the model's, non-finite or unmerged
+    LoRA weights, and a folder that is not missing, empty or an earlier export (`check_folder`); in an
+    earlier export only its own files, unchanged since, are replaced (or removed if not written again)."""
+    folder = check_folder(folder)
     if tokenizer is None:
         raise ExportError("the model has no tokenizer: save the checkpoint with save_checkpoint(..., tokenizer=tok)")
     if tokenizer.vocab_size > model.cfg.vocab_size:
         raise ExportError(f"the tokenizer has {tokenizer.vocab_size} ids, the model only {model.cfg.vocab_size}")
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise ExportError(f"--to {folder} is a file; give a folder")
     eos_id = getattr(tokenizer, "end_id", None)  # chapter 11's <|end|> ends a reply
     architecture = hf_architecture(model.cfg)
     hf = hf_model(model, eos_id)
-    folder.mkdir(parents=True, exist_ok=True)
-    hf.save_pretrained(folder)
-    hf_tokenizer_fast(tokenizer, model.cfg.block_size).save_pretrained(folder)
+    hf_tok = hf_tokenizer_fast(tokenizer, model.cfg.block_size)
     card = model_card(model, tokenizer, architecture=architecture, source=source, data=data,
                       train_config=train_config, history=history, losses=losses, facts=facts)
-    (folder / "README.md").write_text(card, encoding="utf-8")
+
+    def write(staging: Path) -> None:
+        hf.save_pretrained(staging)
+        hf_tok.save_pretrained(staging)
+        (staging / "README.md").write_text(card, encoding="utf-8")
+
+    _write_folder(folder, write)
     return folder
 
 
 def _manifest_beside(path: Path) -> dict | None:
     """The manifest NAME.json beside a shipped NAME.pt (course_model's), when its SHA-256 is this file's."""
-    from .course_model import _sha256
-
     info = path.with_suffix(".json")
     try:
         facts = json.loads(info.read_text())
@@ -389,7 +588,9 @@ def read_for_export(path) -> tuple:
 
 def export_checkpoint(path, folder, *, data: str | None = None) -> Path:
     """`export` the model in checkpoint file `path` (`read_for_export`) to `folder`, its card filled from
-    what the file records (history, recipe, losses; the manifest beside a shipped model)."""
+    what the file records (history, recipe, losses; the manifest beside a shipped model). The folder is
+    checked (`check_folder`) before the file is read."""
+    check_folder(folder)
     model, tokenizer, info = read_for_export(path)
     if data:
         info["data"] = data

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .arguments import real_number, whole_number
+from .checkpoint import weights_problem
 
 LORA_TARGETS = ("attn.qkv", "mlp.fc")  # the layers `add_lora` adapts in every block
 
@@ -94,7 +95,11 @@ def trainable_parameters(model: nn.Module) -> int:
 
 
 def load_adapter(model: nn.Module, state: dict[str, torch.Tensor]) -> nn.Module:
-    """Copy an `adapter_state` into a model prepared by `add_lora` the same way (in place)."""
+    """Copy an `adapter_state` into a model prepared by `add_lora` the same way (in place). Anything but
+    a dict of finite floating-point tensors that fits the model raises a ValueError saying why."""
+    if problem := weights_problem(state):  # whole numbers would be copied in silently, rounded
+        raise ValueError(f"not an adapter: {problem}; load_adapter takes what adapter_state returns, a dict of "
+                         "finite floating-point tensors")
     own = adapter_state(model)
     if own.keys() != state.keys() or any(own[k].shape != state[k].shape for k in own):
         raise ValueError("the adapter does not fit this model: prepare it with add_lora(model, rank, ...) "

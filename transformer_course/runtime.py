@@ -81,6 +81,45 @@ def available_devices() -> list[str]:
     return ["cpu", *cuda, *(["mps"] if _mps_available() else [])]
 
 
+def idle_cores(sample_s: float = 0.2) -> int | None:
+    """How many of this machine's cores were idle (under half busy) over ``sample_s`` seconds, from two
+    readings of /proc/stat (Linux); None where there is no /proc/stat."""
+    import time
+
+    def busy_and_total() -> list[tuple[int, int]]:
+        rows = [line.split() for line in Path("/proc/stat").read_text().splitlines()]
+        cpus = [list(map(int, r[1:9])) for r in rows if r and r[0].startswith("cpu") and r[0] != "cpu"]
+        return [(sum(c) - c[3] - c[4], sum(c)) for c in cpus]  # all but idle and iowait
+
+    try:
+        before = busy_and_total()
+        time.sleep(sample_s)
+        after = busy_and_total()
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum((b1 - b0) <= 0.5 * max(t1 - t0, 1) for (b0, t0), (b1, t1) in zip(before, after, strict=False))
+
+
+def set_threads(requested: int | None = None) -> int:
+    """Set PyTorch's CPU threads for a command and return how many: ``requested``, else one per core that
+    is idle now (at least 1, at most PyTorch's own default).
+
+    Why not PyTorch's default (one per core): its OpenMP threads wait for each other at every operation,
+    spinning, so when another process holds one core the thread on it is descheduled for whole time
+    slices and everything waits: two threads then ran 3-14x slower than one (benchmarks/results/threads.md).
+    """
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise ValueError(f"threads must be a whole number >= 1, got {requested!r}")
+        torch.set_num_threads(requested)
+        return requested
+    ceiling = torch.get_num_threads()
+    idle = idle_cores()
+    chosen = ceiling if idle is None else max(1, min(ceiling, idle))
+    torch.set_num_threads(chosen)
+    return chosen
+
+
 FAST_BF16_ENV = "TRANSFORMER_COURSE_FAST_BF16"
 
 

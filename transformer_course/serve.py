@@ -9,13 +9,24 @@ The tokens come from chapter 07's ``generation.stream`` (what ``generate`` retur
 request's ``seed`` seeds a ``torch.Generator``, ``temperature`` 0 is greedy, ``top_p`` is the nucleus, and
 a chat model stops at its ``<|end|>``. The model has one worker thread, so requests wait their turn and
 never interleave on it; a client that goes away (the page's Stop button) ends its generation at the next
-token. Errors have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``, with status
-400 (a bad request), 404 (an unknown model or path) or 500.
+token, plain or streamed. Errors have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``,
+with status 400 (a bad request), 404 (an unknown model or path), 413 (a body over ``max_body`` bytes), 503
+(the server is stopping) or 500.
+
+No one request can stall the others (issue 55): a body is read up to ``max_body`` bytes only (413 beyond),
+parsed and fitted to the context in a worker thread, never on the event loop, and a chat's history is fitted
+from its newest message backwards, as far as the context allows (`fit_messages`, linear). Stopping (Ctrl-C,
+SIGTERM) ends every generation at its next token, each request answered 503. Parameters of the OpenAI API
+this server does not implement are refused by name rather than ignored. Listening on a loopback address, it
+answers only requests whose Host header names a loopback address and its port (DNS rebinding).
 """
 
 import asyncio
+import ipaddress
 import json
+import re
 import secrets
+import sys
 import threading
 import time
 import uuid
@@ -35,6 +46,23 @@ SERVE_EXTRA = {"fastapi": "fastapi", "uvicorn": "uvicorn"}
 COMPLETION_MAX_TOKENS = 16  # the defaults of the OpenAI API (completions) and of `transformer-course chat`
 CHAT_MAX_TOKENS = 24
 MAX_TOKENS_LIMIT = 4096  # a completion longer than the context slides its window; this bounds one request
+MAX_BODY_BYTES = 4 * 2**20  # the largest request body read (`--max-body-mb`); a longer one gets 413 unread
+TOKEN_DELAY_LIMIT = 60.0  # the longest `token_delay`, in seconds
+CHAT_PROMPT_MIN = 3  # the shortest chat prompt: <|user|>, <|end|> (an empty message) and <|assistant|>
+# the OpenAI API's parameters this server does not implement: what it would have to do, and the values that
+# ask for nothing (accepted, as null is); any other value is refused, naming the parameter
+UNSUPPORTED = {
+    "echo": ("echo the prompt back", (False,)),
+    "logprobs": ("return log probabilities", (False,)),
+    "top_logprobs": ("return log probabilities", (0,)),
+    "logit_bias": ("bias the logits", ({},)),
+    "suffix": ("write text before a suffix (insertion)", ("",)),
+    "best_of": ("sample several answers and keep the best", (1,)),
+    "presence_penalty": ("penalize repeated tokens (temperature, top_p and seed are its sampling)", (0,)),
+    "frequency_penalty": ("penalize repeated tokens (temperature, top_p and seed are its sampling)", (0,)),
+    "tools": ("call tools (its models only chat, chapter 11)", ([],)),
+    "response_format": ("constrain the answer's format (it writes plain text)", ({"type": "text"},)),
+}
 SHIPPED_DESCRIPTIONS = {  # what the page and /v1/models say of each shipped chat model
     "shakespeare_chat": "chapter 11's assistant (supervised fine-tuning)",
     "shakespeare_dpo": "chapter 12's assistant trained with DPO",
@@ -131,19 +159,30 @@ class Sampling:
     stop: list[str]
 
 
+def _show(value, limit: int = 80) -> str:
+    """A value of a request as JSON for an error message, cut to about `limit` characters (a request's value
+    may be megabytes long, or nested too deeply to write)."""
+    try:
+        text = json.dumps(value)
+    except (RecursionError, ValueError):  # ValueError: an integer of more digits than Python writes
+        text = f"a {type(value).__name__} too large to show"
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text):,} characters)"
+
+
 def _number(body: dict, key: str, default, low=None, high=None, whole=False, low_open=False):
     value = body.get(key)
     if value is None:
         return default
     kinds = "an integer" if whole else "a number"
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-        raise RequestError(f"{key} must be {kinds}, got {json.dumps(value)}", key, "invalid_type")
+        raise RequestError(f"{key} must be {kinds}, got {_show(value)}", key, "invalid_type")
     if value != value or value in (float("inf"), float("-inf")):
         raise RequestError(f"{key} must be a finite number, got {value}", key, "invalid_value")
     if low is not None and (value <= low if low_open else value < low):
-        raise RequestError(f"{key} must be {'>' if low_open else '>='} {low}, got {value}", key, "invalid_value")
+        raise RequestError(f"{key} must be {'>' if low_open else '>='} {low}, got {_show(value)}", key,
+                           "invalid_value")
     if high is not None and value > high:
-        raise RequestError(f"{key} must be <= {high}, got {value}", key, "invalid_value")
+        raise RequestError(f"{key} must be <= {high}, got {_show(value)}", key, "invalid_value")
     return value
 
 
@@ -155,7 +194,7 @@ def sampling(body: dict, default_max_tokens: int) -> Sampling:
     top_p = _number(body, "top_p", 1.0, low=0, high=1, low_open=True)
     seed = _number(body, "seed", None, whole=True)
     if seed is not None and not -(2**63) <= seed < 2**64:
-        raise RequestError(f"seed must fit in 64 bits, got {seed}", "seed", "invalid_value")
+        raise RequestError(f"seed must fit in 64 bits, got {_show(seed)}", "seed", "invalid_value")
     if _number(body, "n", 1, low=1, whole=True) != 1:
         raise RequestError("n must be 1: this server writes one answer per request", "n", "invalid_value")
     stop = body.get("stop")
@@ -171,8 +210,19 @@ def _flag(body: dict, key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise RequestError(f"{key} must be true or false, got {json.dumps(value)}", key, "invalid_type")
+        raise RequestError(f"{key} must be true or false, got {_show(value)}", key, "invalid_type")
     return value
+
+
+def refuse_unsupported(body: dict) -> None:
+    """A RequestError naming the first parameter of `body` this server does not implement (`UNSUPPORTED`)
+    set to a value that asks for something: it is refused rather than silently ignored."""
+    for key, (what, defaults) in UNSUPPORTED.items():
+        value = body.get(key)
+        if value is not None and not any(value == d and isinstance(value, bool) == isinstance(d, bool)
+                                         for d in defaults):
+            raise RequestError(f"{key} is not supported: this server does not {what}; leave it out (got "
+                               f"{_show(value)})", key, "unsupported_parameter")
 
 
 def completion_ids(served: Served, body: dict, room: int) -> list[int]:
@@ -206,10 +256,40 @@ def _text(content, where: str) -> str:
     raise RequestError(f"{where} must be a string or a list of text parts", where, "invalid_type")
 
 
+def fit_messages(messages: list[dict], tok, block_size: int, room: int) -> list[dict]:
+    """Chapter 11's `assistant.fit_history`, in one pass: the latest messages whose rendering (with the
+    generation prompt) leaves `room` positions of `block_size` for the answer, starting at a user's message
+    (or at the last message); a ValueError if the last message alone does not fit. Walked from the newest
+    message backwards, each message encoded once and only as far as the context allows, so a history of any
+    length costs about one context of encoding (fit_history renders it again for every message it drops).
+    A message holding a turn marker is refused wherever it is (render_chat's ValueError)."""
+    from .assistant import SPECIALS
+
+    for i, m in enumerate(messages):
+        if marker := next((s for s in SPECIALS if s in m["content"]), None):
+            raise ValueError(f"messages[{i}] holds the turn marker {marker}: a message may not contain the turn "
+                             f"markers {' '.join(SPECIALS)}")
+    need, start = 1, None  # <|assistant|>, then each message's role token, content and <|end|>
+    for i in range(len(messages) - 1, -1, -1):
+        try:
+            need += 2 + len(tok.encode(messages[i]["content"]))
+        except ValueError as error:
+            raise ValueError(f"messages[{i}] cannot be read by this model's tokenizer: {error}") from None
+        if need + room > block_size:
+            break
+        if messages[i]["role"] == "user" or i == len(messages) - 1:
+            start = i
+    if start is None:
+        raise ValueError(f"the last message is {need - 3} tokens, and with max_tokens {room} a context of "
+                         f"{block_size} leaves it at most {max(block_size - room - CHAT_PROMPT_MIN, 0)}: shorten "
+                         "it, or lower max_tokens")
+    return messages[start:]
+
+
 def chat_ids(served: Served, body: dict, room: int) -> list[int]:
     """The token ids of a chat request in chapter 11's format: the latest messages that leave `room`
-    positions for the answer (`assistant.fit_history`), then <|assistant|>."""
-    from .assistant import ROLES, fit_history, render_chat
+    positions for the answer (`fit_messages`, as `assistant.fit_history`), then <|assistant|>."""
+    from .assistant import ROLES, render_chat
 
     if not served.chat:
         raise RequestError(f"{served.name} is a text model with no chat format (chapter 11 makes one): use "
@@ -224,17 +304,21 @@ def chat_ids(served: Served, body: dict, room: int) -> list[int]:
             raise RequestError(f"messages[{i}] must be an object with a role and a content", f"messages[{i}]",
                                "invalid_type")
         if m.get("role") not in ROLES:
-            raise RequestError(f"messages[{i}].role is {json.dumps(m.get('role'))}: this model was fine-tuned on "
+            raise RequestError(f"messages[{i}].role is {_show(m.get('role'))}: this model was fine-tuned on "
                                f"the roles {' and '.join(ROLES)} only (chapter 11)", f"messages[{i}].role",
                                "invalid_value")
         messages.append({"role": m["role"], "content": _text(m.get("content"), f"messages[{i}].content")})
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    if room + CHAT_PROMPT_MIN > served.block_size:
+        raise RequestError(f"{key} is {room}, too large for {served.name}'s context of {served.block_size} tokens: "
+                           f"a chat's prompt takes at least {CHAT_PROMPT_MIN} of them, so {key} can be at most "
+                           f"{served.block_size - CHAT_PROMPT_MIN}", key, "invalid_value")
     try:
-        kept = fit_history(messages, served.tokenizer, served.block_size, room)
+        kept = fit_messages(messages, served.tokenizer, served.block_size, room)
         return render_chat(kept, served.tokenizer, generation_prompt=True)[0]
     except ValueError as error:
-        code = "context_length_exceeded" if "too long" in str(error) else "invalid_value"
-        raise RequestError(f"{error} (the model's context is {served.block_size} tokens, {room} of them kept for "
-                           "the answer: max_tokens)", "messages", code) from None
+        code = "context_length_exceeded" if "shorten it" in str(error) else "invalid_value"
+        raise RequestError(str(error), "messages", code) from None
 
 
 # ---------------------------------------------------------------- generation, one request at a time
@@ -272,14 +356,26 @@ class Stops:
         return held
 
 
+def check_token_delay(token_delay) -> float:
+    """`token_delay` as seconds, 0 to TOKEN_DELAY_LIMIT (a ValueError otherwise: inf would fail every request)."""
+    if isinstance(token_delay, bool) or not isinstance(token_delay, (int, float)) \
+            or not 0 <= token_delay <= TOKEN_DELAY_LIMIT:  # nan fails the comparison too
+        raise ValueError(f"token_delay must be a number of seconds from 0 to {TOKEN_DELAY_LIMIT:g}, got "
+                         f"{token_delay!r}")
+    return float(token_delay)
+
+
 class ModelWorker:
     """The model's one thread: each request's generation runs there in its turn, its text pieces sent back
-    to the event loop as they come; a request that stops listening ends its generation at the next token."""
+    to the event loop as they come; a request that stops listening ends its generation at the next token,
+    and `stop` (the server stopping) ends them all."""
 
     def __init__(self, served: Served, token_delay: float = 0.0):
-        self.served, self.token_delay = served, token_delay  # seconds to wait after each token (to watch them come)
+        self.served = served
+        self.token_delay = check_token_delay(token_delay)  # seconds to wait after each token (to watch them come)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
         self._cancels: set[threading.Event] = set()
+        self.stopping = False
 
     def _pieces(self, ids: list[int], s: Sampling, answer: Answer, cancel: threading.Event) -> Iterator[str]:
         served = self.served
@@ -301,9 +397,15 @@ class ModelWorker:
 
         yield from decode_stream(served.tokenizer, new_ids())
 
-    async def pieces(self, ids: list[int], s: Sampling, answer: Answer) -> AsyncIterator[str]:
-        """The answer's text, piece by piece (one per token), cut at a stop string; `answer` gets the rest."""
-        loop, queue, cancel, end = asyncio.get_running_loop(), asyncio.Queue(), threading.Event(), object()
+    async def pieces(self, ids: list[int], s: Sampling, answer: Answer,
+                     cancel: threading.Event | None = None) -> AsyncIterator[str]:
+        """The answer's text, piece by piece (one per token), cut at a stop string; `answer` gets the rest.
+        Setting `cancel` (the client went away) ends it at the next token; the server stopping raises a
+        RequestError (503)."""
+        loop, queue, end = asyncio.get_running_loop(), asyncio.Queue(), object()
+        cancel = threading.Event() if cancel is None else cancel
+        if self.stopping:
+            raise _stopping()
 
         def put(item) -> None:
             try:
@@ -334,16 +436,29 @@ class ModelWorker:
                 if stops.hit:
                     answer.finish_reason = "stop"
                     return
+            if self.stopping and answer.finish_reason is None:
+                raise _stopping()
             if text := stops.flush():
                 yield text
         finally:
             cancel.set()
             self._cancels.discard(cancel)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The server is stopping: every generation ends at its next token (its request answered 503), those
+        waiting their turn never start, and no new one does. Called on the event loop's thread."""
+        self.stopping = True
         for cancel in list(self._cancels):
             cancel.set()
+
+    def close(self) -> None:
+        self.stop()
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _stopping() -> RequestError:
+    return RequestError("the server is stopping (Ctrl-C or SIGTERM): this answer was cut short; ask again once "
+                        "it is back", None, "server_stopping", 503)
 
 
 # ---------------------------------------------------------------- the application
@@ -409,12 +524,44 @@ def _model_card(served: Served) -> dict:
             "description": served.description, "chat": served.chat, "context_length": served.block_size}
 
 
-async def _read_body(served: Served, request) -> dict:
+async def _read_bytes(request, limit: int) -> bytes:
+    """A request's body, refused with 413 (a RequestError) as soon as it is known to be over `limit` bytes: by
+    its Content-Length before any of it is read, else once more than `limit` bytes have come."""
+    def too_large(size: str) -> RequestError:
+        return RequestError(f"the request body is {size} bytes and this server reads at most {limit:,} (its "
+                            "--max-body-mb): send less (of a long chat, only the latest messages fit in the "
+                            "model's context anyway)", None, "request_too_large", 413)
+
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large(f"{int(length):,}")
+    from starlette.requests import ClientDisconnect
+
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise too_large(f"more than {limit:,}")
+    except ClientDisconnect:  # gone before the whole body came: no one to answer, nothing to log
+        raise RequestError("the client closed the request", None, "client_closed_request", 499) from None
+    return bytes(body)
+
+
+def _read_body(served: Served, raw: bytes) -> dict:
     """A POST request's JSON body, an object naming the model served (else a RequestError)."""
     try:
-        body = json.loads(await request.body())
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise RequestError(f"the body is not valid JSON: {error}", None, "invalid_json") from None
+    except RecursionError:
+        raise RequestError(f"the body is nested too deeply to read (arrays and objects more than about "
+                           f"{sys.getrecursionlimit()} levels deep): no parameter takes that", None,
+                           "invalid_json") from None
+    except ValueError as error:  # an integer of more digits than Python reads (sys.get_int_max_str_digits)
+        why = (f"it holds an integer of more than {sys.get_int_max_str_digits()} digits: no parameter takes one "
+               "that long" if "digits" in str(error) else str(error))
+        raise RequestError(f"the body cannot be read: {why}", None, "invalid_json") from None
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object", None, "invalid_type")
     if body.get("model") != served.name:
@@ -426,16 +573,48 @@ async def _read_body(served: Served, request) -> dict:
     return body
 
 
-async def _answer(worker: ModelWorker, kind: str, body: dict, ids: list[int], s: Sampling):
+def _prepare(served: Served, kind: str, raw: bytes) -> tuple[dict, Sampling, list[int]]:
+    """A completion (`kind` "text") or chat ("chat") request's body `raw` read and checked: the body, its
+    sampling and the prompt's ids (else a RequestError). Run in a worker thread, off the event loop."""
+    chat = kind == "chat"
+    try:
+        body = _read_body(served, raw)
+        s = sampling(body, CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
+        _flag(body, "stream")
+        refuse_unsupported(body)
+        return body, s, (chat_ids if chat else completion_ids)(served, body, s.max_tokens)
+    except RecursionError:  # a value nested too deeply to look at
+        raise RequestError("the body is nested too deeply to read: no parameter takes that", None,
+                           "invalid_value") from None
+
+
+async def _gone(request, cancel: threading.Event) -> None:
+    """Wait for the client of `request` (whose body has been read) to go away, then set `cancel`."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    cancel.set()
+
+
+async def _answer(worker: ModelWorker, kind: str, request, body: dict, ids: list[int], s: Sampling):
     """The answer to a completion (`kind` "text") or chat ("chat") request for the prompt `ids`: a JSON
-    object, or with `stream` true a StreamingResponse of server-sent events."""
+    object, or with `stream` true a StreamingResponse of server-sent events. A client that goes away ends
+    its generation at the next token (a stream: when a chunk cannot be sent; a plain answer: on its
+    disconnect, watched for meanwhile)."""
     chat = kind == "chat"
     rid, created = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": worker.served.name}
     result = Answer(prompt_tokens=len(ids))
     if not _flag(body, "stream"):
-        text = "".join([piece async for piece in worker.pieces(ids, s, result)])
+        cancel = threading.Event()
+        watch = asyncio.ensure_future(_gone(request, cancel))
+        try:
+            text = "".join([piece async for piece in worker.pieces(ids, s, result, cancel)])
+            left = watch.done() and not watch.cancelled() and watch.exception() is None
+        finally:
+            watch.cancel()
+        if left:  # the client went away: no one reads this
+            return _refuse(499, "the client closed the request", None, "client_closed_request")
         choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         return {**head, "choices": [{"index": 0, **choice, "finish_reason": result.finish_reason,
                                      "logprobs": None}], "usage": result.usage()}
@@ -467,7 +646,9 @@ def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list
             yield event({}, result.finish_reason)
             if usage:
                 yield event(None, usage=result.usage())
-        except Exception as error:  # the status line has gone: the error is an event
+        except RequestError as error:  # the server stopping: the status line has gone, the error is an event
+            yield f"data: {json.dumps(error_body(str(error), 'server_error', error.param, error.code))}\n\n"
+        except Exception as error:
             yield f"data: {json.dumps(error_body(f'the server failed: {error}', 'server_error'))}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -475,10 +656,11 @@ def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def _add_routes(app, served: Served, worker: ModelWorker) -> None:
+def _add_routes(app, served: Served, worker: ModelWorker, max_body: int) -> None:
     """The routes of `app`: the chat page at /, the OpenAI API's models, completions and chat completions."""
     from fastapi import Request
     from fastapi.responses import HTMLResponse
+    from starlette.concurrency import run_in_threadpool
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page():
@@ -495,26 +677,68 @@ def _add_routes(app, served: Served, worker: ModelWorker) -> None:
                                "model_not_found", 404)
         return _model_card(served)
 
+    async def answer(kind: str, request: Request):
+        raw = await _read_bytes(request, max_body)
+        body, s, ids = await run_in_threadpool(_prepare, served, kind, raw)  # off the event loop
+        return await _answer(worker, kind, request, body, ids, s)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await _read_body(served, request)
-        s = sampling(body, COMPLETION_MAX_TOKENS)
-        _flag(body, "stream")
-        return await _answer(worker, "text", body, completion_ids(served, body, s.max_tokens), s)
+        return await answer("text", request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await _read_body(served, request)
-        s = sampling(body, CHAT_MAX_TOKENS)
-        _flag(body, "stream")
-        return await _answer(worker, "chat", body, chat_ids(served, body, s.max_tokens), s)
+        return await answer("chat", request)
 
 
-def create_app(served: Served, on_start=None, token_delay: float = 0.0):
+def loopback(host: str) -> bool:
+    """Whether `host` (a name or an address) is this machine only: localhost, 127.0.0.0/8 or ::1."""
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class HostGuard:
+    """ASGI middleware of a server listening on a loopback address, against DNS rebinding: a web page
+    whose own name an attacker points at 127.0.0.1 could otherwise use the server as if it were on that
+    page's site. Each request's Host header must name a loopback address (localhost, 127.0.0.1, [::1])
+    and the port listened on; any other is refused with 400 before the application sees it."""
+
+    def __init__(self, app, host: str, port: int):
+        self.app, self.host, self.port = app, host, port
+
+    def allowed(self, value: str | None) -> bool:
+        if value is None:  # HTTP/1.0 without Host: no browser sends that
+            return True
+        found = re.fullmatch(r"(\[[0-9A-Fa-f:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?", value)
+        return bool(found) and loopback(found.group(1)) and int(found.group(2) or 80) == self.port
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            values = [v for k, v in scope["headers"] if k == b"host"]
+            value = values[0].decode("latin-1") if len(values) == 1 else None if not values else "(several)"
+            if not self.allowed(value):
+                address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+                response = _refuse(400, f"the Host header {_show(value)} does not name this server: listening on "
+                                        f"{address}, this machine only, it answers requests for localhost:"
+                                        f"{self.port} or {address} only (a guard against DNS rebinding); open "
+                                        f"http://{address}/", None, "invalid_host")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(served: Served, on_start=None, token_delay: float = 0.0, max_body: int = MAX_BODY_BYTES,
+               bound: tuple[str, int] | None = None):
     """The FastAPI application serving `served`; `on_start()` is called once it is ready; `token_delay`
-    seconds pass after each token (0: none), to watch the tokens arrive."""
+    seconds pass after each token (0: none), to watch the tokens arrive; a request body over `max_body` bytes
+    gets 413. `bound`, the (host, port) listened on: a loopback host puts the `HostGuard` in front."""
     from fastapi import FastAPI
 
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+        raise ValueError(f"max_body must be a positive number of bytes, got {max_body!r}")
     worker = ModelWorker(served, token_delay)
 
     @asynccontextmanager
@@ -529,12 +753,15 @@ def create_app(served: Served, on_start=None, token_delay: float = 0.0):
     app = FastAPI(title="transformer-course", lifespan=lifespan, docs_url=None, redoc_url=None)  # no CDN pages
     app.state.worker = worker
     _handle_errors(app)
-    _add_routes(app, served, worker)
+    _add_routes(app, served, worker, max_body)
+    if bound is not None and loopback(bound[0]):
+        app.add_middleware(HostGuard, host=bound[0], port=bound[1])
     return app
 
 
 def listen(host: str = "127.0.0.1", port: int = 0):
-    """A socket listening on host:port (0: a free port), refused in words naming --port."""
+    """A socket listening on host:port (0: a free port), refused in words naming --host or --port."""
+    import errno
     import socket
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -543,8 +770,16 @@ def listen(host: str = "127.0.0.1", port: int = 0):
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({error.strerror or error}): choose another --port "
-                      "(0 picks a free one)") from None
+        why = error.strerror or str(error)
+        if isinstance(error, socket.gaierror):
+            raise OSError(f"--host {host} is not a valid address ({why}): give an IP address of this machine, "
+                          "such as 127.0.0.1 (this machine only, the default) or 0.0.0.0 (every network "
+                          "interface)") from None
+        if error.errno == errno.EADDRNOTAVAIL:
+            raise OSError(f"--host {host} is not an address of this machine ({why}): give one of its own, such "
+                          "as 127.0.0.1 (this machine only, the default) or 0.0.0.0 (every network "
+                          "interface)") from None
+        raise OSError(f"cannot listen on {host}:{port} ({why}): choose another --port (0 picks a free one)") from None
     sock.listen(128)
     return sock
 
@@ -555,19 +790,31 @@ def url(sock) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def server(served: Served, on_start=None, token_delay: float = 0.0):
+def server(served: Served, on_start=None, token_delay: float = 0.0, max_body: int = MAX_BODY_BYTES,
+           bound: tuple[str, int] | None = None):
     """A uvicorn server of `create_app(served, ...)`, quiet but for warnings; `server.run(sockets=[listen()])`
-    serves (in a thread too: stop it with `server.should_exit = True`)."""
+    serves (in a thread too: stop it with `server.should_exit = True`), `bound` being that socket's address.
+    Stopping first ends every generation (`ModelWorker.stop`), so that each request in flight is answered
+    (503) within uvicorn's grace period rather than cancelled with a traceback."""
     import uvicorn
 
-    config = uvicorn.Config(create_app(served, on_start, token_delay), log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=2, lifespan="on")
-    return uvicorn.Server(config)
+    app = create_app(served, on_start, token_delay, max_body, bound)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.state.worker.stop()
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2, lifespan="on")
+    return Server(config)
 
 
-def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0) -> None:
+def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0,
+        max_body: int = MAX_BODY_BYTES) -> None:
     """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
-    was ignored, as in a shell's background job) or SIGTERM; the first line said names the address."""
+    was ignored, as in a shell's background job) or SIGTERM; the first line said names the address. Request
+    bodies over `max_body` bytes get 413; on a loopback host, the `HostGuard` checks each request's Host."""
+    check_token_delay(token_delay)  # before the socket: a bad one fails here, not at each request
     sock = listen(host, port)
     address = url(sock)
 
@@ -575,4 +822,9 @@ def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, to
         say(f"serving {served.name} ({served.description}) at {address}/: the chat page at /, the OpenAI API at "
             f"{address}/v1 - Ctrl-C stops")
 
-    server(served, started, token_delay).run(sockets=[sock])  # returns on SIGINT or SIGTERM (or KeyboardInterrupt)
+    try:
+        app_server = server(served, started, token_delay, max_body, sock.getsockname()[:2])
+    except BaseException:
+        sock.close()
+        raise
+    app_server.run(sockets=[sock])  # returns on SIGINT or SIGTERM (or KeyboardInterrupt)

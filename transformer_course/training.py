@@ -155,6 +155,14 @@ def _running_loss(losses: list[float], train_loss: list[float], val_loss: list[f
     return shown
 
 
+def _finite(loss: float, step: int) -> float:
+    """`loss`, if it is finite: a NaN or infinite loss stops training before its weights reach a checkpoint."""
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"training diverged at step {step}: the loss is {loss}; the last checkpoint "
+                                 "written, if any, is kept as it was. Lower the learning rate and resume from it")
+    return loss
+
+
 def _restore(resume: Checkpoint, model: GPT, optimizer, batches: torch.Generator) -> None:
     """Put a checkpoint's state back: the weights, the optimizer's, the batch sampler's place and
     PyTorch's random states (dropout draws from them), so the run goes on as if it never stopped."""
@@ -177,7 +185,8 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
     """Train `model` in place on 1-D tensors of token ids, on `cfg.device` (None: `pick_device()`, a GPU
     if there is one), where the model stays afterwards; return the History. Every `eval_interval` steps
     and at the end: evaluate and write `checkpoint_path` (if given). `resume` (from `load_checkpoint`)
-    continues exactly: the same losses as never stopping. (On several processes: appendix 90.)"""
+    continues exactly: the same losses as never stopping. A loss that is not finite stops the run with a
+    FloatingPointError, its checkpoint left as it was. (On several processes: appendix 90.)"""
     from tqdm.auto import tqdm
 
     cfg = cfg or TrainConfig()
@@ -223,7 +232,7 @@ def train(model: GPT, train_data: torch.Tensor, val_data: torch.Tensor, cfg: Tra
         else:
             loss = accumulated_step(forward, optimizer, x, y, cfg.grad_accum, cfg.grad_clip,
                                     autocast_for(device, cfg))
-        history.loss.append(loss)
+        history.loss.append(_finite(loss, step))
         history.step.append(step)
         history.lr.append(lr)
         history.train_seconds += _now(device) - tick

@@ -263,5 +263,6 @@ def run_student_edition_command(args) -> int:
             print(f"  {leak}", file=sys.stderr)
         return 1
     print(f"{len(written)} chapters; solutions removed, checks kept. "
-          f"Open them with: jupyter lab {Path(args.out_dir) / 'chapters'}")
+          f"Open them with: jupyter lab --notebook-dir={Path(args.out_dir) / 'chapters'} (JupyterLab is not in "
+          'the `teacher` extra: install the course with the `lab` extra, in a clone pip install -e ".[lab]")')
     return 0
