@@ -908,15 +908,25 @@ print(results.read_text() if results.exists() else "run `make bench` to measure 
 #| export
 def fit_history(messages: list[dict], tok: ChatTokenizer, block_size: int, room: int) -> list[dict]:
     """The latest messages whose rendering (with the generation prompt) leaves `room` positions of
-    `block_size` for the answer: the oldest exchanges are dropped first; the last message always stays
-    (a ValueError if it alone does not fit)."""
-    for start in range(len(messages)):
-        if messages[start]["role"] == "user" or start == len(messages) - 1:
-            kept = messages[start:]
-            if len(render_chat(kept, tok, generation_prompt=True)[0]) + room <= block_size:
-                return kept
-    raise ValueError(f"the last message is too long for a context of {block_size} with {room} positions left "
-                     "for the answer: shorten it")
+    `block_size` for the answer, starting at a user's message (or at the last message): the oldest
+    exchanges are dropped first; a ValueError if the last message alone does not fit. It walks back from
+    the newest message, rendering each once, and stops where the context is full, so a history of any
+    length costs about one context of work (the older messages are dropped unread)."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    need, start = 1, None  # the generation prompt's <|assistant|>
+    for i in range(len(messages) - 1, -1, -1):
+        need += len(render_chat([messages[i]], tok)[0])  # its role token, content and <|end|>
+        if need + room > block_size:
+            break
+        if messages[i]["role"] == "user" or i == len(messages) - 1:
+            start = i
+    if start is None:
+        last = len(render_chat(messages[-1:], tok, generation_prompt=True)[0])
+        raise ValueError(f"the last message is too long: its {last} positions and {room} for the answer do not "
+                         f"fit a context of {block_size}; shorten it, or ask for fewer new tokens (at most "
+                         f"{max(block_size - last, 0)} here)")
+    return messages[start:]
 
 
 def reply_stream(model: GPT, tok: ChatTokenizer, messages: list[dict], max_new_tokens: int = 24,

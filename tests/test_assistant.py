@@ -297,3 +297,24 @@ def test_reset_starts_a_new_conversation_and_ctrl_c_ends_chat_with_one_line():
         process.kill()
     assert process.returncode == 130, err
     assert err.strip() == "chat: stopped (Ctrl-C)" and "Traceback" not in err
+
+
+def test_chat_refuses_a_max_new_tokens_that_leaves_no_room_for_a_message(capsys):
+    from transformer_course import cli
+
+    assert cli.main(["chat", "--max-new-tokens", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-new-tokens 64 leaves no room for a message" in err and "give at most 61" in err
+
+
+def test_a_long_history_is_fitted_from_the_newest_message_in_one_pass():
+    """fit_history walks back from the newest message: 20,000 messages cost about one context of work."""
+    chat = load_chat_model()
+    calls = []
+    real = chat.tokenizer.encode
+    chat.tokenizer.encode = lambda text: calls.append(text) or real(text)
+    talk = [{"role": ("user", "assistant")[i % 2], "content": f"line {i}"} for i in range(20_000)]
+    kept = fit_history(talk, chat.tokenizer, chat.model.cfg.block_size, 8)
+    assert kept == talk[-len(kept):] and kept[0]["role"] == "user" and len(calls) <= chat.model.cfg.block_size
+    with pytest.raises(ValueError, match=r"the last message is too long: .* or ask for fewer new tokens \(at most"):
+        fit_history([{"role": "user", "content": "x" * 30}], chat.tokenizer, chat.model.cfg.block_size, 40)

@@ -414,6 +414,11 @@ def _cmd_chat(args) -> int:
     if args.checkpoint and args.model:
         raise SystemExit("transformer-course chat: give --checkpoint (your file) or --model (a shipped one), not both")
     chat = load_chat_model(args.checkpoint, shipped=CHAT_MODELS[args.model or "sft"])
+    most = chat.model.cfg.block_size - 3  # <|user|>, <|end|> and <|assistant|> around the shortest message
+    if args.max_new_tokens > most:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a message in this model's "
+                         f"context of {chat.model.cfg.block_size} tokens: give at most {most} (fewer leaves room "
+                         "for longer messages)")
     generator = torch.Generator().manual_seed(args.seed)
     print("chat: /reset starts a new conversation; /exit or Ctrl-D ends", file=sys.stderr, flush=True)
     try:

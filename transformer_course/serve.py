@@ -257,33 +257,25 @@ def _text(content, where: str) -> str:
 
 
 def fit_messages(messages: list[dict], tok, block_size: int, room: int) -> list[dict]:
-    """Chapter 11's `assistant.fit_history`, in one pass: the latest messages whose rendering (with the
-    generation prompt) leaves `room` positions of `block_size` for the answer, starting at a user's message
-    (or at the last message); a ValueError if the last message alone does not fit. Walked from the newest
-    message backwards, each message encoded once and only as far as the context allows, so a history of any
-    length costs about one context of encoding (fit_history renders it again for every message it drops).
-    A message holding a turn marker is refused wherever it is (render_chat's ValueError)."""
-    from .assistant import SPECIALS
+    """Chapter 11's `assistant.fit_history` (newest message first, each encoded once, only as far as the
+    context allows: a history of any length costs about one context), with the server's own refusals: a
+    message holding a turn marker, wherever it is (render_chat's ValueError), and a last message that does
+    not fit, said in terms of max_tokens."""
+    from .assistant import SPECIALS, fit_history
 
     for i, m in enumerate(messages):
         if marker := next((s for s in SPECIALS if s in m["content"]), None):
             raise ValueError(f"messages[{i}] holds the turn marker {marker}: a message may not contain the turn "
                              f"markers {' '.join(SPECIALS)}")
-    need, start = 1, None  # <|assistant|>, then each message's role token, content and <|end|>
-    for i in range(len(messages) - 1, -1, -1):
-        try:
-            need += 2 + len(tok.encode(messages[i]["content"]))
-        except ValueError as error:
-            raise ValueError(f"messages[{i}] cannot be read by this model's tokenizer: {error}") from None
-        if need + room > block_size:
-            break
-        if messages[i]["role"] == "user" or i == len(messages) - 1:
-            start = i
-    if start is None:
-        raise ValueError(f"the last message is {need - 3} tokens, and with max_tokens {room} a context of "
+    try:
+        last = len(tok.encode(messages[-1]["content"]))
+    except ValueError as error:
+        raise ValueError(f"messages[{len(messages) - 1}] cannot be read by this model's tokenizer: {error}") from None
+    if last + CHAT_PROMPT_MIN + room > block_size:
+        raise ValueError(f"the last message is {last} tokens, and with max_tokens {room} a context of "
                          f"{block_size} leaves it at most {max(block_size - room - CHAT_PROMPT_MIN, 0)}: shorten "
                          "it, or lower max_tokens")
-    return messages[start:]
+    return fit_history(messages, tok, block_size, room)
 
 
 def chat_ids(served: Served, body: dict, room: int) -> list[int]:
