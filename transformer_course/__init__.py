@@ -27,7 +27,7 @@ try:  # one source of truth: pyproject.toml's version, as pip installed it
 except PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-# public name -> module that defines it (DESIGN.md, "Public API")
+# public name -> module that defines it (docs/architecture.md: the layers; docs/contract.md: every name)
 _PUBLIC = {
     # chapter 01 (exported)
     "CharTokenizer": "tokenization",
