@@ -374,7 +374,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from transformer_course import faults
 from transformer_course.checkpoint import Checkpoint, save_checkpoint
 from transformer_course.config import History, TrainConfig
 from transformer_course.data import get_batch
@@ -473,13 +472,12 @@ class World:
 
 
 def current_world() -> World:
-    """The job this process belongs to: a `World` of one unless a process group is running. (Tests
-    that set TRANSFORMER_COURSE_FAULT get one that also counts steps: `faults.watch`.)"""
+    """The job this process belongs to: a `World` of one unless a process group is running."""
     if not (dist.is_available() and dist.is_initialized()):
-        return faults.watch(World())
+        return World()
     nccl = dist.get_backend() == "nccl"
     device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
-    return faults.watch(World(dist.get_rank(), dist.get_world_size(), device))
+    return World(dist.get_rank(), dist.get_world_size(), device)
 
 # %% [markdown]
 # Joining the job: `torchrun` sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE` and where

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from fault_injection.course_faults import FAULT_ENV, environment
 
 from transformer_course import cli, parallel
 from transformer_course.checkpoint import load_checkpoint, save_checkpoint
-from transformer_course.faults import FAULT_ENV
 from transformer_course.model import GPT
 from transformer_course.parallel import World
 from transformer_course.training import accumulated_step, estimate_loss, train, train_step
@@ -223,11 +223,11 @@ def _cli_train(out: Path, *extra: str) -> list[str]:
 @pytest.mark.system
 def test_a_failing_rank_ends_the_job_and_its_error_is_shown(tmp_path):
     """Rank 1 raises in its third step while rank 0 waits there (TRANSFORMER_COURSE_FAULT, see
-    transformer_course.faults): the job ends (`_job` fails the test if it hangs), torchrun names rank 1,
+    tests/fault_injection): the job ends (`_job` fails the test if it hangs), torchrun names rank 1,
     whose error is shown, and rank 0 never got past that step."""
     fault = "raise:step=3:rank=1:others=wait"
     returncode, _, stderr = _job([*TORCHRUN, *_cli_train(tmp_path / "run", "--max-iters", "50", "--eval-iters", "2")],
-                                 env={FAULT_ENV: fault})
+                                 env=environment(fault, ENV))
     assert returncode != 0
     assert f"transformer-course train (rank 1): error: fault injected by {FAULT_ENV}={fault}" in stderr, stderr[-3000:]
     assert re.search(r"failed \(exitcode: 2\) local_rank: 1 ", stderr), stderr[-3000:]  # the first failure seen
@@ -246,7 +246,7 @@ def killed_rank_run(out: Path, steps: int = 10, interval: int = 5) -> None:
     assert steps > interval
     returncode, stdout, stderr = _job([*TORCHRUN, "--max-restarts", "3", *_cli_train(
         out, "--max-iters", str(steps), "--eval-interval", str(interval), "--eval-iters", "2")],
-        env={FAULT_ENV: "kill:after_checkpoint=2:rank=1:round=0:others=wait"})
+        env=environment("kill:after_checkpoint=2:rank=1:round=0:others=wait", ENV))
     assert returncode == 0, stderr[-3000:]
     assert re.search(r"failed \(exitcode: -9\) local_rank: 1 ", stderr), stderr[-3000:]  # torchrun saw the kill
     assert re.findall(r"resuming from step (\d+)", stdout) == [str(interval)], stdout  # once, from that checkpoint

@@ -2,7 +2,7 @@
 check that nothing is lost or half-presented: the CSV is whole or absent, a run that never finished never
 says it did, the handed-in notebooks are untouched, and no process a notebook started survives.
 
-The grader kills itself at each moment (TRANSFORMER_COURSE_FAULT, see transformer_course.faults): after
+The grader kills itself at each moment (TRANSFORMER_COURSE_FAULT, see tests/fault_injection): after
 the first notebook's grade, after the second's, and halfway through writing the CSV. The moment is a
 count of events, not a timer, so a fast or slow machine changes nothing."""
 
@@ -15,9 +15,8 @@ import sys
 import uuid
 
 import pytest
+from fault_injection.course_faults import environment
 from test_grading import SANDBOX, _gone, _processes_with, course, handed_in, solve  # noqa: F401  (course: a fixture)
-
-from transformer_course.faults import FAULT_ENV
 
 
 def _notebooks(folder):
@@ -35,10 +34,9 @@ def test_killing_the_grader_loses_nothing(course):  # noqa: F811
     before = _notebooks(subs)
     command = [sys.executable, "-m", "transformer_course", "grade", "--chapters", str(chapters),
                *([] if SANDBOX else ["--no-sandbox"]), *[str(subs / f"{n}_03_toy.ipynb") for n in "ab"]]
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV}
     try:
         whole = subprocess.run([*command, "--csv", str(subs.parent / "whole.csv")], capture_output=True, text=True,
-                               env=env, timeout=600)
+                               env=environment(), timeout=600)
         assert whole.returncode == 0, whole.stderr
         expected = (subs.parent / "whole.csv").read_text()
         assert expected.count("passed") == 4
@@ -46,7 +44,7 @@ def test_killing_the_grader_loses_nothing(course):  # noqa: F811
         for fault, shown in [("kill:after_grade=1", "a"), ("kill:after_grade=2", "ab"), ("kill:mid_csv=1", "ab")]:
             out = subs.parent / f"killed_{fault.split(':')[1].replace('=', '')}.csv"
             grader = subprocess.run([*command, "--csv", str(out)], capture_output=True, text=True, timeout=600,
-                                    env={**env, FAULT_ENV: fault})
+                                    env=environment(fault))
             assert grader.returncode == -signal.SIGKILL, (fault, grader.returncode, grader.stderr[-2000:])
             assert [n for n in "ab" if f"{n}_03_toy.ipynb" in grader.stdout] == list(shown), (fault, grader.stdout)
             assert not out.exists(), fault  # the CSV is written whole or not at all: here, not at all

@@ -2,7 +2,7 @@
 stopped (Ctrl-C), diverges (a NaN loss), shares its --out with another run, is pointed at a device that
 does not exist, or resumes from a checkpoint that was edited by hand (its SHA-256 recomputed).
 
-Faults are injected by a count of events (TRANSFORMER_COURSE_FAULT, see transformer_course.faults) or by
+Faults are injected by a count of events (TRANSFORMER_COURSE_FAULT, see tests/fault_injection) or by
 holding a lock from the test itself: nothing races a timer or a signal against the code.
 """
 
@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from fault_injection import course_faults as faults
+from fault_injection.course_faults import environment
 
-from transformer_course import cli, faults, parallel
+from transformer_course import cli, parallel
 from transformer_course.checkpoint import CheckpointError, load_checkpoint, save_checkpoint, state_sha256
 from transformer_course.config import GPTConfig, TrainConfig
-from transformer_course.faults import FAULT_ENV
 from transformer_course.model import GPT, count_parameters
 from transformer_course.runtime import LOCK_NAME, folder_lock, pick_device
 from transformer_course.tokenization import CharTokenizer
@@ -31,9 +32,8 @@ def _train(out: Path, steps: int, *flags: str, fault: str | None = None) -> subp
     """The real command, in a child process: the tiny preset, an evaluation (and checkpoint) every 3 steps."""
     command = [sys.executable, "-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out),
                "--max-iters", str(steps), "--eval-interval", "3", "--eval-iters", "2", "--device", "cpu", *flags]
-    env = {k: v for k, v in os.environ.items() if k != FAULT_ENV} | {"OMP_NUM_THREADS": "1"}
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=env if fault is None else {**env, FAULT_ENV: fault})
+                          env=environment(fault) | {"OMP_NUM_THREADS": "1"})
 
 
 def _last_line(run: subprocess.CompletedProcess) -> str:

@@ -574,18 +574,16 @@ def test_a_damaged_checkpoint_loads_the_same_or_fails_with_the_loaders_own_error
 @pytest.mark.system
 def test_a_save_killed_mid_write_leaves_a_temporary_file_that_the_next_save_removes(tmp_path):
     """The child kills itself halfway through writing (TRANSFORMER_COURSE_FAULT=kill:mid_save=1, see
-    transformer_course.faults): no timer decides where the kill lands."""
-    import os
+    tests/fault_injection): no timer decides where the kill lands."""
     import signal
 
-    from transformer_course.faults import FAULT_ENV
+    from fault_injection.course_faults import environment
 
     target, whole = tmp_path / "checkpoint.pt", tmp_path.parent / f"{tmp_path.name}-whole.pt"
     script = ("import sys, torch\nfrom transformer_course import runtime\n"
               "runtime.atomic_save({'w': torch.arange(100_000.0)}, sys.argv[1])\n")
     for path, fault in ((whole, None), (target, "kill:mid_save=1")):
-        env = {k: v for k, v in os.environ.items() if k != FAULT_ENV} | ({FAULT_ENV: fault} if fault else {})
-        child = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, env=env, timeout=300)
+        child = subprocess.run([sys.executable, "-c", script, str(path)], cwd=ROOT, env=environment(fault), timeout=300)
         assert child.returncode == (-signal.SIGKILL if fault else 0)
     stale = list(tmp_path.glob(".checkpoint.pt.*.tmp"))
     assert not target.exists() and len(stale) == 1  # killed mid-write: only the hidden temporary file is there

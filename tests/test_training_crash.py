@@ -2,7 +2,7 @@
 
 A run is SIGKILLed four times, each time at a chosen point: while it starts (its data loaded), in the
 middle of a training step, during an evaluation, and in the middle of writing its checkpoint. The run
-kills itself there (TRANSFORMER_COURSE_FAULT, see transformer_course.faults), so the point is a count of
+kills itself there (TRANSFORMER_COURSE_FAULT, see tests/fault_injection), so the point is a count of
 events, the same on a fast machine and a slow one, not a timer racing the training. After every kill,
 whatever is on disk must be whole: the checkpoint loads (its SHA-256 verified), holds exactly the step of
 the last checkpoint written, and its step never goes back; `history.json` is written only by a run that
@@ -11,7 +11,6 @@ and leaves no temporary file behind.
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -19,9 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from fault_injection.course_faults import environment
 
 from transformer_course.checkpoint import load_checkpoint
-from transformer_course.faults import FAULT_ENV
 
 pytestmark = pytest.mark.system  # trainings started, killed and resumed: about half a minute
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +40,8 @@ def _kills(interval: int) -> list[tuple[str, int | None]]:
 def _train(out: Path, steps: int, interval: int, fault: str | None = None) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "transformer_course", "train", "--preset", "tiny", "--out", str(out),
                "--max-iters", str(steps), "--eval-interval", str(interval), "--eval-iters", "2", "--device", "cpu"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop(FAULT_ENV, None)
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=env if fault is None else {**env, FAULT_ENV: fault})
+                          env=environment(fault) | {"OMP_NUM_THREADS": "1"})
 
 
 def _temporary_files(out: Path) -> list[str]:

@@ -245,7 +245,6 @@ def _train_in(args, world, out) -> int:
     import json
     from dataclasses import replace
 
-    from . import faults
     from .checkpoint import load_checkpoint
     from .config import PRESETS
     from .data import load_shakespeare, train_val_split
@@ -260,7 +259,6 @@ def _train_in(args, world, out) -> int:
     tokenizer = CharTokenizer.from_text(text)
     train_data, val_data = train_val_split(encode_corpus(tokenizer, text))
     del text
-    faults.reached("start")  # tests only: TRANSFORMER_COURSE_FAULT=kill:start=1
     cfg = _train_config(args, world)
     say = print if world.is_main else (lambda *_, **__: None)  # logs from rank 0 only
     seed_everything(args.seed)

@@ -28,7 +28,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import faults
 from ..arguments import real_number
 from .exercise_cells import (
     COURSE_CHAPTERS,
@@ -264,7 +263,6 @@ def grade_notebooks(paths, timeout: float = DEFAULT_TIMEOUT, execute: bool = Tru
             grades.append(grade)
             if on_grade is not None:
                 on_grade(grade)
-            faults.reached("after_grade")  # tests only: TRANSFORMER_COURSE_FAULT=kill:after_grade=1
     return grades
 
 
@@ -300,6 +298,12 @@ def format_table(grades: list[NotebookGrade]) -> str:
     return "\n".join([HEADER, "-" * len(HEADER), *map(format_row, grades)])
 
 
+def _write_text(handle, text: str) -> None:
+    """`text` into the open file `handle`, flushed to the operating system (not yet to the disk)."""
+    handle.write(text)
+    handle.flush()
+
+
 def write_csv(grades: list[NotebookGrade], path) -> None:
     """One row per (notebook, exercise): notebook, exercise, status, notebook_error (one row with an empty
     exercise for a notebook without any), learner text escaped (:func:`csv_cell`). Written atomically:
@@ -315,9 +319,7 @@ def write_csv(grades: list[NotebookGrade], path) -> None:
                                          delete=False, newline="", encoding="utf-8")
     try:
         with handle:
-            handle.write(buffer.getvalue())
-            handle.flush()
-            faults.reached("mid_csv", partial=handle)  # tests only: TRANSFORMER_COURSE_FAULT=kill:mid_csv=1
+            _write_text(handle, buffer.getvalue())
             os.fsync(handle.fileno())
         os.replace(handle.name, path)
     except BaseException:
