@@ -76,7 +76,7 @@ def describe(cpuinfo: Path | None = None) -> dict:
 def isa_class(info: dict) -> str:
     """Name the kind of CPU: "bf16-class" with AVX512-BF16 or AMX, else "AVX2-class".
 
-    The two kinds of figures differ by more than noise, so the README shows them side by side.
+    The two kinds of figures differ by more than noise, so docs/maintainers.md shows them side by side.
     """
     return "bf16-class" if info.get("avx512_bf16") or info.get("amx_tile") else "AVX2-class"
 

@@ -1,12 +1,13 @@
-"""The README's "Measured" table, written from the results files (no figure is typed by hand).
+"""The "Measured" table of docs/maintainers.md, written from the results files (no figure is typed by hand).
 
-    python benchmarks/summary.py          # rewrite the table between the README's markers
-    python benchmarks/summary.py --check  # exit 1 when the README's table is not what the files say
+    python benchmarks/summary.py          # rewrite the table between the page's markers
+    python benchmarks/summary.py --check  # exit 1 when the page's table is not what the files say
 
 Every row names the machine its figures were measured on: the `Machine:` line of the table it
 comes from (`benchmarks/results/*.md`, rewritten by `make bench` on the machine it runs on), and
 the tables kept from other machines in `benchmarks/results/archive/`. `make bench` runs this last;
-`tests/test_benchmarks.py` fails when the README and the files disagree.
+`tests/test_benchmarks.py` fails when the page and the files disagree. (The table was in README.md until
+issue 51 moved maintainer material to docs/maintainers.md.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 ARCHIVE = RESULTS / "archive"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "maintainers.md"  # the page that holds the table (the name is kept for callers)
 BEGIN = "<!-- measured: begin (written by benchmarks/summary.py from benchmarks/results; do not edit) -->"
 END = "<!-- measured: end -->"
 AMD_TRAINING = "2026-11-22-amd-epyc-bf16-training.md"
@@ -221,7 +222,7 @@ def table() -> str:
 
 def updated_readme(text: str) -> str:
     if BEGIN not in text or END not in text:
-        raise ValueError(f"README.md lacks the markers {BEGIN!r} ... {END!r}")
+        raise ValueError(f"{README.relative_to(ROOT)} lacks the markers {BEGIN!r} ... {END!r}")
     head, _, rest = text.partition(BEGIN)
     _, _, tail = rest.partition(END)
     return head + table() + tail
@@ -229,14 +230,14 @@ def updated_readme(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the README is stale")
+    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when the table is stale")
     args = parser.parse_args(argv)
     text = README.read_text(encoding="utf-8")
     new = updated_readme(text)
     if args.check:
         if new != text:
-            print("README.md's measured table differs from benchmarks/results: run python benchmarks/summary.py",
-                  file=sys.stderr)
+            print(f"{README.relative_to(ROOT)}'s measured table differs from benchmarks/results: "
+                  "run python benchmarks/summary.py", file=sys.stderr)
             return 1
         return 0
     README.write_text(new, encoding="utf-8")

@@ -83,3 +83,20 @@ def test_the_readmes_links_lead_to_files_that_exist():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", target.read_text(encoding="utf-8"), re.M)
             assert anchor in {_anchor(h) for h in headings}, f"{path} has no heading #{anchor}"
+
+
+def _run_all(seconds: float) -> str:
+    """How the README's chapter table writes a chapter's run time: whole seconds under a minute, else
+    minutes to the half."""
+    return f"{int(seconds + 0.5)} s" if seconds < 59.5 else f"{round(seconds / 30) / 2:g} min"
+
+
+def test_the_chapter_tables_run_times_are_the_recorded_ones():
+    """The "Run all" column is tests/durations.json's figures (python tools/ci_budget.py record), not typed."""
+    import durations
+
+    recorded = durations.read(durations.SNAPSHOT)["chapters"]
+    rows = {m[1]: m[2].strip() for m in re.finditer(r"^\| (\d\d) [^|]*\|[^|]*\| ([^|]*)\|", README, re.M)}
+    assert set(rows) == {stem[:2] for stem in recorded}, sorted(rows)
+    for stem, seconds in recorded.items():
+        assert rows[stem[:2]] == _run_all(seconds), f"{stem}: README says {rows[stem[:2]]}, recorded {seconds} s"

@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"the CPU build was not installed from {CPU_INDEX}: taking {args.spec} from the default index "
                   "instead (on PyPI the Linux build bundles CUDA: several GB)", flush=True)
     print(f"could not install {args.spec} for Python {platform.python_version()}. If PyTorch has no build for "
-          "this Python yet, use a Python it supports (README: 'Pythons and PyTorch'), or choose a release with "
-          "TORCH_SPEC and pip's options with TORCH_PIP_ARGS", file=sys.stderr)
+          "this Python yet, use a Python it supports (docs/maintainers.md: 'PyTorch and Python'), or choose a "
+          "release with TORCH_SPEC and pip's options with TORCH_PIP_ARGS", file=sys.stderr)
     return 1
 
 
