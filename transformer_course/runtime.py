@@ -104,7 +104,8 @@ def set_threads(requested: int | None = None) -> int:
 
     Why not PyTorch's default (one per core): its OpenMP threads wait for each other at every operation,
     spinning, so when another process holds one core the thread on it is descheduled for whole time
-    slices and everything waits: two threads then ran 3-14x slower than one (benchmarks/results/threads.md).
+    slices and everything waits: with a busy loop on one of two cores, two threads trained at about half the
+    speed of one, and this default at 0.89x of one (benchmarks/results/threads.md).
     """
     if requested is not None:
         if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
