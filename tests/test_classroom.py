@@ -273,3 +273,16 @@ def test_make_clean_keeps_student_work():
     recipe = subprocess.run(["make", "-n", "clean"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert "student-edition student --remove" in recipe
     assert not [line for line in recipe.splitlines() if line.startswith("rm") and "student" in line], recipe
+
+
+def test_a_folder_named_through_a_link_is_followed_and_links_inside_it_stay_refused(tmp_path):
+    from transformer_course.classroom.grading import expand_notebooks, read_hand_in
+
+    folder = tmp_path / "hand-ins"
+    folder.mkdir()
+    (folder / "a.ipynb").write_text("{}")
+    (folder / "b.ipynb").symlink_to(folder / "a.ipynb")
+    (tmp_path / "linked").symlink_to(folder, target_is_directory=True)
+    found = expand_notebooks([str(tmp_path / "linked") + "/"])
+    assert [p.name for p in found] == ["a.ipynb", "b.ipynb"]
+    assert read_hand_in(found[0])[1] == "" and "symbolic link" in read_hand_in(found[1])[1]

@@ -314,3 +314,24 @@ def test_the_kernel_works_in_a_copy_with_the_course_data_one_level_up(sandboxed)
     answer = sandbox.run_cells([(0, cell)], hand_in=b'{"mine": 1}', name="x_04_y.ipynb",
                                course_data=results, timeout=60, sandbox=sandboxed)
     assert answer["error"].endswith("""RuntimeError: (['x_04_y.ipynb'], '{"mine": 1}', True)"""), answer
+
+
+def test_a_stricter_hard_limit_of_the_machine_is_kept_not_raised():
+    """Under `ulimit -v 6000000` or `ulimit -u 200` (a shared server) the sandbox's worker keeps the lower
+    limit instead of failing to raise it; where the machine allows more, the sandbox's own limit applies."""
+    code = ("import resource, sys; from transformer_course.classroom.sandbox import confine; "
+            "confine({'memory': 8 * 2**30, 'processes': 10**6}); "
+            "print(resource.getrlimit(resource.RLIMIT_AS)[1], resource.getrlimit(resource.RLIMIT_NPROC)[1])")
+
+    def strict():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (6_000_000 * 1024,) * 2)
+        resource.setrlimit(resource.RLIMIT_NPROC, (5000, 5000))
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=strict, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(6_000_000 * 1024), "5000"]
+    free = subprocess.run([sys.executable, "-c", code.replace("10**6", "300")], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert free.stdout.split()[1] == "300"

@@ -220,11 +220,13 @@ def check_timeout(timeout) -> float:
 
 def expand_notebooks(paths) -> list[Path]:
     """``paths`` with each folder replaced by the ``.ipynb`` files directly in it, sorted (a link or a
-    FIFO among them is kept, to be refused with a row of its own; a folder without any stays, a row)."""
+    FIFO among them is kept, to be refused with a row of its own; a folder without any stays, a row). A
+    folder the teacher names is followed even through a symbolic link (the teacher chose it); links inside
+    it are hand-ins, and stay refused."""
     found: list[Path] = []
     for path in map(Path, paths):
         inside = []
-        if path.is_dir() and not path.is_symlink():
+        if path.is_dir():
             try:
                 inside = sorted(p for p in path.iterdir() if p.name.endswith(".ipynb") and not p.name.startswith("."))
             except OSError:  # a folder that cannot be listed: its row says why

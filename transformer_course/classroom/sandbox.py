@@ -401,11 +401,22 @@ def confine(limits: dict) -> None:
     if _PRCTL is not None:
         _PRCTL(4, 0)  # PR_SET_DUMPABLE
     if "processes" in limits:
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits["processes"],) * 2)
+        _at_most(resource.RLIMIT_NPROC, limits["processes"])
     if "memory" in limits:
-        resource.setrlimit(resource.RLIMIT_AS, (limits["memory"],) * 2)
+        _at_most(resource.RLIMIT_AS, limits["memory"])
     if limits:
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _at_most(kind: int, wanted: int) -> None:
+    """Limit ``kind`` to ``wanted``, or to the machine's own hard limit where that is lower: a process may
+    lower its limits, never raise them, so a stricter `ulimit -v` or `-u` (shared teaching servers, batch
+    systems) stays in force instead of failing the sandbox."""
+    import resource
+
+    hard = resource.getrlimit(kind)[1]
+    value = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    resource.setrlimit(kind, (value, value))
 
 
 def _new_records(reply) -> list[tuple[str, str]]:
