@@ -390,6 +390,10 @@ def test_llama_state_dict_errors(stand_in):
     tied = config_from_llama({**stand_in.config.to_dict(), "tie_word_embeddings": True})
     with pytest.raises(ValueError, match="lm_head.weight differs from embed_tokens.weight"):
         convert_llama_state_dict(stand_in.state_dict(), tied)
+    no_embedding = {k: v for k, v in stand_in.state_dict().items() if k != "model.embed_tokens.weight"}
+    with pytest.raises(ValueError, match=r"missing tensors .*embed.token.weight.* \(tie_word_embeddings=True takes "
+                                         r"the output layer from model.embed_tokens.weight\)"):
+        convert_llama_state_dict(no_embedding, tied)  # was a raw TypeError (torch.equal with None)
 
 
 def test_the_configs_swiglu_width_is_chapter_10s_rule():

@@ -107,16 +107,18 @@ def convert_llama_state_dict(state: Mapping[str, torch.Tensor], cfg: GPTConfig) 
             raise ValueError(f"unexpected tensor {name!r} in the checkpoint: not a weight of LlamaForCausalLM "
                              "without biases (attention_bias / mlp_bias)")
     if cfg.tie_weights:
-        head = out.pop("lm_head.weight", None)
-        if head is not None and not torch.equal(head, out.get("embed.token.weight")):
+        head, embed = out.pop("lm_head.weight", None), out.get("embed.token.weight")
+        if head is not None and embed is not None and not torch.equal(head, embed):
             raise ValueError("tie_word_embeddings=True but lm_head.weight differs from embed_tokens.weight: "
                              "the config does not describe these weights")
-        out["lm_head.weight"] = out.get("embed.token.weight")
+        out["lm_head.weight"] = embed
     expected = {f"blocks.{i}.{ours}" for i in range(cfg.n_layer) for ours in _LAYER.values()} | set(_OUTSIDE.values())
     missing = sorted(expected - {k for k, v in out.items() if v is not None})
     if missing:
+        why = ("tie_word_embeddings=True takes the output layer from model.embed_tokens.weight" if cfg.tie_weights
+               else "tie_word_embeddings=False needs lm_head.weight")
         raise ValueError(f"missing tensors in the checkpoint: {missing[:4]}{' ...' if len(missing) > 4 else ''}"
-                         + (" (tie_word_embeddings=False needs lm_head.weight)" if "lm_head.weight" in missing else ""))
+                         + (f" ({why})" if {"lm_head.weight", "embed.token.weight"} & set(missing) else ""))
     for i in range(cfg.n_layer):  # chapter 04's packed projection: [q | k | v]
         out[f"blocks.{i}.attn.qkv.weight"] = torch.cat([out.pop(f"blocks.{i}.attn.{p}") for p in "qkv"])
     return out
