@@ -355,6 +355,17 @@ def test_cli_trains_writes_and_resumes(tmp_path, capsys):
     assert json.loads((out / "history.json").read_text())["step"] == [0, 1, 2]
 
 
+def test_cli_on_a_damaged_checkpoint_says_so_and_nothing_about_another_run(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert cli.main(["train", "--preset", "tiny", "--out", str(out), "--max-iters", "1", "--device", "cpu"]) == 0
+    whole = (out / "checkpoint.pt").read_bytes()
+    (out / "checkpoint.pt").write_bytes(whole[: len(whole) // 2])
+    capsys.readouterr()
+    assert cli.main(["train", "--preset", "tiny", "--out", str(out), "--max-iters", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "is truncated or corrupted" in err and "delete it and train again" in err and "another run" not in err
+
+
 def test_cli_reports_bad_input(tmp_path, capsys):
     assert cli.main(["train", "--preset", "enormous", "--out", str(tmp_path)]) == 2
     assert "unknown preset 'enormous'; choose one of" in capsys.readouterr().err

@@ -245,7 +245,7 @@ def _train_in(args, world, out) -> int:
     import json
     from dataclasses import replace
 
-    from .checkpoint import load_checkpoint
+    from .checkpoint import load_checkpoint, read_state
     from .config import PRESETS
     from .data import load_shakespeare, train_val_split
     from .model import GPT
@@ -265,9 +265,10 @@ def _train_in(args, world, out) -> int:
     model = GPT(replace(PRESETS[args.preset], vocab_size=tokenizer.vocab_size))
     resume = None
     if checkpoint.exists():
+        read_state(checkpoint)  # a damaged or unsafe file: its own error, which says what to do
         try:
             resume = load_checkpoint(checkpoint, model)
-        except ValueError as error:
+        except ValueError as error:  # a sound checkpoint of another model
             raise ValueError(f"{error}; --out {out} holds another run: resume it with the same --preset, or choose "
                              "another --out") from None
         say(f"resuming from step {resume.step} ({checkpoint})")
