@@ -214,7 +214,8 @@ def split_heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
     """[B, T, C] -> [B, nh, T, hs]: head h gets channels h*hs .. (h+1)*hs - 1 of every token (a view)."""
     if x.ndim != 3:
         raise ValueError(f"split_heads needs x of shape [B, T, C], got {tuple(x.shape)}")
-    check_heads(x.shape[-1], n_head)
+    if type(n_head) is not int or n_head < 1 or x.shape[-1] % n_head:  # well-formed calls skip the check
+        check_heads(x.shape[-1], n_head)
     ### BEGIN SOLUTION
     B, T, C = x.shape
     return x.view(B, T, n_head, C // n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -513,6 +514,7 @@ class MultiHeadAttention(nn.Module):
         self.proj = nn.Linear(C, C, bias=bias)  # W_o
         self.resid_dropout = nn.Dropout(dropout)
         self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
+        self.checks_input = True  # False once an owner (chapter 05's block) checks x before calling
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
                 cache: KVCache | None = None) -> torch.Tensor:
@@ -520,7 +522,8 @@ class MultiHeadAttention(nn.Module):
 
         ``cache`` (updated in place) holds L earlier positions: the new queries sit at L .. L+T-1.
         """
-        check_input(x, self.d_model, "MultiHeadAttention")
+        if self.checks_input:
+            check_input(x, self.d_model, "MultiHeadAttention")
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
         q, k, v = self.qkv(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)  # (B, T, nh·hs), 2 x (B, T, nkv·hs)
         q, k, v = split_heads(q, nh), split_heads(k, nkv), split_heads(v, nkv)  # (B, heads, T, hs)

@@ -366,6 +366,9 @@ class GPT(nn.Module):
             ),
             LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast),
         )
+        for block in self.blocks:  # forward checks idx once; each block trusts the embedding's output
+            if isinstance(block, TransformerBlock):
+                block.checks_input = False
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice

@@ -29,9 +29,15 @@ def check_sampling(temperature, top_k, top_p) -> None:
     real_number(top_p, "top_p", low=0, low_open=True, high=1, none_ok=True, hint="1 or None keeps every token")
 
 
-def _check_logits(logits: torch.Tensor) -> None:
-    """Refuse logits [B, V] that hold no distribution: NaN, +inf, or a row with no finite value."""
-    if bool((logits.isnan() | logits.isposinf()).any() | ~logits.isfinite().any(-1).all()):
+def _no_distribution(logits: torch.Tensor) -> torch.Tensor:
+    """A bool scalar on the logits' device (no host sync): True when logits [B, V] hold no distribution, that
+    is NaN, +inf, or a row with no finite value."""
+    return (logits.isnan() | logits.isposinf()).any() | ~logits.isfinite().any(-1).all()
+
+
+def _check_logits(logits: torch.Tensor | None = None, *, seen: torch.Tensor | None = None) -> None:
+    """Refuse logits [B, V] that hold no distribution (or ``seen``, `_no_distribution` gathered over steps)."""
+    if bool(_no_distribution(logits) if seen is None else seen):
         raise ValueError("the logits contain NaN or +inf, or a row that is all -inf: no distribution to draw "
                          "from; check the model's output")
 
@@ -62,6 +68,13 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     ``temperature=0``)."""
     check_sampling(temperature, top_k, top_p)
     _check_logits(logits)
+    probs = _probs(logits, temperature, top_k, top_p)
+    _check_probs(probs, temperature)
+    return probs
+
+
+def _probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """`next_token_probs` for settings and logits the caller has checked."""
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
     logits = logits.float() / temperature
@@ -69,10 +82,12 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    probs = torch.softmax(logits, dim=-1)
+    return torch.softmax(logits, dim=-1)
+
+
+def _check_probs(probs: torch.Tensor, temperature: float) -> None:
     if not bool(probs.isfinite().all()):  # logits / temperature overflowed
         raise ValueError(f"temperature {temperature} is too small for these logits: use 0 for greedy")
-    return probs
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -88,6 +103,23 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
         raise ValueError(f"sampling needs a generator, got {generator!r}: pass generator=torch.Generator()"
                          ".manual_seed(seed), or temperature=0 for greedy decoding")
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+          generator: torch.Generator, *, first: bool = False) -> torch.Tensor:
+    """`sample_next` for settings the caller has checked, and logits it checks itself; ``first``: check the
+    probabilities too (a host sync), as the first token of a generation does."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = _probs(logits, temperature, top_k, top_p)
+    if first:
+        _check_probs(probs, temperature)
+    try:
+        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    except RuntimeError:  # NaN or inf reached the draw (on the CPU): say why in the package's words
+        _check_logits(logits)
+        _check_probs(probs, temperature)
+        raise
 
 
 def encode_prompt(tokenizer, text: str, device=None) -> torch.Tensor:
@@ -119,22 +151,31 @@ def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop
            never=None) -> Iterator[torch.Tensor]:
     """The loop behind ``stream``: yields LongTensor [B] once per new token; ids where ``never`` [V] is True
     are never sampled."""
-    block, made = model.cfg.block_size, 0
+    block, made, bad = model.cfg.block_size, 0, None  # bad: some step's logits held no distribution
     finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
-        nonlocal finished  # logits [B, V] -> tokens [B]; finished rows get eos_id
+        nonlocal finished, bad  # logits [B, V] -> tokens [B]; finished rows get eos_id
         if never is not None:
             logits = logits.masked_fill(never, float("-inf"))
-        nxt = sample_next(logits, *knobs, generator=generator)
+        first = bad is None
+        if first:  # the first token: refuse logits without a distribution now (one host sync)
+            _check_logits(logits)
+            bad = torch.zeros((), dtype=torch.bool, device=logits.device)
+        else:  # later tokens: remembered on the device, refused once at the end
+            bad = bad | _no_distribution(logits)
+        nxt = _draw(logits, *knobs, generator, first=first)
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)
             finished = finished | (nxt == eos_id)
         return nxt
 
     window = idx  # [B, T_w]: what the model sees
-    was_training = model.training
+    was_training, embed = model.training, getattr(model, "embed", None)
+    checked = getattr(embed, "checks_input", None)
     model.eval()  # dropout off: the same settings and seed must give the same text
+    if checked is not None:  # stream checked the prompt, and every id drawn is in the vocabulary
+        embed.checks_input = False
     try:
         while made < max_new_tokens:
             if window.size(1) > block:  # crop: every position shifts
@@ -147,9 +188,14 @@ def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop
                 window, made = torch.cat([window, nxt[:, None]], dim=1), made + 1
                 yield nxt
                 if eos_id is not None and bool(finished.all()):
-                    return
+                    made = max_new_tokens  # every row has ended
+                    break
+        if bad is not None:
+            _check_logits(seen=bad)
     finally:
         model.train(was_training)
+        if checked is not None:
+            embed.checks_input = checked
 
 
 def _never_sampled(allowed, vocab: int, device) -> torch.Tensor | None:

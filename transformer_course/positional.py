@@ -98,6 +98,7 @@ class InputEmbedding(nn.Module):
             pe = sinusoidal_positional_encoding(self.block_size, self.d_model)  # (block_size, C)
             self.register_buffer("pe", pe, persistent=False)  # rebuilt from the formula, never saved
         self.drop = nn.Dropout(dropout)
+        self.checks_input = True  # False while chapter 07's generation feeds it ids it has checked
 
     def extra_repr(self) -> str:
         return f"positional={self.positional!r}, block_size={self.block_size}"
@@ -116,6 +117,10 @@ class InputEmbedding(nn.Module):
                 f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
                 "or build the model with a larger block_size"
             )
+        return self._positions(start_pos, end)
+
+    def _positions(self, start_pos: int, end: int) -> torch.Tensor:
+        T = end - start_pos
         if self.positional is None:
             return self.token.weight.new_zeros(T, self.d_model)  # (T, C)
         if self.position is None:
@@ -145,8 +150,10 @@ class InputEmbedding(nn.Module):
 
     def forward(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
         """idx [B, T] integer token ids -> [B, T, C] = token[idx] + position[start_pos : start_pos+T]."""
-        self._check_ids(idx)
-        T = idx.shape[1]
+        if self.checks_input:
+            self._check_ids(idx)
+            pos = self.positions(idx.shape[1], start_pos)  # (T, C), broadcast over the batch
+        else:
+            pos = self._positions(start_pos, start_pos + idx.shape[1])
         tok = self.token(idx)  # (B, T, C)
-        pos = self.positions(T, start_pos)  # (T, C), broadcast over the batch
         return self.drop(tok + pos)  # (B, T, C)
