@@ -15,7 +15,7 @@
 # **In this chapter you will** grow the model's vocabulary by three turn tokens without changing what it
 # already computes (Exercise 11.1), write the loss mask that trains only the assistant's answers (11.2),
 # fine-tune the whole model on an instruction set built from the plays, predict the size of a low-rank
-# adapter (11.3), write LoRA's forward pass (11.4), fix a merge that forgot the adapter's scale (11.5),
+# adapter (11.3), write LoRA's forward pass (11.4), fix a merge that looks right and is not (11.5),
 # and render a conversation in ChatML, the text format many open models use (11.6). At the end you talk
 # to the fine-tuned model, here and in a terminal (`transformer-course chat`).
 #
@@ -642,7 +642,7 @@ def my_prediction() -> int:
     ### END SOLUTION
 
 
-check_predict_lora_parameters(my_prediction)
+lora_prediction = check_predict_lora_parameters(my_prediction)  # the layer after the next exercise counts it
 
 # %% [markdown]
 # **Your turn.** Write `LoRALinear.forward`: x [..., in] to [..., out], the frozen layer's output
@@ -697,11 +697,13 @@ LoRALinear = check_lora_forward(LoRALinear).use
 layer = LoRALinear(nn.Linear(128, 384, bias=False), rank=8, generator=torch.Generator().manual_seed(0))
 x = torch.randn(2, 5, 128)
 print("starts as the base layer:", torch.equal(layer(x), layer.base(x)),
-      "| trainable:", sum(p.numel() for p in layer.parameters() if p.requires_grad))
+      "| trainable:", sum(p.numel() for p in layer.parameters() if p.requires_grad),
+      "| your prediction (11.3):", "right" if lora_prediction.passed else lora_prediction.status)  # right if 11.3 passed
 
 # %% [markdown]
-# After training, the adapter can be folded into the weight: W' = W + (α / r)·B A is one ordinary
-# [out, in] matrix, so the merged model runs at exactly the base model's speed, with no trace of LoRA.
+# After training, the adapter can be folded into the weight: the frozen W and the adapter's change
+# together make one ordinary [out, in] matrix, so the merged model runs at exactly the base model's
+# speed, with no trace of LoRA.
 # Below is a merge found in the wild: it looks right, and the merged model is wrong.
 
 # %%
@@ -1000,7 +1002,16 @@ def chatml(messages: list[dict], generation_prompt: bool = False) -> str:
     ### END SOLUTION
 
 
-check_chatml(chatml)
+chatml = check_chatml(chatml).use
+
+# %% [markdown]
+# The chat box of section 8 sends the conversation so far, cut by `fit_history`, with the generation
+# prompt. Here is what it sends (before you type anything, section 8's first question) as a ChatML model
+# would read it, written by your `chatml`:
+
+# %%
+sent = fit_history(talk or history, chat.tokenizer, chat.model.cfg.block_size, room=24)  # what reply_stream renders
+print(chatml(sent, generation_prompt=True), end="")
 
 # %% [markdown]
 # ## 10. Saving a chat model, and what goes wrong
@@ -1140,7 +1151,7 @@ quiz([
 #   held-out exact match; who says a line stays near chance: here SFT taught skills, not knowledge. The
 #   price is forgetting: the model predicts Shakespeare worse.
 # - **LoRA** trains A [r, in] and B [out, r] beside frozen weights (you predicted their size, wrote the
-#   forward and fixed a merge without its α/r scale): under 5% of the numbers (4.6%), a file about 20
+#   forward and fixed a merge that looked right): under 5% of the numbers (4.6%), a file about 20
 #   times smaller, scores near the full fine-tune, less forgetting, and a merge that leaves one plain
 #   matrix.
 # - A **chat** streams answers here and in `transformer-course chat`; you wrote ChatML, the template

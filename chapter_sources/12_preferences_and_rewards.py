@@ -456,8 +456,9 @@ torch.manual_seed(0)
 policy = copy.deepcopy(sft)
 history = dpo(policy, sft, tok, pairs, steps=40, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT)
 fig, axes = plt.subplots(1, 3, figsize=(12, 3))
+zero_margins = dpo_loss(*[torch.zeros(1)] * 4, DPO_BETA)[0].item()  # your dpo_loss, the policy = the reference
 axes[0].plot(history["loss"], label="DPO loss")
-axes[0].axhline(math.log(2), ls=":", c="gray", label="log 2")
+axes[0].axhline(zero_margins, ls=":", c="gray", label="every margin 0")
 axes[1].plot(history["accuracy"], label="preference accuracy")
 axes[2].plot(history["chosen"], label="chosen")
 axes[2].plot(history["rejected"], label="rejected")
@@ -467,7 +468,7 @@ for ax, name in zip(axes, ["loss", "share of pairs", "implicit reward β·log π
     ax.legend()
 plt.tight_layout()
 plt.show()
-print("first loss is log 2:", abs(history["loss"][0] - math.log(2)) < 1e-4)
+print("the first loss is that of zero margins (Exercise 12.2):", abs(history["loss"][0] - zero_margins) < 1e-4)
 print("the rejected replies' reward fell below the chosen ones':",
       sum(history["rejected"][-10:]) < sum(history["chosen"][-10:]))
 
@@ -545,9 +546,9 @@ from transformer_course.preferences import (
     conversation_batch,
     descend,
     is_right,
-    reply_logprobs,
     strange_words,
 )
+from transformer_course.preferences import reply_logprobs as _package_logprobs  # the notebook keeps yours (12.3)
 
 
 # Your turn - Exercise 12.5 (★☆☆, build): advantages relative to the group.
@@ -648,15 +649,17 @@ def rollout(policy: GPT, tok: ChatTokenizer, tasks: list[Example], group: int, g
 def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
          lr: float = 1e-4, clip: float = 0.2, kl_coef: float = 0.04, inner_steps: int = 2, seed: int = 0,
          check=is_right, avoid: frozenset[str] = frozenset(), progress: bool = False,
-         on_step=None) -> dict[str, list[float]]:
+         on_step=None, logprobs=None) -> dict[str, list[float]]:
     """`steps` GRPO steps on fresh strange words (none in `avoid`) scored by `check`; `reference` stays
     frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token) and clipped (the
     share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step). `on_step(step,
-    history)`, if given, is called after each step (step counts from 1), e.g. to evaluate."""
+    history)`, if given, is called after each step (step counts from 1), e.g. to evaluate. `logprobs(model,
+    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None)."""
     from tqdm.auto import tqdm
 
     real_number(kl_coef, "kl_coef", low=0)
     real_number(clip, "clip", low=0, low_open=True)
+    logprobs = _package_logprobs if logprobs is None else logprobs
     reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -667,17 +670,18 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
         advantages = group_advantages(batch.rewards).flatten()  # (N,)
         mask = batch.y != IGNORE
         with torch.no_grad():
-            logp_old = reply_logprobs(policy, batch.x, batch.y)
-            logp_ref = reply_logprobs(reference, batch.x, batch.y)
+            logp_old = logprobs(policy, batch.x, batch.y)
+            logp_ref = logprobs(reference, batch.x, batch.y)
         for _ in range(whole_number(inner_steps, "inner_steps")):
-            logp = reply_logprobs(policy, batch.x, batch.y)
+            logp = logprobs(policy, batch.x, batch.y)
             descend(policy, optimizer, clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef),
                     "GRPO")
-        with torch.no_grad():
-            d = (logp_ref - logp)[mask]
-            ratio = torch.exp(logp - logp_old)[mask]
+        with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
+            tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
+            kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
+            ratio = torch.exp(tokens[0] - tokens[1])  # ρ, as the objective's docstring says
         history["reward"].append(batch.rewards.mean().item())
-        history["kl"].append((torch.exp(d) - d - 1).mean().item())
+        history["kl"].append(kl.item())
         history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
         if on_step is not None:
             on_step(step + 1, history)
@@ -690,7 +694,8 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
 # %%
 torch.manual_seed(0)
 rl_policy = copy.deepcopy(sft)
-rl_history = grpo(rl_policy, sft, tok, steps=10, lr=GRPO_LR, kl_coef=GRPO_KL, avoid=HELD_WORDS)
+rl_history = grpo(rl_policy, sft, tok, steps=10, lr=GRPO_LR, kl_coef=GRPO_KL, avoid=HELD_WORDS,
+                  logprobs=reply_logprobs)  # your reply_logprobs (12.3), advantages (12.5) and objective (12.6)
 plt.figure(figsize=(5, 3))
 plt.plot(rl_history["reward"], marker="o", label="mean reward of the rollout")
 plt.xlabel("GRPO step")
@@ -843,7 +848,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     ### END SOLUTION
 
 
-check_pass_at_k(pass_at_k)
+pass_at_k = check_pass_at_k(pass_at_k).use
+
+# %% [markdown]
+# With it, section 6's numbers for the SFT model come back from the samples themselves: 8 replies per
+# held-out word, drawn as the benchmark draws them (seed 0), the right ones counted per word, and your
+# `pass_at_k` at k = 1 and k = 8 averaged over the words.
+
+# %%
+generator, prompts = torch.Generator().manual_seed(0), [t.prompt for t in held]
+draws = [answers(sft, tok, prompts, MAX_REPLY, 1.0, generator) for _ in range(8)]  # 8 replies per word
+right = [sum(is_right(t, d[i]) for d in draws) for i, t in enumerate(held)]  # c of n = 8, per word
+sft_pass = {k: sum(pass_at_k(8, c, k) for c in right) / len(held) for k in (1, 8)}
+print("SFT on held-out strange words, from your pass_at_k: pass@1 within a point of 36.8%:",
+      abs(sft_pass[1] - 0.368) <= 0.01, "| pass@8 within a point of 65.0%:", abs(sft_pass[8] - 0.650) <= 0.01)
 
 # %% [markdown]
 # ## 8. Talk to them
@@ -876,10 +894,10 @@ quiz([
              ["A lot: push all four up", "Nothing through the advantages: they are all 0",
               "They are pushed down"],
              answer=1, explain="Each reward equals the group's mean, so every advantage is 0; only the KL term acts."),
-    Question("Why is the first DPO loss log 2 whatever β is?",
-             ["Because β starts at 1", "The policy equals the reference, so every margin is 0 and -log σ(0) = log 2",
+    Question("Why does the first DPO loss not depend on β?",
+             ["Because β starts at 1", "The policy equals the reference, so every margin is 0, whatever β multiplies",
               "Because the pairs are balanced"],
-             answer=1, explain="Equal log-ratios make the margin 0; σ(0) = 1/2."),
+             answer=1, explain="Equal log-ratios make every margin 0, and β times 0 is 0."),
     Question("What does a larger β do in DPO?",
              ["Keeps the policy nearer the reference", "Moves it further", "Nothing: it cancels"],
              answer=0, explain="A small move already gives a large margin, so the loss is satisfied early."),
@@ -892,7 +910,7 @@ quiz([
 #   model is right only about half the time. A program knows every right answer, so it can judge.
 # - **DPO** trains on pairs of the model's own replies, a right one preferred to a wrong one, with a
 #   frozen reference: the loss is −log σ of β times the difference of the two log-ratios (you wrote it,
-#   predicted its first value, log 2, fixed the reply log-probabilities it needs and gathered the four
+#   predicted its first value, fixed the reply log-probabilities it needs and gathered the four
 #   of a batch of pairs, the reference read without a graph). Watch the held-out score and what SFT
 #   taught, not only the loss: the margin can grow while both replies lose probability; the SFT term on
 #   the chosen replies guards against that.

@@ -2,6 +2,8 @@
 fires on a leak and stays quiet on the same notebook without it. (The copy rule's cases are in
 tests/test_classroom.py; every real chapter is checked there too.)"""
 
+import math
+
 import nbformat
 import pytest
 
@@ -120,6 +122,20 @@ def test_a_predict_answer_is_computed_from_the_answer_key():
     ("torch.Size([4, 4, 10, 10])", (4, 4, 10, 10), True),
     ("(4, 10, 10)", (4, 4, 10, 10), False),
     ("40 new tokens", 40, False),  # a small whole number is not distinctive
+    # a known constant, named: the answer key's round(math.log(2), 3) is log 2
+    ("first loss is log 2: True", 0.693, True),
+    ("-log σ(0) = ln 2.", 0.693, True),
+    ("the loss starts at ln(2)", 0.693, True),
+    ("log( 2 ) whatever beta is", round(math.log(2), 4), True),
+    ("LOG 2", math.log(2), True),
+    ("log2 76 = 6.25 bits", 0.693, False),  # a logarithm in base 2, not log 2
+    ("log 20 and ln 2.5", 0.693, False),
+    ("log 2", 0.69, False),  # two significant digits name no constant
+    ("log 2", 0.7, False),
+    ("ln 65 is the first loss", round(math.log(65), 3), True),
+    ("a row of length √32", 32**0.5, True),
+    ("sqrt(32) whatever the position", 32**0.5, True),
+    ("√320 and sqrt(3)", 32**0.5, False),
 ])
 def test_what_counts_as_showing_an_answer(text, value, shown):
     assert shows_answer(text, value) is shown
@@ -152,6 +168,37 @@ def test_the_student_edition_clears_outputs_that_show_a_predict_answer():
     student = student_notebook(nb)
     assert student.cells[3].outputs == [] and student.cells[2].outputs[0].text == "unrelated\n"
     assert prediction_leaks(nb, student) == []
+
+
+LOG2 = '''# Your turn - Exercise 12.2 (★☆☆, predict): the first DPO loss.
+def my_prediction() -> float:
+    ### BEGIN SOLUTION
+    return round(math.log(2), 3)
+    ### END SOLUTION
+
+
+check_predict_first_dpo_loss(my_prediction)'''
+
+
+def test_a_named_constant_is_an_answer_in_sight():
+    """Chapter 12's answer 0.693 was in sight as "log 2" (a stored output, the text above): the digits
+    alone were looked for."""
+    above = _nb(("markdown", "The first loss is log 2, whatever β. Now predict it."), LOG2)
+    assert prediction_leaks(above, student_notebook(above)) == [
+        "Exercise 12.2 (predict): the answer 0.693 is in sight in student cell 0 (its text)"]
+    nb = _nb(LOG2, ("markdown", "## 4. Training"), "train()", ("markdown", "## Quick check"), "quiz()")
+    nb.cells[2] = _printing("train()", "first loss is log 2: True\n")
+    nb.cells[4] = _printing("quiz()", "Why is the first DPO loss ln(2) whatever β is?\n")
+    assert prediction_leaks(nb, nb) == [
+        "Exercise 12.2 (predict): the answer 0.693 is in sight in student cell 2 (its output)",
+        "Exercise 12.2 (predict): the answer 0.693 is in sight in student cell 4 (its output)"]
+    student = student_notebook(nb)  # the edition clears those outputs
+    assert student.cells[2].outputs == [] and student.cells[4].outputs == []
+    assert prediction_leaks(nb, student) == []
+    quiet = _nb(LOG2, ("markdown", "## 4. Training"), "train()")
+    quiet.cells[2] = _printing("train()", "the first loss is that of zero margins: True\n")
+    assert prediction_leaks(quiet, student_notebook(quiet)) == []
+    assert student_notebook(quiet).cells[2].outputs  # kept
 
 
 def test_the_cells_right_after_a_predict_exercise_are_cleared_up_to_the_next_heading():

@@ -19,9 +19,9 @@ from .preferences import (
     conversation_batch,
     descend,
     is_right,
-    reply_logprobs,
     strange_words,
 )
+from .preferences import reply_logprobs as _package_logprobs  # the notebook keeps yours (12.3)
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
@@ -79,15 +79,17 @@ def rollout(policy: GPT, tok: ChatTokenizer, tasks: list[Example], group: int, g
 def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
          lr: float = 1e-4, clip: float = 0.2, kl_coef: float = 0.04, inner_steps: int = 2, seed: int = 0,
          check=is_right, avoid: frozenset[str] = frozenset(), progress: bool = False,
-         on_step=None) -> dict[str, list[float]]:
+         on_step=None, logprobs=None) -> dict[str, list[float]]:
     """`steps` GRPO steps on fresh strange words (none in `avoid`) scored by `check`; `reference` stays
     frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token) and clipped (the
     share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step). `on_step(step,
-    history)`, if given, is called after each step (step counts from 1), e.g. to evaluate."""
+    history)`, if given, is called after each step (step counts from 1), e.g. to evaluate. `logprobs(model,
+    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None)."""
     from tqdm.auto import tqdm
 
     real_number(kl_coef, "kl_coef", low=0)
     real_number(clip, "clip", low=0, low_open=True)
+    logprobs = _package_logprobs if logprobs is None else logprobs
     reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -98,17 +100,18 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
         advantages = group_advantages(batch.rewards).flatten()  # (N,)
         mask = batch.y != IGNORE
         with torch.no_grad():
-            logp_old = reply_logprobs(policy, batch.x, batch.y)
-            logp_ref = reply_logprobs(reference, batch.x, batch.y)
+            logp_old = logprobs(policy, batch.x, batch.y)
+            logp_ref = logprobs(reference, batch.x, batch.y)
         for _ in range(whole_number(inner_steps, "inner_steps")):
-            logp = reply_logprobs(policy, batch.x, batch.y)
+            logp = logprobs(policy, batch.x, batch.y)
             descend(policy, optimizer, clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef),
                     "GRPO")
-        with torch.no_grad():
-            d = (logp_ref - logp)[mask]
-            ratio = torch.exp(logp - logp_old)[mask]
+        with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
+            tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
+            kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
+            ratio = torch.exp(tokens[0] - tokens[1])  # ρ, as the objective's docstring says
         history["reward"].append(batch.rewards.mean().item())
-        history["kl"].append((torch.exp(d) - d - 1).mean().item())
+        history["kl"].append(kl.item())
         history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
         if on_step is not None:
             on_step(step + 1, history)

@@ -545,7 +545,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@check("12.7", "pass_at_k")
+@check("12.7", "pass_at_k", reference=_pass_at_k)
 def check_pass_at_k(fn):
     """``fn(n, c, k) -> float``: the chance that k of the n samples, drawn without replacement,
     hold a right one."""

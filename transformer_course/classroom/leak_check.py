@@ -8,7 +8,8 @@ away) and by ``tests/test_classroom.py``. Three ways an answer leaks:
 - half or more of a build exercise's statements elsewhere in the notebook (``statement_leaks``), even
   spread out among other statements, as a helper written "in the same way" would show them;
 - a predict exercise's answer in sight before the learner answers (``prediction_leaks``): in a stored
-  output anywhere, or in the text above the exercise or just below it (``docs/authoring.md``).
+  output anywhere, or in the text above the exercise or just below it (``docs/authoring.md``), as
+  digits or, for a known constant, by its name (``log 2`` for 0.693).
 """
 
 from __future__ import annotations
@@ -282,11 +283,44 @@ def _distinctive(value) -> bool:
         float(value).is_integer() and abs(value) < 100)
 
 
+_LARGEST_KNOWN = 1000  # log n and √n are named for whole n up to this (a vocabulary's ln 65, √32)
+
+
+def _known_constants(value: float) -> list[re.Pattern]:
+    """How people write ``value`` when it is a known constant, the natural logarithm or the square root of
+    a whole number (``log 2``, ``ln(2)``, ``√32``, ``sqrt(32)``), to the digits the answer key gives
+    (``round(math.log(2), 3)`` is log 2): an answer key rounded to fewer than three significant digits
+    names no constant. Empty when ``value`` is none of them."""
+    import math
+
+    text = repr(float(value))
+    if "e" in text.lower() or _significant(text) < 3 or not 0 < value < 1e6:
+        return []
+    decimals = len(text.split(".")[1])
+    tolerance = 0.5 * 10 ** -decimals + 1e-12
+
+    def close(n: int, of) -> bool:
+        return 2 <= n <= _LARGEST_KNOWN and abs(of(n) - value) <= tolerance
+
+    end = r"(?![\w.]\d|\d|\w)"  # not log 20, log 2x, log 2.5
+    found = []
+    if value < math.log(_LARGEST_KNOWN) + 1 and close(n := round(math.exp(value)), math.log):
+        # log 2, ln 2, log(2), ln(2), but not log2 76 (a logarithm in base 2)
+        found.append(re.compile(rf"(?<!\w)(?:log|ln)(?:\s+|\s*\(\s*){n}\s*\)?{end}", re.I))
+    if close(n := round(value * value), math.sqrt) and math.isqrt(n) ** 2 != n:
+        found.append(re.compile(rf"(?:√\s*\(?\s*|(?<!\w)sqrt\s*\(\s*|(?<!\w)sqrt\s+){n}\s*\)?{end}", re.I))
+    return found
+
+
 def shows_answer(text: str, value) -> bool:
-    """Whether ``text`` shows the answer ``value``: a distinctive number as printed, or a sequence of
+    """Whether ``text`` shows the answer ``value``: a distinctive number as printed, the known constant
+    it is written in words or symbols (``log 2`` for 0.693, ``_known_constants``), or a sequence of
     numbers (a shape, a list of weights) written out in order, in brackets or parentheses."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _distinctive(value) and any(_shows_number(m.group(), value) for m in _NUMBER.finditer(text))
+        if not _distinctive(value):
+            return False
+        return any(_shows_number(m.group(), value) for m in _NUMBER.finditer(text)) or any(
+            pattern.search(text) for pattern in _known_constants(value))
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (int, float)) for v in value):
         for group in re.findall(r"[\[(]([^\[\]()]*)[\])]", text):
             numbers = _NUMBER.findall(group)
