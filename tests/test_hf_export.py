@@ -264,7 +264,7 @@ def test_a_manifest_naming_files_outside_the_folder_is_not_an_export(tmp_path):
     outside = tmp_path / "precious.txt"
     outside.write_text("keep")
     manifest = json.loads((folder / E.MANIFEST).read_text())
-    manifest["files"]["../precious.txt"] = E._sha256(outside)
+    manifest["files"]["../precious.txt"] = E.file_sha256(outside)
     (folder / E.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(E.ExportError, match="not an earlier export"):
         E.export(build_gpt(BASE), CHARS, folder)

@@ -187,7 +187,7 @@ def _replace_shipped(folder: Path, name: str, contents) -> Path:
     path = folder / f"{name}.pt"
     torch.save(contents, path)
     info = course_model.manifest(name)
-    info["sha256"] = course_model._sha256(path)
+    info["sha256"] = course_model.file_sha256(path)
     (folder / f"{name}.json").write_text(json.dumps(info))
     return path
 

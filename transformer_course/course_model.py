@@ -31,7 +31,6 @@ A rebuild on another CPU gives models of the same quality, not the same bits.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from dataclasses import dataclass, replace
@@ -39,6 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+
+from .runtime import file_sha256
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 PRESET = "tiny"
@@ -53,14 +54,6 @@ LORA_STEPS, LORA_LR, LORA_RANK = 2500, 5e-3, 8  # chapter 11's adapter
 DPO_STEPS, DPO_BETA, DPO_LR, DPO_SFT_WEIGHT = 300, 0.1, 2e-5, 1.0  # chapter 12's DPO model
 DPO_WORDS = 3000  # the strange words its preference pairs are drawn from
 GRPO_STEPS, GRPO_LR, GRPO_KL, GRPO_EVAL_EVERY = 200, 1e-4, 0.04, 25  # chapter 12's GRPO model
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def manifest(name: str = "shakespeare_char") -> dict:
@@ -79,7 +72,7 @@ def _verified(name: str) -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"the course model {path} is missing: reinstall the package or rebuild it "
                                 f"with `{REBUILD}`")
-    if (actual := _sha256(path)) != expected:
+    if (actual := file_sha256(path)) != expected:
         raise ValueError(f"the course model {path} does not match its manifest (SHA-256 {actual[:12]}..., "
                          f"expected {expected[:12]}...): the file is damaged or was replaced; reinstall the "
                          f"package or rebuild it with `{REBUILD}`")
@@ -258,7 +251,7 @@ def _cpu_name() -> str:
 
 
 def _write_manifest(out_dir: Path, name: str, path: Path, wall_seconds: float, **facts) -> None:
-    info = {"file": path.name, "sha256": _sha256(path), "bytes": path.stat().st_size, **facts,
+    info = {"file": path.name, "sha256": file_sha256(path), "bytes": path.stat().st_size, **facts,
             "built": {"command": REBUILD, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
                       "cpu": _cpu_name(), "torch": torch.__version__, "threads": torch.get_num_threads(),
                       "python": platform.python_version(), "wall_seconds": round(wall_seconds, 1)}}

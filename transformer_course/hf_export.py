@@ -22,7 +22,6 @@ layers.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -36,6 +35,7 @@ import torch
 
 from .config import GPTConfig
 from .pretrained import HF_ACTIVATIONS, hf_key_map
+from .runtime import file_sha256
 
 __all__ = [
     "ExportError", "hf_architecture", "gpt2_config", "llama_config", "gpt2_state_dict", "llama_state_dict",
@@ -389,14 +389,6 @@ _NAME = re.compile(r"[\w.-]+")  # a plain file name: no folder, no link out of t
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _read_manifest(folder: Path) -> dict[str, set[str]] | None:
     """{file name: the SHA-256s it may have} of the export that wrote `folder`, or None when `folder` has
     no such manifest or one that is not (a link, bad JSON, a name that is not a plain file name)."""
@@ -469,7 +461,7 @@ def _check_replaceable(folder: Path, manifest: dict[str, set[str]], names) -> No
         if name not in manifest:
             raise ExportError(f"{path} was not written by transformer-course export: move it away or export to "
                               "another folder")
-        if _sha256(path) not in manifest[name]:
+        if file_sha256(path) not in manifest[name]:
             raise ExportError(f"{path} changed since transformer-course export wrote it (your edits?): move it away "
                               "or export to another folder")
 
@@ -496,7 +488,7 @@ def _write_folder(folder: Path, write) -> None:
             if not path.is_file() or path.is_symlink() or not _NAME.fullmatch(path.name) or path.name == MANIFEST:
                 raise RuntimeError(f"the export wrote {path.name!r}, which is not a plain file it can list")
             path.chmod(mode)
-            files[path.name] = _sha256(path)
+            files[path.name] = file_sha256(path)
         _check_replaceable(folder, manifest, files)
         # while files move, the manifest allows each its old and its new content: an interrupted export is redone
         _write_manifest(folder, staging, {name: sorted(manifest.get(name, set()) | ({files[name]} if name in files
@@ -552,7 +544,7 @@ def _manifest_beside(path: Path) -> dict | None:
         facts = json.loads(info.read_text())
     except (OSError, ValueError):
         return None
-    return facts if isinstance(facts, dict) and facts.get("sha256") == _sha256(path) else None
+    return facts if isinstance(facts, dict) and facts.get("sha256") == file_sha256(path) else None
 
 
 _PLAYS = "Shakespeare's plays (`transformer_course.data.load_shakespeare()`, about 4.8 million characters)"

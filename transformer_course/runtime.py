@@ -119,6 +119,17 @@ def set_threads(requested: int | None = None) -> int:
     return chosen
 
 
+def file_sha256(path) -> str:
+    """The SHA-256 of a file's bytes, read a MiB at a time (shipped models, exported folders)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 FAST_BF16_ENV = "TRANSFORMER_COURSE_FAST_BF16"
 
 
