@@ -468,25 +468,25 @@ def _port(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    """--token-delay: 0 to 60 seconds (serve.TOKEN_DELAY_LIMIT); inf or nan would fail every request."""
+def _number(text: str, fits, what: str) -> float:
+    """``text`` as a float for which ``fits(value)`` holds, else argparse's error "must be ``what``"."""
     try:
         value = float(text)
     except ValueError:
         value = None
-    if value is None or not 0 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to 60, got {text}")
+    if value is None or not fits(value):
+        raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
     return value
+
+
+def _seconds(text: str) -> float:
+    """--token-delay: 0 to 60 seconds (serve.TOKEN_DELAY_LIMIT); inf or nan would fail every request."""
+    return _number(text, lambda v: 0 <= v <= 60, "a number of seconds from 0 to 60")
 
 
 def _megabytes(text: str) -> int:
     """--max-body-mb: a positive number of MiB (up to 1024), as bytes."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 < value <= 1024 or value * 2**20 < 1:
-        raise argparse.ArgumentTypeError(f"must be a number of megabytes above 0, at most 1024, got {text}")
+    value = _number(text, lambda v: 0 < v <= 1024 and v * 2**20 >= 1, "a number of megabytes above 0, at most 1024")
     return int(value * 2**20)
 
 
