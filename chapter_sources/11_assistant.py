@@ -156,15 +156,17 @@ print(tok, tok.encode("<|user|>hi<|end|>"), repr(tok.decode(tok.encode("<|assist
 # it is**, so the model still computes exactly what it computed before for every text without the new
 # tokens. What should the new rows hold? A row of zeros gives a new token the logit 0 at every
 # position. In a large trained model most logits are strongly negative, so 0 would be far above them
-# and the untrained `<|end|>` would suddenly be likely everywhere: that is Hewitt's (2021) argument for
-# **the mean of the existing rows**, which gives the new token the average logit instead, low whatever
-# the scale. Our model is small and its logits are milder; the cell after the exercise measures what
-# each choice would give here. A little noise keeps the three new rows apart, so the model can tell
-# them from each other.
+# and the untrained `<|end|>` would suddenly be likely everywhere. Hewitt (2021) asks for something
+# safer: a new token should start with **the average of the existing tokens' logits**, at every
+# position, whatever the hidden state there, so that it is neither favoured nor impossible. Our model is
+# small and its logits are milder; the cell after the exercise measures what each choice gives here.
 #
 # **Your turn.** Write `grow_rows(weight, n_new, generator)`: weight [V, C] to a new tensor [V + n_new, C]
-# whose first V rows equal `weight`, and whose new rows are the mean of the V rows plus noise drawn with
-# `torch.randn(..., generator=generator)` times `NEW_ROW_NOISE`. Leave `weight` itself unchanged.
+# whose first V rows equal `weight` (leave `weight` itself unchanged), and whose new rows meet Hewitt's
+# requirement, plus noise drawn with `torch.randn(..., generator=generator)` times `NEW_ROW_NOISE`, which
+# keeps the three new rows apart so the model can tell them from each other. No recipe: a logit is the
+# dot product of the hidden state h [C] with a token's row, so ask which row w makes h · w equal the
+# average of h · wᵢ over the V existing rows, for every h.
 
 # %%
 #| export
@@ -173,8 +175,9 @@ NEW_ROW_NOISE = 0.02  # the spread of the noise added to the new rows (GPT-2's i
 
 # Your turn - Exercise 11.1 (★☆☆, build): grow an embedding by new rows.
 def grow_rows(weight: torch.Tensor, n_new: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """weight [V, C] -> [V + n_new, C]: the V rows unchanged, each new row the mean of the V rows plus
-    N(0, NEW_ROW_NOISE²) noise drawn from `generator` (a new tensor; `weight` is left as it was)."""
+    """weight [V, C] -> [V + n_new, C]: the V rows unchanged; each new row gives its token the average of the
+    V tokens' logits at every position, plus N(0, NEW_ROW_NOISE²) noise drawn from `generator` (a new
+    tensor; `weight` is left as it was)."""
     n_new = whole_number(n_new, "n_new", low=0)
     ### BEGIN SOLUTION
     mean = weight.mean(dim=0, keepdim=True)  # (1, C)
@@ -985,12 +988,17 @@ widgets.VBox([widgets.HBox([box, send]), shown])
 # ## 9. Your turn: ChatML
 #
 # Every model family writes its turns its own way; a tokenizer's *chat template* says how. Many open
-# models (Qwen among them) use **ChatML**: each message is `<|im_start|>` + role + a newline + content +
-# `<|im_end|>` + a newline, and the generation prompt is `<|im_start|>assistant` and a newline.
+# models (Qwen among them) use **ChatML**. Here is one conversation in it, a system message, a question
+# and an answer, followed by the generation prompt that asks the model for the next reply (shown with
+# Python's `repr`, so every newline is visible as `\n`):
 #
-# **Your turn (extend).** Write `chatml(messages, generation_prompt)` returning that text. For example
-# `[{"role": "user", "content": "hi"}]` with the generation prompt gives
-# `"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"`.
+# `'<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nupper: kind<|im_end|>\n<|im_start|>assistant\nKIND<|im_end|>\n<|im_start|>assistant\n'`
+#
+# **Your turn (extend).** Write `chatml(messages, generation_prompt)` so that it writes any conversation
+# (a list of `{"role": ..., "content": ...}` messages, any roles) the way this one is written, with the
+# generation prompt at the end only when `generation_prompt` is True. Work the template out from the
+# example: which parts repeat for every message, which belong to the role, and what the generation prompt
+# is.
 
 # %%
 # Your turn - Exercise 11.6 (★★☆, extend): the ChatML template.

@@ -19,9 +19,11 @@
 # preference pairs from the model's own replies, write the DPO loss (Exercise 12.1), predict its first
 # value (12.2), fix a reply's log-probability that depends on its neighbours (12.3), gather the four
 # numbers DPO compares for a batch of pairs (12.4), train with DPO and see what β does; then write
-# GRPO's group-relative advantages (12.5) and its clipped objective with a KL term (12.6), train with
-# a checker, watch a checker with a hole get cheated, and estimate pass@k without bias (12.7). The
-# trained models answer in `transformer-course chat`.
+# GRPO's group-relative advantages (12.5) and its clipped objective with a KL term (12.6), see the
+# ladder of simpler losses GRPO grew from measured over three seeds, train with a checker, watch a
+# checker with a hole get cheated, estimate pass@k without bias (12.7), and predict what a baseline
+# made of the group does to the gradient before measuring it (12.8). The trained models answer in
+# `transformer-course chat`.
 #
 # **You need** chapter 11 (the chat format, `render_chat`, `sft_targets`, `answers`, the instruction
 # set), chapter 07 (sampling with a temperature) and chapter 06 (AdamW, gradient clipping).
@@ -218,32 +220,31 @@ for p in pairs[:3]:
 #
 # $$r(x, y) = \beta \log \frac{\pi(y \mid x)}{\pi_\text{ref}(y \mid x)} \;(+\text{ a term of } x \text{ alone}),$$
 #
-# the **implicit reward**. Put it in the Bradley-Terry model of a preference, P(chosen ≻ rejected) =
-# σ(r_chosen − r_rejected) (the term of x alone cancels), and maximise the likelihood of the pairs:
-#
-# $$\mathcal{L}_\text{DPO} = -\log \sigma\Big(\beta\big[(\log\pi(y_c) - \log\pi_\text{ref}(y_c)) -
-#   (\log\pi(y_r) - \log\pi_\text{ref}(y_r))\big]\Big)$$
-#
-# averaged over the pairs. log π(y) is the sum of the log-probabilities of the reply's tokens (its
+# the **implicit reward**. The Bradley-Terry model says how likely a person is to prefer one reply to
+# another: P(chosen ≻ rejected) = σ(r_chosen − r_rejected), with σ the logistic function. DPO fits the
+# policy so that the preferences people recorded are as likely as possible under that model, with the
+# implicit reward in place of r. log π(y) is the sum of the log-probabilities of the reply's tokens (its
 # `<|end|>` included) given the prompt. The reference is frozen; only π trains. No reward model, no
 # sampling while training: a classification loss on pairs.
 #
-# **By hand.** One pair, β = 0.5. The policy gives the chosen reply log-probability −2.0 and the
-# rejected −3.0; the reference gives the chosen −2.5 and the rejected −2.0. The implicit rewards are
-# 0.5 · (−2.0 + 2.5) = 0.25 and 0.5 · (−3.0 + 2.0) = −0.5, the **margin** is their difference, 0.75,
-# and the loss is −log σ(0.75) = log(1 + e^−0.75) = 0.3869.
-#
 # **Your turn.** Write `dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)`: four
-# tensors [B] of summed log-probabilities to (the mean loss, the margins [B]). Use `F.logsigmoid`, which
-# stays finite where log(sigmoid(...)) would round to log 0.
+# tensors [B] of summed log-probabilities to (the mean loss over the pairs, the margins [B]), where a
+# pair's **margin** is its chosen reply's implicit reward minus its rejected reply's. No formula here:
+# put the implicit reward into Bradley-Terry and write the negative log-likelihood of a pair. Two things
+# to think about: what happens to the "term of x alone", and why `F.logsigmoid` is safer than
+# `torch.log(torch.sigmoid(...))` when a margin is large and negative.
+#
+# **By hand**, to test yourself: one pair, β = 0.5; the policy gives the chosen reply log-probability
+# −2.0 and the rejected −3.0, the reference gives the chosen −2.5 and the rejected −2.0. The loss is
+# 0.3869 (the cell after the exercise prints yours).
 
 # %%
 #| export
 # Your turn - Exercise 12.1 (★★☆, build): the DPO loss.
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed reply log-probabilities [B] under the policy and the reference -> (mean DPO loss, margins [B]),
-    margin = beta · ((policy_chosen − ref_chosen) − (policy_rejected − ref_rejected))."""
+    """Summed reply log-probabilities [B] under the policy and the reference -> (mean DPO loss, margins [B]):
+    a margin is the chosen reply's implicit reward minus the rejected reply's."""
     ### BEGIN SOLUTION
     margins = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # (B,)
     return -F.logsigmoid(margins).mean(), margins
@@ -252,6 +253,7 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 # %%
 from transformer_course.checks.preferences import (
     check_clipped_objective,
+    check_predict_group_baseline,
     check_dpo_loss,
     check_group_advantages,
     check_pair_logprobs,
@@ -513,19 +515,17 @@ print(results.read_text() if results.exists() else "run `make bench` to measure 
 #
 # **Advantages relative to the group.** A reply should be pushed up if it did better than the model's
 # other tries at the same prompt, and down if worse. PPO (Schulman et al., 2017), as RLHF uses it, learns
-# a value network to say what "expected" is; GRPO just uses the group: the advantage of reply i is its
-# reward minus the group's mean, divided by the group's standard deviation,
-#
-# $$A_i = \frac{r_i - \text{mean}(r_1..r_G)}{\text{std}(r_1..r_G) + \varepsilon}.$$
-#
-# A group all right or all wrong has nothing to learn from: every advantage is 0. By hand, rewards
-# [1, 0, 0, 0]: mean 0.25, standard deviation √(0.75² + 3 · 0.25²)/2 = 0.433 (the population one, over G,
-# which this course uses; some implementations divide by G − 1 instead), advantages [1.732, −0.577,
-# −0.577, −0.577].
+# a value network to say what "expected" is; GRPO just uses the group. It asks three things of the
+# advantages of one prompt's G replies: they **sum to zero** (as much pushed up as down), they are on
+# **the same scale for every prompt** (an easy prompt and a hard one push equally hard: their spread is
+# 1, measured by the population standard deviation, over G, which this course uses; some implementations
+# divide by G − 1 instead), and a group whose rewards are all equal gets **zeros**, without dividing by
+# zero (a small `eps` = 1e-4 is added where it is needed).
 #
 # **Your turn.** Write `group_advantages(rewards, eps)`: rewards [P, G] (P prompts, G replies each) to
-# advantages [P, G], each row normalised on its own, with the population standard deviation
-# (`correction=0`).
+# advantages [P, G], each row on its own, meeting the three requirements. By hand, to test yourself: the
+# rewards [1, 0, 0, 0] give advantages [1.732, −0.577, −0.577, −0.577] (the cell after the exercise
+# prints yours), and [1, 1, 1, 1] gives four zeros.
 
 # %%
 #| export rewards
@@ -538,7 +538,7 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer_course.arguments import real_number, whole_number
+from transformer_course.arguments import choice, real_number, whole_number
 from transformer_course.assistant import IGNORE, ChatTokenizer, Example, reply_ids
 from transformer_course.model import GPT
 from transformer_course.preferences import (
@@ -553,8 +553,8 @@ from transformer_course.preferences import reply_logprobs as _package_logprobs  
 
 # Your turn - Exercise 12.5 (★☆☆, build): advantages relative to the group.
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """rewards [P, G] -> advantages [P, G]: each reward minus its row's mean, over the row's population
-    standard deviation plus eps (a row of equal rewards gives zeros)."""
+    """rewards [P, G] -> advantages [P, G], each row on its own: summing to zero, with a population spread
+    of 1 (up to eps), and zeros for a row of equal rewards."""
     ### BEGIN SOLUTION
     mean = rewards.mean(dim=1, keepdim=True)  # (P, 1)
     std = rewards.std(dim=1, keepdim=True, correction=0)  # (P, 1)
@@ -615,6 +615,72 @@ def clipped_objective(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torc
 clipped_objective = check_clipped_objective(clipped_objective).use
 
 # %% [markdown]
+# **The ladder GRPO stands on.** The objective you just wrote is the top rung of a ladder the field
+# climbed one step at a time, and each rung is there because the one below had a flaw you can measure:
+#
+# 1. **Plain policy gradient** (REINFORCE, Williams 1992): push up the log-probability of every token of
+#    a reply in proportion to its reward, a loss of −r · log π per token. Its expected gradient is the
+#    gradient of the expected reward, but with rewards of 0 and 1 every push is upwards, and the noise is
+#    large.
+# 2. **A baseline**: subtract from each reward a number b that does not depend on the reply. The expected
+#    gradient does not change, because the expected score function is zero: the sum over replies of
+#    π(y) ∇log π(y) is ∇ of the sum of π(y), which is ∇1 = 0, so b · E[∇log π] vanishes. The variance
+#    falls when b is near the expected reward; the mean of the other replies in the group is a cheap
+#    estimate of it (strictly, a mean that includes the reply itself leans a little towards it, which
+#    is why RLOO leaves it out).
+# 3. **Divide by the group's spread**: every group then pushes with the same strength, however easy the
+#    prompt. It changes what is optimised (Dr. GRPO, Liu et al. 2025, drops it for that reason), and the
+#    population and the sample standard deviation are both in use: a choice, not a law.
+# 4. **Several steps per sample, clipped**: the ratio and the clip you wrote.
+#
+# Two more choices sit in every loss: **how tokens are averaged** (each reply's mean, then the replies'
+# mean, as GRPO does, or a sum over all tokens divided by a constant, as Dr. GRPO does, so a long reply
+# is not worth less per token), and a record of the policy's **entropy**, which falls as it sharpens.
+# The package has each rung as a function; `grpo` below takes the choice of rung, and the benchmark
+# climbs the ladder (the table after the GRPO run).
+
+# %%
+#| export rewards
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values, mask [N, T] -> [N]: each row's mean over its masked-in positions (0 for an empty row)."""
+    mask = mask.float()
+    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor:
+    """values, mask [N, T] -> scalar: the sum over every masked-in position, divided by `constant` (Dr. GRPO
+    takes the largest number of tokens a batch could hold, so every token weighs the same)."""
+    return (values * mask.float()).sum() / real_number(constant, "constant", low=0, low_open=True)
+
+
+def baseline_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [P, G] -> [P, G]: each reward minus its group's mean (a baseline; no division)."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                         length: str = "reply", constant: float | None = None) -> torch.Tensor:
+    """Token log-probabilities [N, T], advantages [N], mask [N, T] -> the REINFORCE loss −A · log π per
+    token, averaged over each reply then over replies (length "reply"), or summed and divided by
+    `constant` (length "constant"; default: the number of positions N · T)."""
+    per_token = -advantages.unsqueeze(1) * logp  # (N, T)
+    if choice(length, "length", ("reply", "constant")) == "reply":
+        return masked_mean(per_token, mask).mean()
+    return masked_sum(per_token, mask, mask.numel() if constant is None else constant)
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """Token log-probabilities [N, T] and mask [N, T] -> the cross-entropy of the masked-in tokens, summed and
+    divided by `normaliser` (their count gives chapter 11's per-token mean)."""
+    return masked_sum(-logp, mask, normaliser)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> [...]: the entropy −Σ p log p of each position's next-token distribution, in nats."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+# %% [markdown]
 # A **rollout** samples the groups and scores them; `grpo` runs the loop: a rollout of fresh words, the
 # advantages, the sampler's and the reference's log-probabilities (no gradient), then `inner_steps`
 # AdamW steps on the clipped objective.
@@ -646,36 +712,57 @@ def rollout(policy: GPT, tok: ChatTokenizer, tasks: list[Example], group: int, g
     return Rollout(x, y, texts, torch.tensor(rewards).view(len(tasks), group))
 
 
+def _advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
+    """rewards [P, G] -> advantages [N]: the rewards themselves ("raw"), minus the group's mean ("baseline"),
+    or also divided by its spread ("group", GRPO's)."""
+    kinds = {"raw": lambda r: r, "baseline": baseline_advantages, "group": group_advantages}
+    return kinds[choice(kind, "advantage", tuple(kinds))](rewards).flatten()
+
+
+def _policy_loss(kind: str, length: str, logp, logp_old, logp_ref, advantages, mask, clip, kl_coef):
+    """GRPO's clipped objective ("clipped"), or REINFORCE ("pg") with the same KL term to the reference."""
+    if kind == "clipped":
+        return clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef)
+    kl_only = clipped_objective(logp, logp_old, logp_ref, torch.zeros_like(advantages), mask, clip, kl_coef)
+    return policy_gradient_loss(logp, advantages, mask, length) + kl_only
+
+
 def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
          lr: float = 1e-4, clip: float = 0.2, kl_coef: float = 0.04, inner_steps: int = 2, seed: int = 0,
          check=is_right, avoid: frozenset[str] = frozenset(), progress: bool = False,
-         on_step=None, logprobs=None) -> dict[str, list[float]]:
+         on_step=None, logprobs=None, loss: str = "clipped", advantage: str = "group",
+         length: str = "reply") -> dict[str, list[float]]:
     """`steps` GRPO steps on fresh strange words (none in `avoid`) scored by `check`; `reference` stays
-    frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token) and clipped (the
-    share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step). `on_step(step,
+    frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token), clipped (the
+    share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step) and entropy (the
+    sampled tokens' mean −log π_old: an estimate of the policy's entropy per token, in nats). `on_step(step,
     history)`, if given, is called after each step (step counts from 1), e.g. to evaluate. `logprobs(model,
-    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None)."""
+    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None). The
+    ladder's rungs: `loss` "clipped" or "pg" (REINFORCE), `advantage` "group", "baseline" or "raw", and for
+    "pg" `length` "reply" (each reply's mean) or "constant" (a sum over N · T)."""
     from tqdm.auto import tqdm
 
     real_number(kl_coef, "kl_coef", low=0)
     real_number(clip, "clip", low=0, low_open=True)
+    if choice(loss, "loss", ("clipped", "pg")) == "clipped" and length != "reply":
+        raise ValueError(f"length={length!r} needs loss='pg': the clipped objective averages each reply")
     logprobs = _package_logprobs if logprobs is None else logprobs
     reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": []}
+    history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": [], "entropy": []}
     for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
         tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
         batch = rollout(policy, tok, tasks, group, generator, check)
-        advantages = group_advantages(batch.rewards).flatten()  # (N,)
+        advantages = _advantages(batch.rewards, advantage)  # (N,)
         mask = batch.y != IGNORE
         with torch.no_grad():
             logp_old = logprobs(policy, batch.x, batch.y)
             logp_ref = logprobs(reference, batch.x, batch.y)
         for _ in range(whole_number(inner_steps, "inner_steps")):
             logp = logprobs(policy, batch.x, batch.y)
-            descend(policy, optimizer, clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef),
-                    "GRPO")
+            descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask, clip,
+                                                    kl_coef), "GRPO")
         with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
             tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
             kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
@@ -683,6 +770,34 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
         history["reward"].append(batch.rewards.mean().item())
         history["kl"].append(kl.item())
         history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
+        history["entropy"].append(-tokens[1].mean().item())
+        if on_step is not None:
+            on_step(step + 1, history)
+    return history
+
+
+def expert_iteration(policy: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
+                     lr: float = 1e-4, seed: int = 0, check=is_right, avoid: frozenset[str] = frozenset(),
+                     progress: bool = False, on_step=None, logprobs=None) -> dict[str, list[float]]:
+    """The baseline RL has to beat: each step samples `group` replies (temperature 1) to fresh words, keeps
+    the replies `check` accepts, and takes one supervised step on them (cross-entropy per kept token).
+    Returns, per step: reward (the rollout's mean) and kept (replies trained on)."""
+    from tqdm.auto import tqdm
+
+    logprobs = _package_logprobs if logprobs is None else logprobs
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    history: dict[str, list[float]] = {"reward": [], "kept": []}
+    for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="expert iteration"):
+        tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
+        batch = rollout(policy, tok, tasks, group, generator, check)
+        keep = batch.rewards.flatten() > 0  # (N,)
+        if keep.any():
+            mask = batch.y[keep] != IGNORE
+            logp = logprobs(policy, batch.x[keep], batch.y[keep])
+            descend(policy, optimizer, sft_loss(logp, mask, mask.sum().item()), "expert iteration")
+        history["reward"].append(batch.rewards.mean().item())
+        history["kept"].append(float(keep.sum().item()))
         if on_step is not None:
             on_step(step + 1, history)
     return history
@@ -749,8 +864,9 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 # fine-tuning it scored 0% on every kind of chapter 11's tasks). And pass@1, not greedy accuracy, is
 # RL's number: it learns from samples, and first makes its right samples more common.
 #
-# **What a GPU buys.** At these sizes sampling is a minority of a step: timed over 8 steps on two CPU
-# cores, the rollout (128 replies of a few tokens, one token at a time) took 12-26% of a step. The
+# **What a GPU buys.** At these sizes sampling is a minority of a step: the ladder benchmark below timed
+# the rollout (128 replies of a few tokens, one token at a time) inside every GRPO step, and it took
+# about a fifth of the step (its last paragraph gives the share on the machine that ran it). The
 # rest is the policy's forward and backward passes on the two inner steps and the forward passes that
 # give the sampler's and the reference's log-probabilities. Real runs use groups of 16-64 replies of
 # hundreds to thousands of tokens and thousands of prompts, so generating the rollouts one token at a
@@ -763,10 +879,13 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 # it accepts a reply if the reply appears inside the right answer.
 
 # %%
-def hasty_check(task, reply: str) -> bool:
+#| export rewards
+def hasty_check(task: Example, reply: str) -> bool:
+    """A checker with a hole, for the experiments: a reply passes if it appears inside the right answer."""
     return reply in task.answer
 
 
+# %%
 print("the right answer passes:", hasty_check(held[0], held[0].answer))
 print("so does an empty reply:", hasty_check(held[0], ""), "| and the first letter alone:",
       hasty_check(held[0], held[0].answer[:1]))
@@ -829,14 +948,16 @@ else:
 # ## 7. Your turn: pass@k without bias
 #
 # pass@1 asks whether one sample is right; **pass@k** whether at least one of k is (the number code and
-# maths benchmarks report). Sampling k replies once and looking is noisy. With n ≥ k samples of which c
-# are right, the unbiased estimator (Chen et al., 2021, the HumanEval paper) is the chance that k
-# replies drawn from the n without replacement include a right one:
+# maths benchmarks report). Sampling k replies once and looking is noisy. Chen et al. (2021, the
+# HumanEval paper) use every sample instead: draw n ≥ k replies, count the c right ones, and report the
+# chance that k replies picked at random from those n, without replacement, include at least one right
+# one. Averaged over prompts, that is an unbiased estimate of pass@k.
 #
-# $$\text{pass@}k = 1 - \binom{n-c}{k} \Big/ \binom{n}{k}.$$
-#
-# **Your turn (extend).** Write `pass_at_k(n, c, k)` for whole numbers 0 ≤ c ≤ n and 1 ≤ k ≤ n. (When
-# n − c < k every draw of k holds a right reply.) By hand: n = 4, c = 1, k = 2 gives 1 − 3/6 = 0.5.
+# **Your turn (extend).** Write `pass_at_k(n, c, k)` for whole numbers 0 ≤ c ≤ n and 1 ≤ k ≤ n. No
+# formula here: count the ways of picking k of the n replies, and the ways that pick only wrong ones.
+# Test yourself by hand: n = 4, c = 1, k = 2 gives 0.5 (list the six pairs). Think about what happens
+# when there are fewer wrong replies than k, and keep the numbers exact for n in the hundreds (a
+# product of many factors is safer than dividing two huge factorials in floating point).
 
 # %%
 # Your turn - Exercise 12.7 (★★☆, extend): the unbiased pass@k.
@@ -864,7 +985,81 @@ print("SFT on held-out strange words, from your pass_at_k: pass@1 within a point
       abs(sft_pass[1] - 0.368) <= 0.01, "| pass@8 within a point of 65.0%:", abs(sft_pass[8] - 0.650) <= 0.01)
 
 # %% [markdown]
-# ## 8. Talk to them
+# ## 8. Reading the experiments
+#
+# The last three exercises ask what an experiment will show before it is shown, then read it.
+#
+# **A baseline made of the group.** Section 5's ladder says subtracting a baseline leaves REINFORCE's
+# expected gradient unchanged *when the baseline does not depend on the reply*. The group's mean does:
+# reply i's own reward is one of the G rewards it averages. Here is a toy policy that needs no model: a
+# softmax over 6 possible replies, 2 of them right (reward 1) and 4 wrong (reward 0), and groups of
+# G = 8 independent samples. Each group gives one estimate of the gradient (of the loss, with respect to
+# the 6 logits); averaged over many groups, the estimates with the raw rewards as advantages come to the
+# true gradient of the expected reward.
+#
+# **Your turn (predict).** With the group-mean baseline (`baseline_advantages`) instead, (1) how long is
+# the average of the estimates, as a fraction of the average without the baseline (a number: think about
+# the expectation of (r_i − the group's mean) times the score of reply i, and which of the G terms of the
+# mean are independent of reply i), and (2) is the spread of single-group estimates around their average
+# "larger", "smaller" or "same" with the baseline?
+
+# %%
+# Your turn - Exercise 12.8 (★★★, predict): the group-mean baseline's effect on REINFORCE's gradient.
+def my_prediction() -> tuple[float, str]:
+    ### BEGIN SOLUTION
+    return 7 / 8, "smaller"
+    ### END SOLUTION
+
+
+check_predict_group_baseline(my_prediction)
+
+# %% [markdown]
+# The experiment: 20,000 groups of 8 samples, every group's estimate from `policy_gradient_loss` (each
+# sample a one-token reply), with the raw rewards and with the group-mean baseline, against the true
+# gradient worked out exactly from the six probabilities.
+
+# %%
+toy_logits, toy_reward = torch.tensor([1.0, 0.5, 0.0, -0.5, 0.3, -1.0]), torch.tensor([1.0, 0, 0, 1.0, 0, 0])
+GROUPS, G = 20_000, 8
+
+
+def group_estimates(advantages_of) -> torch.Tensor:
+    """One REINFORCE gradient estimate per group of G samples: [GROUPS, 6] (the same seed for both arms)."""
+    draws = torch.multinomial(torch.softmax(toy_logits, -1), GROUPS * G, replacement=True,
+                              generator=torch.Generator().manual_seed(0)).view(GROUPS, G)
+    logits = toy_logits.repeat(GROUPS, 1).requires_grad_(True)  # a copy per group, to get each group's gradient
+    logp = torch.log_softmax(logits, -1).gather(1, draws).view(-1, 1)  # (GROUPS·G, 1): one-token replies
+    advantages = advantages_of(toy_reward[draws]).flatten()  # (GROUPS·G,)
+    policy_gradient_loss(logp, advantages, torch.ones_like(logp, dtype=torch.bool)).backward()
+    return logits.grad * GROUPS  # the loss averaged over all groups: undo the 1/GROUPS
+
+
+leaf = toy_logits.clone().requires_grad_(True)
+(torch.softmax(leaf, -1) * toy_reward).sum().backward()  # the exact gradient of the expected reward
+exact = -leaf.grad  # the loss's gradient points the other way
+raw, based = group_estimates(lambda r: r), group_estimates(baseline_advantages)
+share = (based.mean(0) @ exact / (exact @ exact)).item()
+spread = {name: ((e - e.mean(0)) ** 2).sum(1).mean().item() for name, e in [("raw", raw), ("baseline", based)]}
+print("raw rewards: the average estimate is the exact gradient (within 1%):",
+      torch.allclose(raw.mean(0), exact, atol=0.01 * exact.norm().item()))
+print(f"group-mean baseline: the average estimate, as a fraction of the exact gradient: {share:.2f}")
+print(f"spread around the average: {spread['raw']:.3f} with raw rewards, {spread['baseline']:.3f} with the baseline")
+
+# %% [markdown]
+# <details><summary>Why (open after you have answered)</summary>
+#
+# Reply i's own reward enters the group's mean with weight 1/G, and that part is not independent of
+# reply i: it removes 1/G of the gradient. The other G − 1 rewards are independent of reply i and remove
+# nothing on average. So the group-mean baseline shrinks the gradient to (G − 1)/G of its length, a
+# rescaling AdamW hardly notices, while the spread falls because most of each reward's "1" is shared by
+# the group. Leaving reply i out of its own baseline (RLOO, Ahmadian et al. 2024) removes even the
+# shrinking. Dividing by the group's spread, as `group_advantages` does, is a different matter: the
+# spread differs from group to group, so it reweights prompts instead of rescaling every one alike.
+#
+# </details>
+
+# %% [markdown]
+# ## 9. Talk to them
 #
 # Both trained models are chat models like chapter 11's (`save_chat_model`), so the same streamed chat
 # serves them. In a terminal: `transformer-course chat --model dpo` or `--model grpo` for the shipped
@@ -928,4 +1123,6 @@ quiz([
 # Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
 # `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,
 # `text_ids`, `conversation_batch`, `reply_logprobs`, `pair_logprobs`, `descend`, `dpo`; and to
-# `transformer_course/rewards.py`: `group_advantages`, `clipped_objective`, `Rollout`, `rollout`, `grpo`.
+# `transformer_course/rewards.py`: `group_advantages`, `clipped_objective`, `masked_mean`, `masked_sum`,
+# `baseline_advantages`, `policy_gradient_loss`, `sft_loss`, `token_entropy`, `Rollout`, `rollout`, `grpo`,
+# `expert_iteration`, `hasty_check`.

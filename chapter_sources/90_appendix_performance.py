@@ -515,6 +515,9 @@ def start_from_environment(device: str | None) -> tuple[World, str]:
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     kind = device.split(":")[0]
     if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda, but this machine has no CUDA GPU (NCCL, the GPU backend, needs one): "
+                             "pass --device cpu to train on CPU processes (the gloo backend)")
         if per_node > (gpus := torch.cuda.device_count()):
             raise ValueError(f"--nproc-per-node {per_node} asks for one GPU per process but this "
                              f"machine has {gpus}; use --nproc-per-node {gpus} or fewer")

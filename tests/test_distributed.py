@@ -106,6 +106,8 @@ def test_nproc_per_node_larger_than_the_machine_is_refused(monkeypatch):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
         with pytest.raises(ValueError, match="not on 'mps'"):
             parallel.start_from_environment("mps")
+        with pytest.raises(ValueError, match="no CUDA GPU .* pass --device cpu .* gloo"):
+            parallel.start_from_environment("cuda")
 
 
 def test_some_of_torchruns_variables_without_torchrun_are_refused_naming_them(monkeypatch):

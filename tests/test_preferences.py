@@ -199,7 +199,7 @@ def test_grpo_steps_move_the_policy_and_never_the_reference(shipped):
     seen = []
     history = grpo(policy, reference, shipped.tokenizer, steps=2, tasks_per_step=4, group=4,
                    on_step=lambda step, h: seen.append((step, len(h["reward"]))))
-    assert seen == [(1, 1), (2, 2)] and set(history) == {"reward", "kl", "clipped"}
+    assert seen == [(1, 1), (2, 2)] and set(history) == {"reward", "kl", "clipped", "entropy"}
     assert all(0 <= r <= 1 for r in history["reward"]) and history["kl"][-1] > 0
     assert all(torch.equal(v, frozen[k]) for k, v in reference.state_dict().items())
     assert any(not torch.equal(a, b) for a, b in zip(policy.parameters(), reference.parameters(), strict=True))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
 from pathlib import Path
 
 import nbformat
@@ -96,8 +95,16 @@ def write(out_dir: Path, chapters_dir: Path = ROOT / "chapters") -> list[Path]:
     return written
 
 
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__.strip().splitlines()[-1])
-    for notebook in write(Path(sys.argv[1])):
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the student edition with the key's outputs, for strict nbval.",
+                                     epilog=__doc__.strip().splitlines()[-1])
+    parser.add_argument("out_dir", type=Path, help="the folder to write the edition into (replaced)")
+    args = parser.parse_args(argv)
+    for notebook in write(args.out_dir):
         print(notebook)
+
+
+if __name__ == "__main__":
+    main()

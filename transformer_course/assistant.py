@@ -90,8 +90,9 @@ NEW_ROW_NOISE = 0.02  # the spread of the noise added to the new rows (GPT-2's i
 
 
 def grow_rows(weight: torch.Tensor, n_new: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """weight [V, C] -> [V + n_new, C]: the V rows unchanged, each new row the mean of the V rows plus
-    N(0, NEW_ROW_NOISE²) noise drawn from `generator` (a new tensor; `weight` is left as it was)."""
+    """weight [V, C] -> [V + n_new, C]: the V rows unchanged; each new row gives its token the average of the
+    V tokens' logits at every position, plus N(0, NEW_ROW_NOISE²) noise drawn from `generator` (a new
+    tensor; `weight` is left as it was)."""
     n_new = whole_number(n_new, "n_new", low=0)
     mean = weight.mean(dim=0, keepdim=True)  # (1, C)
     noise = torch.randn(n_new, weight.shape[1], generator=generator, dtype=weight.dtype) * NEW_ROW_NOISE

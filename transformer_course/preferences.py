@@ -100,8 +100,8 @@ def preference_pairs(model: GPT, tok: ChatTokenizer, tasks: list[Example], sampl
 
 def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
              ref_rejected: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed reply log-probabilities [B] under the policy and the reference -> (mean DPO loss, margins [B]),
-    margin = beta · ((policy_chosen − ref_chosen) − (policy_rejected − ref_rejected))."""
+    """Summed reply log-probabilities [B] under the policy and the reference -> (mean DPO loss, margins [B]):
+    a margin is the chosen reply's implicit reward minus the rejected reply's."""
     margins = beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected))  # (B,)
     return -F.logsigmoid(margins).mean(), margins
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .arguments import real_number, whole_number
+from .arguments import choice, real_number, whole_number
 from .assistant import IGNORE, ChatTokenizer, Example, reply_ids
 from .model import GPT
 from .preferences import (
@@ -25,14 +25,18 @@ from .preferences import reply_logprobs as _package_logprobs  # the notebook kee
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """rewards [P, G] -> advantages [P, G]: each reward minus its row's mean, over the row's population
-    standard deviation plus eps (a row of equal rewards gives zeros)."""
+    """rewards [P, G] -> advantages [P, G], each row on its own: summing to zero, with a population spread
+    of 1 (up to eps), and zeros for a row of equal rewards."""
     mean = rewards.mean(dim=1, keepdim=True)  # (P, 1)
     std = rewards.std(dim=1, keepdim=True, correction=0)  # (P, 1)
     return (rewards - mean) / (std + eps)
 
 
-__all__ = ['group_advantages', 'clipped_objective', 'Rollout', 'rollout', 'grpo']
+__all__ = [
+    'group_advantages', 'clipped_objective', 'masked_mean', 'masked_sum', 'baseline_advantages',
+    'policy_gradient_loss', 'sft_loss', 'token_entropy', 'Rollout', 'rollout', 'grpo',
+    'expert_iteration', 'hasty_check',
+]
 
 
 def clipped_objective(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torch.Tensor,
@@ -49,6 +53,46 @@ def clipped_objective(logp: torch.Tensor, logp_old: torch.Tensor, logp_ref: torc
     mask = mask.float()
     per_reply = ((surrogate - kl_coef * k3) * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # (N,)
     return -per_reply.mean()
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """values, mask [N, T] -> [N]: each row's mean over its masked-in positions (0 for an empty row)."""
+    mask = mask.float()
+    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, constant: float) -> torch.Tensor:
+    """values, mask [N, T] -> scalar: the sum over every masked-in position, divided by `constant` (Dr. GRPO
+    takes the largest number of tokens a batch could hold, so every token weighs the same)."""
+    return (values * mask.float()).sum() / real_number(constant, "constant", low=0, low_open=True)
+
+
+def baseline_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """rewards [P, G] -> [P, G]: each reward minus its group's mean (a baseline; no division)."""
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def policy_gradient_loss(logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                         length: str = "reply", constant: float | None = None) -> torch.Tensor:
+    """Token log-probabilities [N, T], advantages [N], mask [N, T] -> the REINFORCE loss −A · log π per
+    token, averaged over each reply then over replies (length "reply"), or summed and divided by
+    `constant` (length "constant"; default: the number of positions N · T)."""
+    per_token = -advantages.unsqueeze(1) * logp  # (N, T)
+    if choice(length, "length", ("reply", "constant")) == "reply":
+        return masked_mean(per_token, mask).mean()
+    return masked_sum(per_token, mask, mask.numel() if constant is None else constant)
+
+
+def sft_loss(logp: torch.Tensor, mask: torch.Tensor, normaliser: float) -> torch.Tensor:
+    """Token log-probabilities [N, T] and mask [N, T] -> the cross-entropy of the masked-in tokens, summed and
+    divided by `normaliser` (their count gives chapter 11's per-token mean)."""
+    return masked_sum(-logp, mask, normaliser)
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] -> [...]: the entropy −Σ p log p of each position's next-token distribution, in nats."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
 
 
 @dataclass
@@ -76,36 +120,57 @@ def rollout(policy: GPT, tok: ChatTokenizer, tasks: list[Example], group: int, g
     return Rollout(x, y, texts, torch.tensor(rewards).view(len(tasks), group))
 
 
+def _advantages(rewards: torch.Tensor, kind: str) -> torch.Tensor:
+    """rewards [P, G] -> advantages [N]: the rewards themselves ("raw"), minus the group's mean ("baseline"),
+    or also divided by its spread ("group", GRPO's)."""
+    kinds = {"raw": lambda r: r, "baseline": baseline_advantages, "group": group_advantages}
+    return kinds[choice(kind, "advantage", tuple(kinds))](rewards).flatten()
+
+
+def _policy_loss(kind: str, length: str, logp, logp_old, logp_ref, advantages, mask, clip, kl_coef):
+    """GRPO's clipped objective ("clipped"), or REINFORCE ("pg") with the same KL term to the reference."""
+    if kind == "clipped":
+        return clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef)
+    kl_only = clipped_objective(logp, logp_old, logp_ref, torch.zeros_like(advantages), mask, clip, kl_coef)
+    return policy_gradient_loss(logp, advantages, mask, length) + kl_only
+
+
 def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
          lr: float = 1e-4, clip: float = 0.2, kl_coef: float = 0.04, inner_steps: int = 2, seed: int = 0,
          check=is_right, avoid: frozenset[str] = frozenset(), progress: bool = False,
-         on_step=None, logprobs=None) -> dict[str, list[float]]:
+         on_step=None, logprobs=None, loss: str = "clipped", advantage: str = "group",
+         length: str = "reply") -> dict[str, list[float]]:
     """`steps` GRPO steps on fresh strange words (none in `avoid`) scored by `check`; `reference` stays
-    frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token) and clipped (the
-    share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step). `on_step(step,
+    frozen. Returns, per step: reward (the rollout's mean), kl (mean k3 per reply token), clipped (the
+    share of reply tokens whose ratio left [1 − clip, 1 + clip] on the last inner step) and entropy (the
+    sampled tokens' mean −log π_old: an estimate of the policy's entropy per token, in nats). `on_step(step,
     history)`, if given, is called after each step (step counts from 1), e.g. to evaluate. `logprobs(model,
-    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None)."""
+    x, y)` gives the token log-probabilities [N, T] (`reply_logprobs` of `preferences` when None). The
+    ladder's rungs: `loss` "clipped" or "pg" (REINFORCE), `advantage` "group", "baseline" or "raw", and for
+    "pg" `length` "reply" (each reply's mean) or "constant" (a sum over N · T)."""
     from tqdm.auto import tqdm
 
     real_number(kl_coef, "kl_coef", low=0)
     real_number(clip, "clip", low=0, low_open=True)
+    if choice(loss, "loss", ("clipped", "pg")) == "clipped" and length != "reply":
+        raise ValueError(f"length={length!r} needs loss='pg': the clipped objective averages each reply")
     logprobs = _package_logprobs if logprobs is None else logprobs
     reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
-    history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": []}
+    history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": [], "entropy": []}
     for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
         tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
         batch = rollout(policy, tok, tasks, group, generator, check)
-        advantages = group_advantages(batch.rewards).flatten()  # (N,)
+        advantages = _advantages(batch.rewards, advantage)  # (N,)
         mask = batch.y != IGNORE
         with torch.no_grad():
             logp_old = logprobs(policy, batch.x, batch.y)
             logp_ref = logprobs(reference, batch.x, batch.y)
         for _ in range(whole_number(inner_steps, "inner_steps")):
             logp = logprobs(policy, batch.x, batch.y)
-            descend(policy, optimizer, clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef),
-                    "GRPO")
+            descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask, clip,
+                                                    kl_coef), "GRPO")
         with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
             tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
             kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
@@ -113,6 +178,39 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
         history["reward"].append(batch.rewards.mean().item())
         history["kl"].append(kl.item())
         history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
+        history["entropy"].append(-tokens[1].mean().item())
         if on_step is not None:
             on_step(step + 1, history)
     return history
+
+
+def expert_iteration(policy: GPT, tok: ChatTokenizer, steps: int, tasks_per_step: int = 16, group: int = 8,
+                     lr: float = 1e-4, seed: int = 0, check=is_right, avoid: frozenset[str] = frozenset(),
+                     progress: bool = False, on_step=None, logprobs=None) -> dict[str, list[float]]:
+    """The baseline RL has to beat: each step samples `group` replies (temperature 1) to fresh words, keeps
+    the replies `check` accepts, and takes one supervised step on them (cross-entropy per kept token).
+    Returns, per step: reward (the rollout's mean) and kept (replies trained on)."""
+    from tqdm.auto import tqdm
+
+    logprobs = _package_logprobs if logprobs is None else logprobs
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+    rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
+    history: dict[str, list[float]] = {"reward": [], "kept": []}
+    for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="expert iteration"):
+        tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
+        batch = rollout(policy, tok, tasks, group, generator, check)
+        keep = batch.rewards.flatten() > 0  # (N,)
+        if keep.any():
+            mask = batch.y[keep] != IGNORE
+            logp = logprobs(policy, batch.x[keep], batch.y[keep])
+            descend(policy, optimizer, sft_loss(logp, mask, mask.sum().item()), "expert iteration")
+        history["reward"].append(batch.rewards.mean().item())
+        history["kept"].append(float(keep.sum().item()))
+        if on_step is not None:
+            on_step(step + 1, history)
+    return history
+
+
+def hasty_check(task: Example, reply: str) -> bool:
+    """A checker with a hole, for the experiments: a reply passes if it appears inside the right answer."""
+    return reply in task.answer
