@@ -168,3 +168,34 @@ def test_a_reference_is_the_object_itself():
 
     failed = check_object_reference(lambda T: causal_mask(T).logical_not(), quiet=True)
     assert failed.use is causal_mask and failed.message.endswith("package's causal_mask")
+
+
+def test_the_tables_of_mistakes_expect_answer_number_and_mask():
+    import pytest
+    import torch
+
+    from transformer_course.checks import CheckFailed, expect_answer, expect_mask, expect_number, planted
+
+    def twice(x, *, off_by_one=False, negated=False):  # a reference with one switch per planted mistake
+        return -2 * x if negated else 2 * x + off_by_one
+
+    table = [("added one", dict(off_by_one=True)), ("negated", dict(negated=True))]
+    expect_answer(6, twice(3), planted(table, twice, 3), "never")
+    with pytest.raises(CheckFailed, match=r"^negated$"):
+        expect_answer(-6, twice(3), planted(table, twice, 3), "never")
+    with pytest.raises(CheckFailed, match=r"^not 5$"):
+        expect_answer(5, twice(3), planted(table, twice, 3), "not 5")
+    expect_answer(6.0005, 6.0, atol=1e-3)
+    with pytest.raises(CheckFailed, match=r"^added one$"):  # numbers within atol of a mistake
+        expect_answer(7.0004, 6.0, [("added one", 7.0)], "never", atol=1e-3)
+    assert expect_number(3) == 3
+    with pytest.raises(CheckFailed, match=r"^return a whole number, got 3.0$"):
+        expect_number(3.0, "a whole number", int)
+    with pytest.raises(CheckFailed, match=r"^return a number, got True$"):
+        expect_number(True)
+    causal = torch.ones(3, 3, dtype=torch.bool).tril()
+    expect_mask(causal, causal, str, str)
+    with pytest.raises(CheckFailed, match=r"^0 sees 1$"):
+        expect_mask(torch.ones(3, 3, dtype=torch.bool), causal, lambda i, j: f"{i} sees {j}", str)
+    with pytest.raises(CheckFailed, match=r"^0 misses 0$"):
+        expect_mask(causal & ~torch.eye(3, dtype=torch.bool), causal, str, lambda i, j: f"{i} misses {j}")

@@ -16,6 +16,7 @@ from transformer_course.checks.preferences import (
     check_pair_logprobs,
     check_pass_at_k,
     check_predict_first_dpo_loss,
+    check_predict_group_baseline,
     check_reply_logprobs,
 )
 from transformer_course.preferences import dpo_loss, pair_logprobs, reply_logprobs
@@ -176,3 +177,13 @@ def test_a_detached_objective_is_rejected():
 ])
 def test_pass_at_k_mistakes_are_named(fn, hint):
     assert_rejected(check_pass_at_k, fn, hint)
+
+
+def test_predicting_the_group_baseline_accepts_the_answer_and_names_the_mistakes():
+    assert run(check_predict_group_baseline, lambda: (0.875, "smaller")).passed
+    for guess, hint in [((1.0, "smaller"), "holds reply i's own reward"), ((0.125, "smaller"), "what is left"),
+                        ((9 / 8, "smaller"), "removed (not added)"), ((6 / 7, "smaller"), "G − 1 others"),
+                        ((0.5, "smaller"), "is not it"), ((0.875, "larger"), "common push"),
+                        ((0.875, "less"), '"larger", "smaller" or "same"'), (0.875, "return a pair"),
+                        (("7/8", "smaller"), "a number as the first item")]:
+        assert_rejected(check_predict_group_baseline, lambda guess=guess: guess, hint)

@@ -3,9 +3,12 @@
 A check is a body wrapped by :func:`check`. The body calls the learner's code and states what must
 hold, naming the likely mistake when it does not:
 
-- :func:`expect` (a condition, and the hint when it is false), :func:`expect_tensor` (a tensor, of
-  a shape), :func:`expect_close` (the same values, within a tolerance), :func:`expect_unchanged` (an
-  input left as it was), :func:`expect_runs` (no crash, where a crash has a likely cause);
+- :func:`expect` (a condition, and the hint when it is false), :func:`expect_tensor` (a tensor, of a shape),
+  :func:`expect_number` (a number), :func:`expect_answer` (a predicted answer, or the known wrong answer it equals),
+  :func:`expect_close` (the same values, within a tolerance), :func:`expect_unchanged` (an input left as it was),
+  :func:`expect_runs` (no crash, where a crash has a likely cause), :func:`expect_mask` (an attention mask, the first
+  key seen or hidden wrongly named);
+- :func:`planted`: a table of mistakes, each planted by a switch of a reference written to commit it;
 - :func:`close`, the test behind ``expect_close``, for checks that branch on it, and
   :func:`name_mistake`: which known wrong answer the learner's output equals, and so which hint to
   give (``expect_close(..., mistakes=...)`` asks it when the values differ);
@@ -31,9 +34,7 @@ _ICON = {PASSED: "✅", FAILED: "❌", NOT_DONE: "⏳"}
 RESULT_LINE = re.compile(
     r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$"
 )
-_NOT_DONE_MESSAGE = (
-    "not done yet - the chapter carries on with the package's reference implementation"
-)
+_NOT_DONE_MESSAGE = ("not done yet - the chapter carries on with the package's reference implementation")
 
 
 class CheckFailed(AssertionError):
@@ -86,13 +87,12 @@ def _written_by_learner(code) -> bool:
 
 
 def regrade() -> str:
-    """The grader's verdicts, as JSON ``[[exercise, status], ...]``: the genuine check of every
-    exercise checked since the last call, re-run quietly on the candidate it was given.
+    """The grader's verdicts, as JSON ``[[exercise, status], ...]``: the genuine check of every exercise checked since
+    the last call, re-run quietly on the candidate it was given.
 
-    An outcome appended to the record behind :func:`results`, a printed line, or a check that the
-    notebook defines for an exercise the package already checks count for nothing; the package's
-    own implementation handed in as the answer is "not done". Code that rewrites the checks or
-    torch in memory is not stopped (docs/teaching.md says so)."""
+    An outcome appended to the record behind :func:`results`, a printed line, or a check that the notebook defines for
+    an exercise the package already checks count for nothing; the package's own implementation handed in as the answer
+    is "not done". Code that rewrites the checks or torch in memory is not stopped (docs/teaching.md says so)."""
     import json
 
     verdicts = []
@@ -107,8 +107,6 @@ def regrade() -> str:
 
 
 # ---------------------------------------------------------------- the vocabulary
-
-
 def expect(condition: object, hint: str) -> None:
     """Fail the running check with ``hint`` unless ``condition`` is true."""
     if not condition:
@@ -121,8 +119,7 @@ def _is_tensor(x) -> bool:
 
 
 def close(got, want, atol: float = 1e-5, rtol: float = 1e-5) -> bool:
-    """Whether ``got`` is a tensor of ``want``'s shape, within ``atol + rtol * |want|`` of it
-    (compared in float64)."""
+    """Whether ``got`` is a tensor of ``want``'s shape, within ``atol + rtol * |want|`` of it (compared in float64)."""
     import torch
 
     want = torch.as_tensor(want)
@@ -149,8 +146,14 @@ def name_mistake(got, mistakes: Iterable, *, want=None, atol: float = 1e-5, rtol
     return None
 
 
-def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 1e-5,
-                 mistakes: Iterable = ()) -> None:
+def planted(mistakes: Iterable, reference: Callable, *args, **kwargs) -> list:
+    """A table of planted mistakes, rows of ``(hint, switches)``, as the ``(hint, wrong)`` pairs of
+    :func:`name_mistake`: ``wrong`` computes ``reference(*args, **kwargs, **switches)`` (a reference written with one
+    keyword switch per mistake, that one switched on) when it is needed."""
+    return [(hint, functools.partial(reference, *args, **kwargs, **switches)) for hint, switches in mistakes]
+
+
+def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 1e-5, mistakes: Iterable = ()) -> None:
     """Fail unless two tensors (or array-likes) have the same shape and values.
 
     When the values differ, the hint is that of the known mistake ``actual`` equals (``mistakes``,
@@ -170,12 +173,40 @@ def expect_close(actual, expected, hint: str, atol: float = 1e-5, rtol: float = 
         raise CheckFailed(named or f"{hint} (largest difference {worst:.3g})")
 
 
+def expect_number(got, what: str = "a number", kind=(int, float)):
+    """Fail unless the learner's ``got`` is a number of ``kind`` (never a bool); return it."""
+    expect(isinstance(got, kind) and not isinstance(got, bool), f"return {what}, got {got!r}")
+    return got
+
+
+def expect_answer(got, want, mistakes: Iterable = (), otherwise: str = "", atol: float | None = None) -> None:
+    """Fail unless the learner's answer ``got`` is ``want`` (a number within ``atol``, when given), with the hint of the
+    known mistake it equals (``mistakes``, as for :func:`name_mistake`; numbers within ``atol``), else ``otherwise``."""
+    if atol is None:
+        right = got == want
+    else:
+        import torch
+
+        right = abs(float(got) - float(want)) <= atol
+        got = torch.as_tensor(got, dtype=torch.float64)
+        mistakes = [(hint, torch.as_tensor(wrong, dtype=torch.float64)) for hint, wrong in mistakes]
+    if not right:
+        raise CheckFailed(name_mistake(got, mistakes, atol=atol or 1e-5) or otherwise)
+
+
+def expect_mask(got, want, sees_future: Callable, misses_past: Callable) -> None:
+    """Fail unless the bool mask ``got`` (True = may attend) is ``want``: the first query i that may attend a key j it
+    must not gets the hint ``sees_future(i, j)``, the first that may not attend a key it may, ``misses_past(i, j)``."""
+    for wrong, hint in ((got & ~want, sees_future), (want & ~got, misses_past)):
+        if wrong.any():
+            raise CheckFailed(hint(*wrong.nonzero()[0].tolist()))
+
+
 def expect_tensor(got, shape=None, what: str = "a tensor"):
     """Fail unless the learner's ``got`` is a tensor (of ``shape``, when given); return it."""
     expect(_is_tensor(got), f"return {what}, got {type(got).__name__}")
     if shape is not None:
-        expect(tuple(got.shape) == tuple(shape),
-               f"return {what} of shape {tuple(shape)}, got {tuple(got.shape)}")
+        expect(tuple(got.shape) == tuple(shape), f"return {what} of shape {tuple(shape)}, got {tuple(got.shape)}")
     return got
 
 
@@ -215,8 +246,6 @@ def seeded_randn(*shape: int, seed: int, dtype=None):
 
 
 # ---------------------------------------------------------------- the wrapper
-
-
 def _notebook_rng_kept():
     """The learner's random state, restored when the check ends (no torch yet: nothing to keep)."""
     torch = sys.modules.get("torch")
@@ -243,18 +272,16 @@ def _run_body(body: Callable, candidate, args, kwargs) -> tuple[str, str]:
 def check(exercise: str, name: str, reference=None) -> Callable:
     """Turn ``body(candidate, *args, **kwargs)`` into a learner-facing check.
 
-    The body calls the learner's ``candidate`` on ordinary and edge inputs and uses :func:`expect`
-    and its kin to name the likely mistake. The wrapper prints one line, records and returns the
-    outcome:
+    The body calls the learner's ``candidate`` on ordinary and edge inputs and uses :func:`expect` and its kin to name
+    the likely mistake. The wrapper prints one line, records and returns the outcome:
 
     - ``NotImplementedError`` from the candidate (the student edition's stub) -> "not done yet";
     - :class:`CheckFailed` -> the hint;
     - any other exception -> what was raised, and where in the learner's code.
 
-    ``reference`` is the package's implementation of the same thing (the object itself). With
-    it, the outcome's ``use`` is what the rest of the chapter should run: the learner's candidate
-    when it passed, the reference otherwise, and the printed line says which
-    (``causal_mask = check_causal_mask(causal_mask).use``).
+    ``reference`` is the package's implementation of the same thing (the object itself). With it, the outcome's ``use``
+    is what the rest of the chapter should run: the learner's candidate when it passed, the reference otherwise, and the
+    printed line says which (``causal_mask = check_causal_mask(causal_mask).use``).
     """
     short = getattr(reference, "__name__", None)
 

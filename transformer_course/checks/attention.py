@@ -1,12 +1,10 @@
 """Checks for chapter 03's exercises (single-head attention). Hand-written.
 
-Each check runs the learner's function next to a reference on ordinary and edge inputs and names the
-likely mistake in words. The build exercises (3.2 ``causal_mask``, 3.4
-``scaled_dot_product_attention``) are checked against the package's functions; the extend exercise
-(3.5, ALiBi) against the private reference ``_alibi_bias`` below, which is not part of the package's
-API, and 3.6 (attention tile by tile) against the full attention and ``_online_attention``, with
-``largest_tensor`` measuring the biggest tensor it computes. See ``transformer_course.checks`` for
-how checks report.
+Each check runs the learner's function next to a reference on ordinary and edge inputs and names the likely mistake in
+words. The build exercises (3.2 ``causal_mask``, 3.4 ``scaled_dot_product_attention``) are checked against the package's
+functions; the extend exercise (3.5, ALiBi) against the private reference ``_alibi_bias`` below, which is not part of
+the package's API, and 3.6 (attention tile by tile) against the full attention and ``_online_attention``, with
+``largest_tensor`` measuring the biggest tensor it computes. See ``transformer_course.checks`` for how checks report.
 """
 
 import math
@@ -22,15 +20,16 @@ from ._core import (
     close,
     expect,
     expect_close,
+    expect_mask,
     expect_runs,
     expect_tensor,
     name_mistake,
+    planted,
     seeded_randn,
 )
 
 __all__ = ["check_alibi_bias", "check_attention", "check_attention_scores", "check_causal_mask",
-           "check_predict_equal_scores", "check_tiled_attention", "largest_tensor",
-           "tiled_attention"]
+           "check_predict_equal_scores", "check_tiled_attention", "largest_tensor", "tiled_attention"]
 
 
 def _randn64(*shape: int, seed: int) -> torch.Tensor:
@@ -38,22 +37,18 @@ def _randn64(*shape: int, seed: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- 3.1 scores (debug)
-
-
 @check("3.1", "fixed_scores")
 def check_attention_scores(fn):
     """``fn(q [..., T_q, d_k], k [..., T_k, d_k]) -> scores [..., T_q, T_k] = q kᵀ / √d_k``."""
     # square first: 4 positions and d_k = 4, where multiplying by the untransposed k runs silently
     q, k = _randn64(4, 4, seed=0), _randn64(4, 4, seed=1)
     got = expect_tensor(fn(q, k), what="a tensor of scores")
-    expect(got.shape == (4, 4),
-           f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
+    expect(got.shape == (4, 4), f"scores for 4 queries and 4 keys should be [4, 4], got {tuple(got.shape)}")
     raw = q @ k.T
     expect_close(got, raw / 2.0, "the scores differ from q kᵀ / √d_k", mistakes=[
         ("q @ k multiplies the features of q by the *positions* of k (row m of k is key m): it "
          "only runs when T_k = d_k, and then gives nonsense. Each score is the dot product of a "
-         "query row with a key row: transpose the last two dims of k, q @ k.transpose(-2, -1)",
-         q @ k / 2.0),
+         "query row with a key row: transpose the last two dims of k, q @ k.transpose(-2, -1)", q @ k / 2.0),
         ("q.T @ k compares features with features, [d_k, d_k], and only looks like [T_q, T_k] "
          "when T = d_k; compare positions: q @ k.transpose(-2, -1)", q.T @ k / 2.0),
         ("rows must be queries and columns keys: compute q @ kᵀ, not k @ qᵀ", k @ q.T / 2.0),
@@ -65,14 +60,11 @@ def check_attention_scores(fn):
                       hint="with 3 queries, 5 keys and d_k = 4 your code failed: pair every query "
                            "row with every key row, q @ k.transpose(-2, -1)")
     got = expect_tensor(got, what="a tensor of scores")
-    expect(got.shape != (5, 3), "the scores came out [T_k, T_q]: rows must be queries, so compute "
-                                "q @ kᵀ, not k @ qᵀ")
-    expect(got.shape == (3, 5),
-           f"scores for 3 queries and 5 keys should be [3, 5], got {tuple(got.shape)}")
+    expect(got.shape != (5, 3), "the scores came out [T_k, T_q]: rows must be queries, so compute q @ kᵀ, not k @ qᵀ")
+    expect(got.shape == (3, 5), f"scores for 3 queries and 5 keys should be [3, 5], got {tuple(got.shape)}")
     expect_close(got, q @ k.T / 2.0, "the scores differ from q kᵀ / √d_k")
     expect_close(fn(q[:, :2], k[:, :2]), q[:, :2] @ k[:, :2].T / math.sqrt(2),
-                 "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, "
-                 "math.sqrt(q.shape[-1])")
+                 "with d_k = 2 the scores are wrong: divide by √d_k of *these* inputs, math.sqrt(q.shape[-1])")
     qb, kb = _randn64(2, 3, 4, seed=4), _randn64(2, 5, 4, seed=5)  # a batch of two sequences
     hint = ("works for one sequence but not for a batch [B, T, d_k]: transpose only the last two "
             "dims, k.transpose(-2, -1); k.T reverses every dim")
@@ -81,50 +73,33 @@ def check_attention_scores(fn):
 
 
 # ---------------------------------------------------------------- 3.2 causal mask (build)
-
-
 @check("3.2", "causal_mask", reference=causal_mask)
 def check_causal_mask(fn):
     """``fn(T, device=None) -> Bool [T, T]``, True where query i may attend key j (j <= i)."""
     for T in (1, 4, 7):
         got = expect_tensor(fn(T))
-        expect(got.shape == (T, T),
-               f"the mask for T={T} should be [{T}, {T}], got {tuple(got.shape)}")
+        expect(got.shape == (T, T), f"the mask for T={T} should be [{T}, {T}], got {tuple(got.shape)}")
         expect(got.dtype == torch.bool, f"return a bool tensor (True = may attend), got "
                                         f"{got.dtype}: pass dtype=torch.bool to torch.ones")
-        ref = causal_mask(T)
-        future = got & ~ref
-        if future.any():
-            i, j = future.nonzero()[0].tolist()
-            raise CheckFailed(f"position {i} can see position {j}, which comes after it: keep "
-                              "the lower triangle (tril), not the upper")
-        missing = ref & ~got
-        if missing.any():
-            i, j = missing.nonzero()[0].tolist()
-            raise CheckFailed(
-                f"position {i} cannot see itself: the diagonal must be True (tril, not tril(-1))"
-                if i == j else
-                f"position {i} cannot see the earlier position {j}: every j <= i must be True")
+        expect_mask(got, causal_mask(T), lambda i, j: f"position {i} can see position {j}, which comes after it: "
+                    "keep the lower triangle (tril), not the upper",
+                    lambda i, j: f"position {i} cannot see itself: the diagonal must be True (tril, not tril(-1))"
+                    if i == j else f"position {i} cannot see the earlier position {j}: every j <= i must be True")
     # a device without data: only where the tensor lives is checked
     on_meta = fn(3, device=torch.device("meta"))
-    expect(
-        isinstance(on_meta, torch.Tensor) and on_meta.device.type == "meta",
-        "the mask ignores `device`: create it there (torch.ones(..., device=device)), so that it "
-        "lives where the scores are (on the GPU, in later chapters)",
-    )
+    expect(isinstance(on_meta, torch.Tensor) and on_meta.device.type == "meta", "the mask ignores `device`: create "
+           "it there (torch.ones(..., device=device)), so that it lives where the scores are (on the GPU, in later "
+           "chapters)")
 
 
 # ---------------------------------------------------------------- 3.3 equal scores (predict)
-
-
 @check("3.3", "equal scores")
 def check_predict_equal_scores(fn):
     """``fn() -> 5 weights``: query 2 of a causal head, T = 5, every score 7.0."""
     answer = fn()
     if isinstance(answer, torch.Tensor):
         answer = answer.flatten().tolist()
-    expect(isinstance(answer, (list, tuple)),
-           f"return the 5 weights as a list, got {type(answer).__name__}")
+    expect(isinstance(answer, (list, tuple)), f"return the 5 weights as a list, got {type(answer).__name__}")
     expect(len(answer) == 5, f"one weight per key: T = 5 keys, so 5 numbers, got {len(answer)}")
     try:
         w = [float(x) for x in answer]
@@ -141,16 +116,13 @@ def check_predict_equal_scores(fn):
 
 
 # ---------------------------------------------------------------- 3.4 attention (build)
-
-
 @check("3.4", "scaled_dot_product_attention", reference=scaled_dot_product_attention)
 def check_attention(fn):
     """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0)``
     ``-> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
     q, k, v = _randn64(2, 4, 3, seed=10), _randn64(2, 6, 3, seed=11), _randn64(2, 6, 5, seed=12)
     result = fn(q, k, v)
-    expect(isinstance(result, tuple) and len(result) == 2,
-           "return a pair (out, weights), not just the output")
+    expect(isinstance(result, tuple) and len(result) == 2, "return a pair (out, weights), not just the output")
     out, weights = result
     ref_out, ref_w = scaled_dot_product_attention(q, k, v)
     expect(isinstance(weights, torch.Tensor) and weights.shape == (2, 4, 6), "weights should be "
@@ -167,8 +139,7 @@ def check_attention(fn):
 
     _, w_one = fn(q, k, v, scale=1.0)
     expect_close(w_one, scaled_dot_product_attention(q, k, v, scale=1.0)[1],
-                 "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does "
-                 "not divide)",
+                 "with scale=1.0 the scores are q kᵀ times 1.0 (the scale multiplies, it does not divide)",
                  mistakes=[("`scale` is ignored: when it is given, multiply the scores by it "
                             "instead of 1/√d_k", ref_w)])
 
@@ -182,17 +153,14 @@ def check_attention(fn):
     out, weights = fn(q, k, v, mask)
     _, ref_w = scaled_dot_product_attention(q, k, v, mask)
     expect(not close(weights, scaled_dot_product_attention(q, k, v, ~mask)[1], atol=1e-6),
-           "True in the mask means 'may attend': hide the keys where the mask is False (~mask), "
-           "not where it is True")
+           "True in the mask means 'may attend': hide the keys where the mask is False (~mask), not where it is True")
     expect(not (weights.masked_select(~mask) > 0).any(),
            "a masked key got weight: give masked scores -inf before the softmax, so exp(-inf) = 0")
-    expect_close(weights, ref_w,
-                 "with a mask the weights differ: give masked scores -inf before the softmax")
+    expect_close(weights, ref_w, "with a mask the weights differ: give masked scores -inf before the softmax")
 
     keep = torch.tensor([[True] * 6, [True] * 3 + [False] * 3])[:, None, :]  # padding: [B, 1, T_k]
     expect_close(fn(q, k, v, keep)[1], scaled_dot_product_attention(q, k, v, keep)[1],
-                 "a padding mask [B, 1, T_k] (one row per sequence, broadcast over the queries) "
-                 "gives wrong weights")
+                 "a padding mask [B, 1, T_k] (one row per sequence, broadcast over the queries) gives wrong weights")
     _check_fully_masked_row(fn, q, k, v, mask)
 
 
@@ -201,13 +169,11 @@ def _check_fully_masked_row(fn, q, k, v, mask):
     empty = mask.clone()
     empty[1] = False  # query 1 may attend nothing
     out, weights = fn(q, k, v, empty)
-    expect(not torch.isnan(out).any() and not torch.isnan(weights).any(),
-           "a query whose every key is masked gave NaN (softmax of all -inf is 0/0): set its "
-           "weights to 0 after the softmax")
+    expect(not torch.isnan(out).any() and not torch.isnan(weights).any(), "a query whose every key is masked gave NaN "
+           "(softmax of all -inf is 0/0): set its weights to 0 after the softmax")
     expect(not torch.allclose(weights[:, 1], torch.full_like(weights[:, 1], 1 / 6)),
-           "a query whose every key is masked got equal weights on all 6 keys: that is what a "
-           "large negative number such as -1e9 gives instead of -inf. Use -inf, and set the "
-           "weights of a fully masked row to 0")
+           "a query whose every key is masked got equal weights on all 6 keys: that is what a large negative number "
+           "such as -1e9 gives instead of -inf. Use -inf, and set the weights of a fully masked row to 0")
     expect((out[:, 1] == 0).all() and (weights[:, 1] == 0).all(),
            "a query whose every key is masked must get zero weights (and so a zero output)")
     expect_close(weights, scaled_dot_product_attention(q, k, v, empty)[1],
@@ -217,16 +183,12 @@ def _check_fully_masked_row(fn, q, k, v, mask):
     out, _ = fn(qg, kg, vg, empty)
     out.sum().backward()
     finite = all(t.grad is not None and torch.isfinite(t.grad).all() for t in (qg, kg, vg))
-    expect(finite,
-           "the output is right, but gradients through the fully masked row are NaN, and they "
-           "reach every key: adding an additive -inf mask passes the softmax's NaN gradient back "
-           "to q and k. Set masked scores with scores.masked_fill(~mask, float('-inf')) (it "
-           "blocks their gradient) instead")
+    expect(finite, "the output is right, but gradients through the fully masked row are NaN, and they reach every key: "
+           "adding an additive -inf mask passes the softmax's NaN gradient back to q and k. Set masked scores with "
+           "scores.masked_fill(~mask, float('-inf')) (it blocks their gradient) instead")
 
 
 # ---------------------------------------------------------------- 3.5 ALiBi (extend)
-
-
 def _alibi_bias(T: int, slope: float) -> torch.Tensor:
     """Reference for 3.5: float [T, T], -slope * (i - j) for keys j <= i, -inf for the future."""
     i = torch.arange(T)[:, None]
@@ -242,8 +204,7 @@ def check_alibi_bias(fn):
         got = expect_tensor(fn(T, slope))
         expect(got.dtype.is_floating_point, "return float biases to add to the scores (0 where "
                f"nothing changes, -inf to hide a key), got {got.dtype}")
-        expect(got.shape == (T, T),
-               f"for T={T} the bias should be [{T}, {T}], got {tuple(got.shape)}")
+        expect(got.shape == (T, T), f"for T={T} the bias should be [{T}, {T}], got {tuple(got.shape)}")
         got = got.detach().double()
         expect(not torch.isnan(got).any(), "your bias holds NaN: 0 * -inf is NaN; build the -inf "
                                            "part with masked_fill or torch.where")
@@ -258,9 +219,8 @@ def _expect_alibi_values(got: torch.Tensor, T: int, slope: float) -> None:
     want = _alibi_bias(T, slope).double()
     future = torch.ones(T, T, dtype=torch.bool).triu(1)  # j > i
     past = ~future
-    expect(not torch.isinf(got[past]).any(),
-           "rows are queries and columns keys: key j may be seen by query i when j <= i, so -inf "
-           "belongs above the diagonal (j > i) and the distance penalty on and below it")
+    expect(not torch.isinf(got[past]).any(), "rows are queries and columns keys: key j may be seen by query i when j "
+           "<= i, so -inf belongs above the diagonal (j > i) and the distance penalty on and below it")
     expect(not (got[future] == 0).all(), "0 above the diagonal lets query i attend the future "
                                          "keys j > i: an additive mask hides a key with -inf")
     expect((got[future] == float("-inf")).all(), "the future must stay hidden: the entries above "
@@ -281,8 +241,6 @@ def _expect_alibi_values(got: torch.Tensor, T: int, slope: float) -> None:
 
 
 # ---------------------------------------------------------------- 3.6 attention tile by tile
-
-
 class _LargestTensor(TorchDispatchMode):
     """Records the element count of the largest tensor any operation produces while active."""
 
@@ -361,22 +319,17 @@ def check_tiled_attention(fn):
         where = f"q {tuple(q.shape)}, k {tuple(k.shape)}, tile={tile}, causal={causal}"
         expect(tuple(got.shape) == tuple(want.shape), f"the output is [..., T_q, d_v] = "
                f"{tuple(want.shape)} for {where}, got {tuple(got.shape)}")
-        expect_close(got, want, f"the output differs from softmax(q kᵀ / √d) v ({where})",
-                     atol=1e-9, rtol=1e-9, mistakes=[
-                         (hint, _online_attention(q, k, v, tile, causal, **switch))
-                         for hint, switch in _TILED_MISTAKES])
+        expect_close(got, want, f"the output differs from softmax(q kᵀ / √d) v ({where})", atol=1e-9, rtol=1e-9,
+                     mistakes=planted(_TILED_MISTAKES, _online_attention, q, k, v, tile, causal))
     big_q, big_k = (40 * _randn64(8, 4, seed=s).float() for s in (90, 91))
     v = _randn64(8, 4, seed=92).float()
     got = expect_tensor(fn(big_q, big_k, v, 3), what="a tensor from tiled_attention")
-    expect(bool(torch.isfinite(got).all()), "scores in the hundreds give inf or NaN: exp(800) "
-           "overflows. Subtract each query's running maximum before exp, and rescale the sums "
-           "when it grows")
+    expect(bool(torch.isfinite(got).all()), "scores in the hundreds give inf or NaN: exp(800) overflows. Subtract each "
+           "query's running maximum before exp, and rescale the sums when it grows")
     expect_close(got, scaled_dot_product_attention(big_q, big_k, v)[0],
-                 "with large scores (float32) the output differs from the softmax's",
-                 atol=1e-4, rtol=1e-4)
+                 "with large scores (float32) the output differs from the softmax's", atol=1e-4, rtol=1e-4)
     q, k, v = (_randn64(64, 4, seed=s) for s in (93, 94, 95))
     _, numel = largest_tensor(fn, q, k, v, 8, causal=True)
-    expect(numel <= 64 * 8, f"with T = 64 and tile = 8 your function computed a tensor of "
-           f"{numel:,} numbers; the scores of all queries against one tile are 64 x 8 = 512. "
-           "Build the scores (and any causal mask) one tile of keys at a time, never for all "
-           "64 x 64 pairs")
+    expect(numel <= 64 * 8, f"with T = 64 and tile = 8 your function computed a tensor of {numel:,} numbers; the "
+           "scores of all queries against one tile are 64 x 8 = 512. Build the scores (and any causal mask) one tile "
+           "of keys at a time, never for all 64 x 64 pairs")

@@ -1,12 +1,11 @@
 """Checks for chapter 05's exercises (the transformer block). Hand-written.
 
-Each check runs the learner's code against ``transformer_course.block`` (or PyTorch) on ordinary and
-edge inputs, and when the answer is wrong, tries the usual mistakes one by one to name the likely
-one. Checks build their own small modules under :func:`fresh_rng`, so they never disturb the
-notebook's random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5
-``input_gradient_norms``) are declared with the package's version as ``reference``; 5.2 (debug) and
-5.6 (extend) with the small references below (:func:`gelu_tanh`, :class:`ParallelBlock`), so
-``check_x(x).use`` is what the chapter runs next.
+Each check runs the learner's code against ``transformer_course.block`` (or PyTorch) on ordinary and edge inputs, and
+when the answer is wrong, tries the usual mistakes one by one (the tables of (hint, what the mistake gives) below) to
+name the likely one. Checks build their own small modules under :func:`fresh_rng`, so they never disturb the notebook's
+random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5 ``input_gradient_norms``) are
+declared with the package's version as ``reference``; 5.2 (debug) and 5.6 (extend) with the small references below
+(:func:`gelu_tanh`, :class:`ParallelBlock`), so ``check_x(x).use`` is what the chapter runs next.
 """
 
 from __future__ import annotations
@@ -18,23 +17,14 @@ import torch
 import torch.nn.functional as F
 
 from .. import block as _lib
-from ._core import (
-    check,
-    expect,
-    expect_close,
-    expect_runs,
-    expect_tensor,
-    expect_unchanged,
-    fresh_rng,
-    name_mistake,
-)
+from ._core import check, expect, expect_answer, expect_close, expect_runs, expect_tensor, expect_unchanged, fresh_rng
 
 __all__ = ["ParallelBlock", "check_gelu_tanh", "check_input_gradient_norms", "check_layer_norm",
-           "check_parallel_block", "check_predict_block_parameters", "check_transformer_block",
-           "gelu_tanh"]
+           "check_parallel_block", "check_predict_block_parameters", "check_transformer_block", "gelu_tanh"]
 
 
 _WIDE = "a [4, 64] input is normalised wrongly: work over the last dimension for any shape"
+_BY_C = "normalise over the last dimension (dim=-1, one token's C numbers), not over the"
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -42,18 +32,13 @@ def _generator(seed: int) -> torch.Generator:
 
 
 def _expect_shape_kept(got: torch.Tensor, x: torch.Tensor, what: str = "the input's shape") -> None:
-    expect(tuple(got.shape) == tuple(x.shape),
-           f"keep {what} {tuple(x.shape)}, got {tuple(got.shape)}")
+    expect(tuple(got.shape) == tuple(x.shape), f"keep {what} {tuple(x.shape)}, got {tuple(got.shape)}")
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.1 layer normalisation (build: the teaching path of LayerNorm.forward)
-
-
+# ---------------------------------------------------------------- 5.1 layer normalisation (build: LayerNorm.forward)
 def _ln_mistakes(x, weight, bias, eps):
     """(hint, output) for the usual mistakes in writing layer normalisation."""
-    mean = x.mean(-1, keepdim=True)
-    var = x.var(-1, keepdim=True, correction=0)
+    mean, var = x.mean(-1, keepdim=True), x.var(-1, keepdim=True, correction=0)
     x_hat = (x - mean) / torch.sqrt(var + eps)
 
     def normalised_over(dim):
@@ -61,20 +46,15 @@ def _ln_mistakes(x, weight, bias, eps):
         return centred / torch.sqrt(x.var(dim, keepdim=True, correction=0) + eps) * weight + bias
 
     return [
-        ("you divided the variance by C - 1 (torch.var's default); layer normalisation divides by "
-         "C: use x.var(-1, correction=0) or (x - mean).pow(2).mean(-1)",
+        ("you divided the variance by C - 1 (torch.var's default); layer normalisation divides by C: use "
+         "x.var(-1, correction=0) or (x - mean).pow(2).mean(-1)",
          (x - mean) / torch.sqrt(x.var(-1, keepdim=True) + eps) * weight + bias),
         ("you divided by (std + eps), as source 2 writes it; eps belongs inside the square root: "
-         "(x - mean) / sqrt(var + eps)",
-         (x - mean) / (var.sqrt() + eps) * weight + bias),
-        ("normalise over the last dimension (dim=-1, one token's C numbers), not over the batch",
-         normalised_over(0)),
-        ("normalise over the last dimension (dim=-1, one token's C numbers), not over the "
-         "positions", normalised_over(-2)),
-        ("the normalised values are right, but then multiply by weight (γ) and add bias (β)",
-         x_hat),
-        ("weight (γ) multiplies and bias (β) is added, not the other way round",
-         x_hat * bias + weight),
+         "(x - mean) / sqrt(var + eps)", (x - mean) / (var.sqrt() + eps) * weight + bias),
+        (f"{_BY_C} batch", normalised_over(0)),
+        (f"{_BY_C} positions", normalised_over(-2)),
+        ("the normalised values are right, but then multiply by weight (γ) and add bias (β)", x_hat),
+        ("weight (γ) multiplies and bias (β) is added, not the other way round", x_hat * bias + weight),
         ("you normalised by the variance instead of the standard deviation: take its square root",
          (x - mean) / (var + eps) * weight + bias),
     ]
@@ -84,11 +64,10 @@ def _expect_layer_norm(got, x, weight, bias, eps: float) -> None:
     """Pass if ``got`` is layer_norm(x); otherwise name the first known mistake it matches."""
     mistakes = _ln_mistakes(x, weight, bias, eps)
     if eps != 1e-5:
-        mistakes.insert(0, (f"with eps={eps} the result is wrong: use self.eps instead of a fixed "
-                            "1e-5", F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
-    expect_close(got, F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps),
-                 f"with eps={eps} the values differ from (x - mean) / sqrt(var + eps) * weight + "
-                 "bias over the last dimension", mistakes=mistakes)
+        mistakes.insert(0, (f"with eps={eps} the result is wrong: use self.eps instead of a fixed 1e-5",
+                            F.layer_norm(x, (x.shape[-1],), weight, bias, eps=1e-5)))
+    expect_close(got, F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps), f"with eps={eps} the values differ from "
+                 "(x - mean) / sqrt(var + eps) * weight + bias over the last dimension", mistakes=mistakes)
 
 
 def _layer_norm(cls, C: int, seed: int, **kwargs):
@@ -102,68 +81,55 @@ def _layer_norm(cls, C: int, seed: int, **kwargs):
     return ln
 
 
-def _params(ln):
-    return ln.weight.detach(), None if ln.bias is None else ln.bias.detach()
-
-
 @check("5.1", "LayerNorm", reference=_lib.LayerNorm)
 def check_layer_norm(cls):
     """``cls(C, eps, bias, fast=False)(x [..., C]) -> [..., C]``: the step-by-step formula."""
-    what = "a tensor from LayerNorm(fast=False)"
-    g = _generator(51)
+    what, g = "a tensor from LayerNorm(fast=False)", _generator(51)
     x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
     ln = _layer_norm(cls, 8, seed=51)
-    weight, bias = _params(ln)
+    weight, bias = ln.weight.detach(), None if ln.bias is None else ln.bias.detach()
     x_before = x.clone()
     with torch.no_grad():
         got = expect_tensor(ln(x), what=what)
     expect_unchanged(x, x_before)
     _expect_shape_kept(got, x)
     _expect_layer_norm(got, x, weight, bias, 1e-5)
-    # a token whose numbers are all equal: the variance is 0, eps keeps it finite
-    flat = torch.full((2, 8), 3.0)
+    flat = torch.full((2, 8), 3.0)  # a token whose numbers are all equal: the variance is 0, eps keeps it finite
     with torch.no_grad():
         got_flat = expect_tensor(ln(flat), what=what)
-    expect(bool(torch.isfinite(got_flat).all()), "a token whose numbers are all equal (variance "
-           "0) gave NaN or inf: add eps inside the square root")
-    expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5), "a token whose "
-                 "numbers are all equal normalises to 0, so the output must equal bias")
-    # a large eps makes eps's place in the formula visible (source 2's (std + eps))
-    wide_eps = _layer_norm(cls, 8, seed=51, eps=0.5)
+    expect(bool(torch.isfinite(got_flat).all()), "a token whose numbers are all equal (variance 0) gave NaN or inf: "
+                                                 "add eps inside the square root")
+    expect_close(got_flat, F.layer_norm(flat, (8,), weight, bias, eps=1e-5), "a token whose numbers are all equal "
+                 "normalises to 0, so the output must equal bias")
+    wide_eps = _layer_norm(cls, 8, seed=51, eps=0.5)  # a large eps shows eps's place (source 2's (std + eps))
     with torch.no_grad():
         _expect_layer_norm(expect_tensor(wide_eps(x), what=what), x, weight, bias, 0.5)
-    # without a bias: self.bias is None
-    no_bias = _layer_norm(cls, 8, seed=52, bias=False)
+    no_bias = _layer_norm(cls, 8, seed=52, bias=False)  # without a bias: self.bias is None
+    wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0  # another width and a 2-D input
     with torch.no_grad():
-        got_nb = expect_runs(no_bias, x, errors=TypeError, hint="with bias=False, self.bias is "
-                             "None: add it only when it exists")
-    expect_close(got_nb, F.layer_norm(x, (8,), no_bias.weight.detach(), None, eps=1e-5),
-                 "with bias=False the output is the normalised x times weight, with nothing added")
-    # another width and a 2-D input
-    wide = torch.randn(4, 64, generator=g) * 5.0 - 2.0
-    with torch.no_grad():
-        got_wide = cls(64, fast=False)(wide)
-    expect_close(got_wide, F.layer_norm(wide, (64,)), _WIDE)
-    # the output must stay connected to γ and β, or they never learn
-    ln.zero_grad()
+        got_nb = expect_runs(no_bias, x, errors=TypeError, hint="with bias=False, self.bias is None: add it only "
+                                                                "when it exists")
+        expect_close(got_nb, F.layer_norm(x, (8,), no_bias.weight.detach(), None, eps=1e-5),
+                     "with bias=False the output is the normalised x times weight, with nothing added")
+        expect_close(cls(64, fast=False)(wide), F.layer_norm(wide, (64,)), _WIDE)
+    ln.zero_grad()  # the output must stay connected to γ and β, or they never learn
     out = ln(x)
-    expect(isinstance(out, torch.Tensor) and out.requires_grad,
-           "the output is cut off from weight and bias, so they could never learn: no .detach(), "
-           ".item() or torch.no_grad() inside forward")
+    expect(isinstance(out, torch.Tensor) and out.requires_grad, "the output is cut off from weight and bias, so they "
+           "could never learn: no .detach(), .item() or torch.no_grad() inside forward")
     out.sum().backward()
-    expect(ln.weight.grad is not None and ln.bias.grad is not None
-           and bool(ln.weight.grad.abs().sum() > 0),
+    expect(ln.weight.grad is not None and ln.bias.grad is not None and bool(ln.weight.grad.abs().sum() > 0),
            "weight (γ) and bias (β) get no gradient: use self.weight and self.bias in the formula")
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.2 GPT-2's tanh GELU (debug)
-
-
+# ---------------------------------------------------------------- 5.2 GPT-2's tanh GELU (debug)
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """GPT-2's tanh approximation of GELU, elementwise: the chapter's fallback when 5.2 is not
-    done (the formula itself, as the exercise asks: the check refuses a call of F.gelu)."""
+    """GPT-2's tanh approximation of GELU, elementwise: the chapter's fallback when 5.2 is not done (the formula
+    itself, as the exercise asks: the check refuses a call of F.gelu)."""
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+class _GeluCalled(Exception):
+    pass
 
 
 @contextlib.contextmanager
@@ -172,16 +138,27 @@ def _without_torch_gelu():
     def refused(*args, **kwargs):
         raise _GeluCalled
 
-    saved = F.gelu
-    F.gelu = refused
+    saved, F.gelu = F.gelu, refused
     try:
         yield
     finally:
         F.gelu = saved
 
 
-class _GeluCalled(Exception):
-    pass
+def _gelu_mistakes(x):
+    """(hint, output) for the usual slips in writing the tanh GELU."""
+    c, cubic = math.sqrt(2.0 / math.pi), x + 0.044715 * x**3
+    constant = "the constant in front is sqrt(2 / pi) ≈ 0.798, not sqrt(2 * pi) or 2 / pi"
+    return [
+        ("that is the exact GELU (with erf); this exercise asks for GPT-2's tanh approximation", F.gelu(x)),
+        ("the 0.044715 x³ term is missing inside the tanh: tanh(sqrt(2/pi) * (x + 0.044715 * x**3))",
+         0.5 * x * (1 + torch.tanh(c * x))),
+        ("the result is twice too large: multiply by 0.5", x * (1 + torch.tanh(c * cubic))),
+        (constant, 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * cubic))),
+        (constant, 0.5 * x * (1 + torch.tanh(2 / math.pi * cubic))),
+        ("the cubic term is 0.044715 * x**3 (x cubed), not x squared",
+         0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x**2)))),
+    ]
 
 
 @check("5.2", "my_gelu_tanh", reference=gelu_tanh)
@@ -194,38 +171,21 @@ def check_gelu_tanh(fn):
         with _without_torch_gelu():
             fn(x)
     except _GeluCalled:
-        expect(False, "my_gelu_tanh calls PyTorch's GELU (F.gelu or nn.GELU): write the formula of "
-                      "the cell above with torch.tanh, fixed, so you know what GPT-2 computes")
+        expect(False, "my_gelu_tanh calls PyTorch's GELU (F.gelu or nn.GELU): write the formula of the cell above "
+                      "with torch.tanh, fixed, so you know what GPT-2 computes")
     got = expect_tensor(fn(x), what=what)
     expect_unchanged(x, x_before)
     _expect_shape_kept(got, x)
-    c = math.sqrt(2.0 / math.pi)
-    cubic = x + 0.044715 * x**3
-    constant = "the constant in front is sqrt(2 / pi) ≈ 0.798, not sqrt(2 * pi) or 2 / pi"
-    expect_close(got, F.gelu(x, approximate="tanh"),
-                 "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x³)))", mistakes=[
-        ("that is the exact GELU (with erf); this exercise asks for GPT-2's tanh approximation",
-         F.gelu(x)),
-        ("the 0.044715 x³ term is missing inside the tanh: tanh(sqrt(2/pi) * (x + 0.044715 * "
-         "x**3))", 0.5 * x * (1 + torch.tanh(c * x))),
-        ("the result is twice too large: multiply by 0.5", x * (1 + torch.tanh(c * cubic))),
-        (constant, 0.5 * x * (1 + torch.tanh(math.sqrt(2 * math.pi) * cubic))),
-        (constant, 0.5 * x * (1 + torch.tanh(2 / math.pi * cubic))),
-        ("the cubic term is 0.044715 * x**3 (x cubed), not x squared",
-         0.5 * x * (1 + torch.tanh(c * (x + 0.044715 * x**2)))),
-    ])
+    expect_close(got, F.gelu(x, approximate="tanh"), "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + "
+                 "0.044715 x³)))", mistakes=_gelu_mistakes(x))
     x64 = torch.linspace(-6.0, 6.0, 101, dtype=torch.float64)
     got64 = expect_tensor(fn(x64), what=what)
-    expect(got64.dtype == torch.float64,
-           f"a float64 input should give float64 output, got {got64.dtype}")
-    expect_close(got64, F.gelu(x64, approximate="tanh"),
-                 "in float64 the values differ from PyTorch's tanh GELU", atol=1e-10, rtol=1e-10)
+    expect(got64.dtype == torch.float64, f"a float64 input should give float64 output, got {got64.dtype}")
+    expect_close(got64, F.gelu(x64, approximate="tanh"), "in float64 the values differ from PyTorch's tanh GELU",
+                 atol=1e-10, rtol=1e-10)
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.3 the block's forward pass (build)
-
-
+# ---------------------------------------------------------------- 5.3 the block's forward pass (build)
 def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 2):
     """A small ``cls`` block whose two LayerNorms differ (so using the wrong one shows)."""
     with fresh_rng(seed):
@@ -240,8 +200,8 @@ def _distinct_block(cls, norm: str, seed: int, d_model: int = 16, n_head: int = 
 def _block_mistakes(block, x):
     """(hint, output) for the usual mistakes in a block's forward pass."""
     attn, mlp, ln1, ln2 = block.attn, block.mlp, block.ln1, block.ln2
-    twice = ("the second sublayer must use block.ln2; using block.ln1 twice is the bug in sources "
-             "0 and 4")
+    twice = "the second sublayer must use block.ln2; using block.ln1 twice is the bug in sources 0 and 4"
+    residual = "add each sublayer's output back to its input (the residual connection): x = "
     pre = x + attn(ln1(x))  # after the first pre-norm sublayer
     post = ln1(x + attn(x))  # after the first post-norm sublayer
     if block.norm == "pre":
@@ -249,26 +209,19 @@ def _block_mistakes(block, x):
         on_normed = ln2(h + attn(h))
         return [
             (twice, pre + mlp(ln1(pre))),
-            ("with norm='pre' normalise each sublayer's input and add to the un-normalised x: "
-             "x = x + attn(ln1(x)), then x = x + mlp(ln2(x)); you normalised after the addition "
-             "(post-norm)", ln2(post + mlp(post))),
-            ("add each sublayer's output back to its input (the residual connection): "
-             "x = x + attn(ln1(x))", mlp(ln2(attn(ln1(x))))),
-            ("the residual adds to the original x, not to the normalised ln1(x)",
-             on_normed + mlp(on_normed)),
-            ("the feed-forward sublayer needs its own residual: x = x + mlp(ln2(x))",
-             mlp(ln2(pre))),
-            ("the attention sublayer needs its residual: x = x + attn(ln1(x)), "
-             "not x = attn(ln1(x))",
+            ("with norm='pre' normalise each sublayer's input and add to the un-normalised x: x = x + attn(ln1(x)), "
+             "then x = x + mlp(ln2(x)); you normalised after the addition (post-norm)", ln2(post + mlp(post))),
+            (f"{residual}x + attn(ln1(x))", mlp(ln2(attn(ln1(x))))),
+            ("the residual adds to the original x, not to the normalised ln1(x)", on_normed + mlp(on_normed)),
+            ("the feed-forward sublayer needs its own residual: x = x + mlp(ln2(x))", mlp(ln2(pre))),
+            ("the attention sublayer needs its residual: x = x + attn(ln1(x)), not x = attn(ln1(x))",
              (a := attn(ln1(x))) + mlp(ln2(a))),
         ]
     return [
         (twice, ln1(post + mlp(post))),
-        ("with norm='post' normalise after each addition: x = ln1(x + attn(x)), then "
-         "x = ln2(x + mlp(x)); you normalised the sublayers' inputs (pre-norm)",
-         pre + mlp(ln2(pre))),
-        ("add each sublayer's output back to its input (the residual connection): "
-         "x = ln1(x + attn(x))", ln2(mlp(ln1(attn(x))))),
+        ("with norm='post' normalise after each addition: x = ln1(x + attn(x)), then x = ln2(x + mlp(x)); you "
+         "normalised the sublayers' inputs (pre-norm)", pre + mlp(ln2(pre))),
+        (f"{residual}ln1(x + attn(x))", ln2(mlp(ln1(attn(x))))),
         ("the feed-forward sublayer needs its own residual: x = ln2(x + mlp(x))", ln2(mlp(post))),
         ("the attention sublayer needs its residual: x = ln1(x + attn(x)), not x = ln1(attn(x))",
          ln2((a := ln1(attn(x))) + mlp(a))),
@@ -277,169 +230,143 @@ def _block_mistakes(block, x):
 
 def _package_copy(block):
     """The package's TransformerBlock holding ``block``'s weights (the reference output)."""
-    from transformer_course.block import TransformerBlock
-
     with fresh_rng():
-        ref = TransformerBlock(block.d_model, n_head=block.attn.n_head, norm=block.norm).eval()
+        ref = _lib.TransformerBlock(block.d_model, n_head=block.attn.n_head, norm=block.norm).eval()
     ref.load_state_dict(block.state_dict())
     return ref
 
 
 @check("5.3", "TransformerBlock", reference=_lib.TransformerBlock)
 def check_transformer_block(cls):
-    """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the
-    package's block."""
+    """``cls(d_model, n_head, norm=...)(x [B, T, C], mask=None, cache=None)`` equal to the package's block."""
     x = torch.randn(2, 5, 16, generator=_generator(54))
     for seed, norm in enumerate(("pre", "post")):
         with torch.no_grad():
-            _expect_block(_distinct_block(cls, norm, seed), x)
+            block = _distinct_block(cls, norm, seed)
+            ref, where = _package_copy(block), f" (norm={norm!r})"
+            want = _expect_forward(block, x, ref, "a tensor from TransformerBlock.forward", "the caller's tensor "
+                                   "changes; write x = x + ... instead", f"with norm={norm!r} the output differs "
+                                   "from the block's definition", _block_mistakes(block, x))
+            _expect_mask_and_cache(block, x, want, lambda mask: ref(x, mask=mask), "a tensor from "  # noqa: B023
+                                   "TransformerBlock.forward", where, ", so generation (chapter 07) can use it")
 
 
-def _expect_block(block, x: torch.Tensor) -> None:
-    """5.3 for one block: the whole sequence, with a padding mask, and token by token with a
-    cache."""
-    from transformer_course.multihead import KVCache
-
-    what, norm = "a tensor from TransformerBlock.forward", block.norm
-    ref = _package_copy(block)
+def _expect_forward(block, x, want, what: str, in_place: str, hint: str, mistakes) -> torch.Tensor:
+    """The shared first steps of 5.3 and 5.6: x left as it was, its shape kept, ``want`` (a tensor, or the reference
+    block to run on x) matched or the mistake named; returns the right output."""
     x_before = x.clone()
     got = expect_tensor(block(x), what=what)
-    expect_unchanged(x, x_before, "do not change x in place (x += ...): the caller's tensor "
-                                  "changes; write x = x + ... instead")
+    expect_unchanged(x, x_before, f"do not change x in place (x += ...): {in_place}")
     _expect_shape_kept(got, x, what="the shape [B, T, C] =")
-    want = ref(x)
-    expect_close(got, want, f"with norm={norm!r} the output differs from the block's definition",
-                 mistakes=_block_mistakes(block, x))
+    want = want if isinstance(want, torch.Tensor) else want(x)
+    expect_close(got, want, hint, mistakes=mistakes)
+    return want
+
+
+def _expect_mask_and_cache(block, x, want, masked, what: str, where: str = "", why: str = "") -> None:
+    """5.3 and 5.6: a left-padded batch (``masked(mask)`` is the right output) and token by token with a KV cache
+    (the whole sequence's output ``want``)."""
+    from transformer_course.multihead import KVCache
+
     keep = torch.ones(2, 5, dtype=torch.bool)
     keep[0, :2] = False  # sequence 0 is left-padded with 2 pads
     pad_mask = keep[:, None, None, :]  # [B, 1, 1, T]
-    got_masked = expect_tensor(block(x, mask=pad_mask), what=what)
-    expect_close(got_masked, ref(x, mask=pad_mask),
-                 f"with a padding mask (norm={norm!r}) the output differs", mistakes=[
-        ("the padding mask made no difference: pass mask=mask on to self.attn", want),
-    ])
+    expect_close(expect_tensor(block(x, mask=pad_mask), what=what), masked(pad_mask),
+                 f"with a padding mask{where} the output differs",
+                 mistakes=[("the padding mask made no difference: pass mask=mask on to self.attn", want)])
     cache = KVCache()
     steps = [expect_tensor(block(x[:, t:t + 1], cache=cache), what=what) for t in range(x.shape[1])]
-    expect(cache.length == x.shape[1], "the KV cache stayed empty: pass cache=cache on to "
-                                       "self.attn, so generation (chapter 07) can use it")
-    expect_close(torch.cat(steps, dim=1), want, f"token by token with a cache (norm={norm!r}) the "
-                                                "output differs from the whole sequence at once")
+    expect(cache.length == x.shape[1], f"the KV cache stayed empty: pass cache=cache on to self.attn{why}")
+    expect_close(torch.cat(steps, dim=1), want, f"token by token with a cache{where} the output differs from the "
+                                                "whole sequence at once")
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.4 the size of one GPT-2 small block (predict)
-
-
+# ---------------------------------------------------------------- 5.4 the size of one GPT-2 small block (predict)
 @check("5.4", "my_prediction")
 def check_predict_block_parameters(fn):
     """``fn() -> int``: the parameters of ``TransformerBlock(768, 12)`` with biases."""
-    from transformer_course.block import block_parameter_count
-
     got = fn()
     expect(isinstance(got, (int, float)) and not isinstance(got, bool) and float(got).is_integer(),
            f"return a whole number (int), got {type(got).__name__} {got!r}")
     got, C = int(got), 768
-    want = block_parameter_count(C)
-    expect(got == want, name_mistake(got, [
-        ("count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, and each "
-         "LayerNorm's β)", 12 * C * C + 2 * C),
-        ("include the two LayerNorms: each has a gain γ and a bias β of C numbers",
-         12 * C * C + 9 * C),
+    want = _lib.block_parameter_count(C)
+    expect_answer(got, want, [
+        ("count the bias vectors too (qkv 3C, attention proj C, fc 4C, mlp proj C, and each LayerNorm's β)",
+         12 * C * C + 2 * C),
+        ("include the two LayerNorms: each has a gain γ and a bias β of C numbers", 12 * C * C + 9 * C),
         ("count the biases and the two LayerNorms (γ and β, C numbers each) too", 12 * C * C),
-        ("attention has an output projection proj (C -> C, plus C biases) besides qkv",
-         11 * C * C + 12 * C + 2 * C),
-        ("the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C",
-         6 * C * C + 7 * C + 4 * C),
-        ("qkv maps C to 3C (queries, keys and values): 3C² weights, not C²",
-         10 * C * C + 11 * C + 4 * C),
+        ("attention has an output projection proj (C -> C, plus C biases) besides qkv", 11 * C * C + 12 * C + 2 * C),
+        ("the feed-forward hidden width is 4C: fc is C -> 4C and proj 4C -> C", 6 * C * C + 7 * C + 4 * C),
+        ("qkv maps C to 3C (queries, keys and values): 3C² weights, not C²", 10 * C * C + 11 * C + 4 * C),
         ("that is GPT-2 small's 12 blocks together; the question asks for one block", 12 * want),
-    ]) or f"not {got:,}: add up attention (qkv and proj), the feed-forward network (fc and proj) "
-          "and the two LayerNorms, weights and biases")
+    ], f"not {got:,}: add up attention (qkv and proj), the feed-forward network (fc and proj) and the two LayerNorms, "
+       "weights and biases")
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.5 gradient reaching each layer (build)
-
-
+# ---------------------------------------------------------------- 5.5 gradient reaching each layer (build)
 def _gradient_stack(seed: int):
     """Four small layers of clearly different gains, so order and off-by-one mistakes show."""
-    from torch import nn
-
+    layers = []
     with fresh_rng(seed):
-        layers = []
         for gain in (0.5, 2.0, 0.8, 1.5):
-            linear = nn.Linear(8, 8)
+            linear = torch.nn.Linear(8, 8)
             with torch.no_grad():
                 linear.weight.mul_(gain * 3.0)
-            layers.append(nn.Sequential(linear, nn.Tanh()))
+            layers.append(torch.nn.Sequential(linear, torch.nn.Tanh()))
     return layers
 
 
-def _through(layers, x):
-    for layer in layers:
-        x = layer(x)
-    return x.detach()
+def _norm_mistakes(layers, x, grad_out, want):
+    """(hint, norms) for the usual mistakes in collecting the gradient norms."""
+    def at_outputs():  # the norms one layer up: the gradient at each output, grad_output's last
+        with torch.enable_grad():
+            above = _lib.input_gradient_norms(layers[1:], layers[0](x).detach(), grad_out)
+        return torch.cat([above, grad_out.norm()[None]])
+
+    return [
+        ("put the bottom layer first: entry 0 belongs to layers[0], the layer that receives x", want.flip(0)),
+        ("record the gradient at each layer's input, not its output: entry 0 is the gradient at x itself", at_outputs),
+        ("start the backward pass from grad_output (torch.autograd.grad(out, inputs, grad_outputs=grad_output)), not "
+         "from out.sum()", _lib.input_gradient_norms(layers, x, torch.ones_like(grad_out))),
+        ("return the norm of each gradient, not its square", want.pow(2)),
+    ]
 
 
 @check("5.5", "input_gradient_norms", reference=_lib.input_gradient_norms)
 def check_input_gradient_norms(fn):
     """``fn(layers, x, grad_output) -> Tensor[len(layers)]``: norm of dL/d(input of each layer)."""
-    from transformer_course.block import TransformerBlock, input_gradient_norms
-
-    what = "a tensor from input_gradient_norms"
-    layers = _gradient_stack(55)
-    g = _generator(55)
+    norms, what = _lib.input_gradient_norms, "a tensor from input_gradient_norms"
+    layers, g = _gradient_stack(55), _generator(55)
     x, grad_out = torch.randn(3, 5, 8, generator=g), torch.randn(3, 5, 8, generator=g)
     x_arg = x.clone()
     got = expect_tensor(fn(layers, x_arg, grad_out.clone()), what=what)
-    expect(not x_arg.requires_grad, "your code switched on requires_grad of the caller's x: work "
-                                    "on a copy, x.detach().requires_grad_(True)")
-    expect(all(p.grad is None for layer in layers for p in layer.parameters()),
-           "the layers' parameters got a .grad: leave them untouched, with "
-           "torch.autograd.grad(out, inputs, grad_outputs=grad_output) instead of .backward()")
+    expect(not x_arg.requires_grad, "your code switched on requires_grad of the caller's x: work on a copy, "
+                                    "x.detach().requires_grad_(True)")
+    expect(all(p.grad is None for layer in layers for p in layer.parameters()), "the layers' parameters got a "
+           ".grad: leave them untouched, with torch.autograd.grad(out, inputs, grad_outputs=grad_output) instead of "
+           ".backward()")
     expect(got.ndim == 1 and got.numel() == len(layers),
            f"return one number per layer: shape [{len(layers)}], got {tuple(got.shape)}")
     expect(not got.requires_grad, "return the norms without autograd history (.detach())")
-    want = input_gradient_norms(layers, x, grad_out)
-
-    def at_outputs():  # the norms one layer up: the gradient at each output, grad_output's last
-        with torch.enable_grad():
-            above = input_gradient_norms(layers[1:], _through(layers[:1], x), grad_out)
-        return torch.cat([above, grad_out.norm()[None]])
-
-    expect_close(got, want, "the gradient norms differ from the reference", atol=1e-4, mistakes=[
-        ("put the bottom layer first: entry 0 belongs to layers[0], the layer that receives x",
-         want.flip(0)),
-        ("record the gradient at each layer's input, not its output: entry 0 is the gradient at "
-         "x itself", at_outputs),
-        ("start the backward pass from grad_output (torch.autograd.grad(out, inputs, "
-         "grad_outputs=grad_output)), not from out.sum()",
-         input_gradient_norms(layers, x, torch.ones_like(grad_out))),
-        ("return the norm of each gradient, not its square", want.pow(2)),
-    ])
-    # a stack of transformer blocks works too, and a stack of one
-    with fresh_rng(56):
-        blocks = [TransformerBlock(16, n_head=2) for _ in range(3)]
+    want = norms(layers, x, grad_out)
+    expect_close(got, want, "the gradient norms differ from the reference", atol=1e-4,
+                 mistakes=_norm_mistakes(layers, x, grad_out, want))
+    with fresh_rng(56):  # a stack of transformer blocks works too, and a stack of one
+        blocks = [_lib.TransformerBlock(16, n_head=2) for _ in range(3)]
     xb, gb = torch.randn(2, 4, 16, generator=g), torch.randn(2, 4, 16, generator=g)
-    got = expect_tensor(fn(blocks, xb, gb), what=what).detach()
-    expect_close(got, input_gradient_norms(blocks, xb, gb),
+    expect_close(expect_tensor(fn(blocks, xb, gb), what=what).detach(), norms(blocks, xb, gb),
                  "on a stack of 3 TransformerBlocks the norms differ from the reference", atol=1e-4)
-    one = expect_tensor(fn(layers[:1], x, grad_out), what=what).detach()
-    expect_close(one, input_gradient_norms(layers[:1], x, grad_out),
+    expect_close(expect_tensor(fn(layers[:1], x, grad_out), what=what).detach(), norms(layers[:1], x, grad_out),
                  "a stack of one layer gives a wrong norm", atol=1e-4)
 
 
-# ---------------------------------------------------------------------------------------------
-# 5.6 the parallel block (extend)
-
-
+# ---------------------------------------------------------------- 5.6 the parallel block (extend)
 class ParallelBlock(_lib.TransformerBlock):
-    """GPT-J's and PaLM's block: attention and the MLP read the same normalised input and both
-    outputs join the residual stream at once, x + attn(ln1(x)) + mlp(ln1(x)); ``ln2`` is unused.
+    """GPT-J's and PaLM's block: attention and the MLP read the same normalised input and both outputs join the
+    residual stream at once, x + attn(ln1(x)) + mlp(ln1(x)); ``ln2`` is unused.
     ``forward(x [B, T, C], mask=None, cache=None) -> [B, T, C]``, as ``TransformerBlock``'s."""
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
         h = self.ln1(x)  # (B, T, C): one normalisation for both sublayers
         return x + self.attn(h, mask=mask, cache=cache) + self.mlp(h)
 
@@ -450,15 +377,12 @@ def _parallel_mistakes(block, x):
     h = ln1(x)
     after_attn = x + attn(h)
     return [
-        ("that is section 5's sequential block: in the parallel block the MLP reads ln1(x), the "
-         "same normalised input as attention, not the attention's result",
-         after_attn + mlp(ln2(after_attn))),
-        ("the MLP reads the attention's result here; both sublayers read ln1(x) and are added to x "
-         "together", after_attn + mlp(ln1(after_attn))),
-        ("one normalisation serves both sublayers: self.mlp(self.ln1(x)), not self.ln2",
-         after_attn + mlp(ln2(x))),
-        ("add both outputs to x itself (the residual stream), not to the normalised ln1(x)",
-         h + attn(h) + mlp(h)),
+        ("that is section 5's sequential block: in the parallel block the MLP reads ln1(x), the same normalised input "
+         "as attention, not the attention's result", after_attn + mlp(ln2(after_attn))),
+        ("the MLP reads the attention's result here; both sublayers read ln1(x) and are added to x together",
+         after_attn + mlp(ln1(after_attn))),
+        ("one normalisation serves both sublayers: self.mlp(self.ln1(x)), not self.ln2", after_attn + mlp(ln2(x))),
+        ("add both outputs to x itself (the residual stream), not to the normalised ln1(x)", h + attn(h) + mlp(h)),
         ("the residual is missing: x + attn(ln1(x)) + mlp(ln1(x))", attn(h) + mlp(h)),
         ("the MLP's output is missing: add mlp(ln1(x)) as well", after_attn),
         ("the attention's output is missing: add attn(ln1(x)) as well", x + mlp(h)),
@@ -467,34 +391,14 @@ def _parallel_mistakes(block, x):
 
 @check("5.6", "ParallelBlock", reference=ParallelBlock)
 def check_parallel_block(cls):
-    """``cls(d_model, n_head)``: a ``TransformerBlock`` whose ``forward(x, mask=None, cache=None)``
-    is x + attn(ln1(x)) + mlp(ln1(x))."""
-    from transformer_course.multihead import KVCache
-
-    what = "a tensor from ParallelBlock.forward"
+    """``cls(d_model, n_head)``: a ``TransformerBlock`` whose ``forward(x, mask=None, cache=None)`` is
+    x + attn(ln1(x)) + mlp(ln1(x))."""
     x = torch.randn(2, 5, 16, generator=_generator(56))
     with torch.no_grad():
         block = _distinct_block(cls, "pre", seed=6)
-        x_before = x.clone()
-        got = expect_tensor(block(x), what=what)
-        expect_unchanged(x, x_before, "do not change x in place (x += ...): write x + ... instead")
-        _expect_shape_kept(got, x, what="the shape [B, T, C] =")
         h = block.ln1(x)
-        want = x + block.attn(h) + block.mlp(h)
-        expect_close(got, want, "the output differs from x + attn(ln1(x)) + mlp(ln1(x))",
-                     mistakes=_parallel_mistakes(block, x))
-        keep = torch.ones(2, 5, dtype=torch.bool)
-        keep[0, :2] = False  # sequence 0 is left-padded with 2 pads
-        pad_mask = keep[:, None, None, :]  # [B, 1, 1, T]
-        got_masked = expect_tensor(block(x, mask=pad_mask), what=what)
-        expect_close(got_masked, x + block.attn(h, mask=pad_mask) + block.mlp(h),
-                     "with a padding mask the output differs", mistakes=[
-            ("the padding mask made no difference: pass mask=mask on to self.attn", want),
-        ])
-        cache = KVCache()
-        steps = [expect_tensor(block(x[:, t:t + 1], cache=cache), what=what)
-                 for t in range(x.shape[1])]
-        expect(cache.length == x.shape[1],
-               "the KV cache stayed empty: pass cache=cache on to self.attn")
-        expect_close(torch.cat(steps, dim=1), want, "token by token with a cache the output "
-                                                    "differs from the whole sequence at once")
+        want = _expect_forward(block, x, x + block.attn(h) + block.mlp(h), "a tensor from ParallelBlock.forward",
+                               "write x + ... instead", "the output differs from x + attn(ln1(x)) + mlp(ln1(x))",
+                               _parallel_mistakes(block, x))
+        _expect_mask_and_cache(block, x, want, lambda mask: x + block.attn(h, mask=mask) + block.mlp(h),
+                               "a tensor from ParallelBlock.forward")

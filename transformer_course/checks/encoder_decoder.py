@@ -11,11 +11,10 @@ import torch.nn.functional as F
 
 from ..encoder_decoder import CrossAttention, EncoderDecoder, Seq2SeqConfig, key_mask
 from ..multihead import MultiHeadAttention
-from ._core import CheckFailed, check, expect, expect_close, expect_tensor, fresh_rng, name_mistake
+from ._core import CheckFailed, check, expect, expect_close, expect_tensor, fresh_rng, name_mistake, planted
+
 
 # ---------------------------------------------------------------- 9.1 predict: the weights' shape
-
-
 @check("9.1", "my_prediction")
 def check_predict_cross_weights_shape(fn):
     """``fn() -> (B, nh, T, S)`` for B 2, 4 heads, 3 decoder and 5 encoder positions."""
@@ -23,13 +22,10 @@ def check_predict_cross_weights_shape(fn):
     expect(isinstance(got, tuple | list | torch.Size) and all(isinstance(d, int) for d in got),
            "return the shape as a tuple of ints, e.g. (1, 2, 3, 4)")
     got = tuple(got)
-    expect(len(got) != 3,
-           "each head has its own weights: the shape has four numbers, [batch, heads, ..., ...]")
+    expect(len(got) != 3, "each head has its own weights: the shape has four numbers, [batch, heads, ..., ...]")
     expect(len(got) == 4, f"four numbers: [batch, heads, queries, keys], got {len(got)}")
-    expect(got[:2] == (2, 4),
-           f"the first two numbers are the batch (2) and the heads (4), got {got[:2]}")
-    square = ("not square: the queries come from the decoder (3 positions) and the keys from the "
-              "encoder (5)")
+    expect(got[:2] == (2, 4), f"the first two numbers are the batch (2) and the heads (4), got {got[:2]}")
+    square = ("not square: the queries come from the decoder (3 positions) and the keys from the encoder (5)")
     expect(got == (2, 4, 3, 5), name_mistake(got, [
         ("rows are the queries and columns the keys: the queries come from the decoder "
          "(3 positions), the keys from the encoder (5 positions)", (2, 4, 5, 3)),
@@ -39,8 +35,6 @@ def check_predict_cross_weights_shape(fn):
 
 
 # ---------------------------------------------------------------- 9.2 build: CrossAttention
-
-
 def _cross(attn, x, memory, mask=None, *, kv_from_x=False, order="qkv", causal=False,
            use_mask=True, proj=True, scale=True):
     """CrossAttention's output computed from `attn`'s parameters, with one mistake switched on at
@@ -75,16 +69,12 @@ _CAUSAL = ("a causal mask was applied: cross-attention has none, every decoder p
 _MISTAKES = [  # (hint, the switch that makes _cross commit it)
     ("the keys and values come from the decoder states x: they must come from memory (the "
      "encoder output), only the queries from x", dict(kv_from_x=True)),
-    ("queries and keys are swapped: qkv's rows are [q | k | v], the first C rows are W_q",
-     dict(order="kqv")),
-    ("keys and values are swapped: rows C..2C of qkv are W_k, rows 2C..3C are W_v",
-     dict(order="qvk")),
+    ("queries and keys are swapped: qkv's rows are [q | k | v], the first C rows are W_q", dict(order="kqv")),
+    ("keys and values are swapped: rows C..2C of qkv are W_k, rows 2C..3C are W_v", dict(order="qvk")),
     (_CAUSAL, dict(causal="top")),
     (_CAUSAL, dict(causal="bottom")),
-    ("padded source positions are attended: pass `mask` on to the attention",
-     dict(use_mask=False)),
-    ("the heads are merged but not projected: finish with self.proj (and self.resid_dropout)",
-     dict(proj=False)),
+    ("padded source positions are attended: pass `mask` on to the attention", dict(use_mask=False)),
+    ("the heads are merged but not projected: finish with self.proj (and self.resid_dropout)", dict(proj=False)),
     ("the scores are not scaled by 1/sqrt(hs): use self.attend(q, k, v, mask)", dict(scale=False)),
 ]
 
@@ -100,14 +90,12 @@ def _random_cross(cls, C: int, nh: int, fast: bool, seed: int):
 
 @check("9.2", "CrossAttention", reference=CrossAttention)
 def check_cross_attention(cls):
-    """``cls(d_model, n_head, fast=...)`` with
-    ``forward(x [B, T, C], memory [B, S, C], mask) -> [B, T, C]``."""
+    """``cls(d_model, n_head, fast=...)`` with ``forward(x [B, T, C], memory [B, S, C], mask) -> [B, T, C]``."""
     g = torch.Generator().manual_seed(9)
     C, nh = 16, 4
     for fast in (False, True):
         attn = _random_cross(cls, C, nh, fast, seed=1)
-        expect(isinstance(attn, MultiHeadAttention),
-               "keep the class a subclass of MultiHeadAttention, built as given")
+        expect(isinstance(attn, MultiHeadAttention), "keep the class a subclass of MultiHeadAttention, built as given")
         with fresh_rng():
             ref = CrossAttention(C, nh, fast=fast).eval()
         ref.load_state_dict(attn.state_dict())
@@ -117,32 +105,26 @@ def check_cross_attention(cls):
 
 
 def _expect_cross(attn, ref, x, memory, fast: bool) -> None:
-    """9.2 for one layer: without and with the source's padding, one step, and a source that is all
-    padding."""
+    """9.2 for one layer: without and with the source's padding, one step, and a source that is all padding."""
     C, nh = attn.d_model, attn.n_head
     keep = torch.tensor([[True] * 5, [True, True, False, False, False]])
     for mask in (None, key_mask(keep)):  # without a mask first, then with the source's padding
         got = expect_tensor(attn(x, memory, mask), what="a tensor from forward")
         expect(tuple(got.shape) != (2, 5, C), "the output has one vector per encoder position: "
                "the queries come from x (the decoder), one output per decoder position")
-        expect(tuple(got.shape) == (2, 3, C),
-               f"the output must be [B, T, C] = (2, 3, {C}), got {tuple(got.shape)}")
+        expect(tuple(got.shape) == (2, 3, C), f"the output must be [B, T, C] = (2, 3, {C}), got {tuple(got.shape)}")
         expect(not got.isnan().any(), "the output holds NaN")
-        expect_close(got, ref(x, memory, mask),
-                     f"the output differs from the reference CrossAttention (fast={fast})",
-                     mistakes=[(hint, _cross(attn, x, memory, mask, **switch))
-                               for hint, switch in _MISTAKES])
+        expect_close(got, ref(x, memory, mask), f"the output differs from the reference CrossAttention (fast={fast})",
+                     mistakes=planted(_MISTAKES, _cross, attn, x, memory, mask))
     if not fast:
         weights = attn.last_weights
         expect(isinstance(weights, torch.Tensor), "with fast=False the weights must be kept "
                "in self.last_weights: use self.attend(q, k, v, mask)")
         expect(tuple(weights.shape) == (2, nh, 3, 5),
-               f"last_weights should be [B, nh, T, S] = (2, {nh}, 3, 5), got "
-               f"{tuple(weights.shape)}")
+               f"last_weights should be [B, nh, T, S] = (2, {nh}, 3, 5), got {tuple(weights.shape)}")
         expect_close(weights, ref.last_weights, "last_weights differ from the reference's")
     one = attn(x[:, :1], memory)  # one decoder step, no mask
-    expect_close(one, ref(x[:, :1], memory),
-                 "one decoder position without a mask gives another output")
+    expect_close(one, ref(x[:, :1], memory), "one decoder position without a mask gives another output")
     nothing = key_mask(torch.zeros(1, 5, dtype=torch.bool))
     empty = attn(x[:1], memory[:1], nothing)
     expect(not empty.isnan().any(), "a source that is all padding gives NaN: self.attend returns "
@@ -152,11 +134,8 @@ def _expect_cross(attn, ref, x, memory, fast: bool) -> None:
 
 
 # ---------------------------------------------------------------- 9.3 debug: the memory mask
-
-
 def _memory_mask(T: int, src_keep: torch.Tensor) -> torch.Tensor:
-    """The cross-attention mask, bool [B, 1, T, S]: every decoder position sees every real source
-    token."""
+    """The cross-attention mask, bool [B, 1, T, S]: every decoder position sees every real source token."""
     return src_keep[:, None, None, :].expand(-1, 1, T, -1)
 
 
@@ -171,33 +150,27 @@ def check_memory_mask(fn):
     for T, keep in cases:
         B, S = keep.shape
         got = expect_tensor(fn(T, keep.clone()))
-        expect(got.dtype == torch.bool,
-               f"return a bool mask (True = may attend), got dtype {got.dtype}")
+        expect(got.dtype == torch.bool, f"return a bool mask (True = may attend), got dtype {got.dtype}")
         try:
             full = torch.broadcast_to(got, (B, 1, T, S))
         except RuntimeError:
             raise CheckFailed(f"the mask must broadcast to [B, 1, T, S] = {(B, 1, T, S)}, got "
                               f"{tuple(got.shape)}") from None
         want = _memory_mask(T, keep)
-        expect(not (full.equal(~want) and want.any()),
-               "the mask is inverted: True must mean 'may attend'")
+        expect(not (full.equal(~want) and want.any()), "the mask is inverted: True must mean 'may attend'")
         hidden = want & ~full  # real source tokens the decoder cannot see
         if hidden.any():
             b, _, t, s = (int(i) for i in hidden.nonzero()[0])
-            expect(not (s > t), f"decoder position {t} cannot see source position {s}: "
-                                "cross-attention needs no causal mask, the whole source is known "
-                                "before decoding starts")
+            expect(not (s > t), f"decoder position {t} cannot see source position {s}: cross-attention needs no causal "
+                                "mask, the whole source is known before decoding starts")
             raise CheckFailed(f"decoder position {t} cannot see source position {s}, a real token")
         expect(not (full & ~want).any(), "padded source positions are visible: hide key s where "
                                          "src_keep[b, s] is False")
 
 
 # ---------------------------------------------------------------- 9.4 extend: beam search
-
-
 @torch.no_grad()
-def _beam_search(model, src, bos_id: int, eos_id: int, beam_size: int = 4,
-                 max_new_tokens: int = 11):
+def _beam_search(model, src, bos_id: int, eos_id: int, beam_size: int = 4, max_new_tokens: int = 11):
     """The `beam_size` most probable hypotheses kept at each step (ranked by their summed
     log-probabilities); one that produces `eos_id` is finished. Returns (ids, score) of the best
     finished one (the best unfinished one when none finished within `max_new_tokens` steps)."""
@@ -258,8 +231,7 @@ def _ids(ids) -> list:
 
 @check("9.4", "my_beam_search", reference=_beam_search)
 def check_beam_search(fn):
-    """``fn(model, src [1, S], bos_id, eos_id, beam_size, max_new_tokens)``
-    ``-> (ids: list[int], score: float)``."""
+    """``fn(model, src [1, S], bos_id, eos_id, beam_size, max_new_tokens)`` ``-> (ids: list[int], score: float)``."""
     bos, eos = 1, 2
     for seed, source in BEAM_CASES:
         model = _small_model(seed)
@@ -269,32 +241,27 @@ def check_beam_search(fn):
             expect(isinstance(got, tuple | list) and len(got) == 2, "return a pair (ids, score)")
             ids, score = _ids(got[0]), float(got[1])
             expect(ids and ids[0] == bos, "the ids must start with bos_id, as greedy_decode's do")
-            expect(eos not in ids[1:-1],
-                   "a hypothesis is finished at its first eos_id: do not extend it further")
-            expect(len(ids) - 1 <= steps,
-                   f"{len(ids) - 1} new tokens, more than max_new_tokens={steps}")
+            expect(eos not in ids[1:-1], "a hypothesis is finished at its first eos_id: do not extend it further")
+            expect(len(ids) - 1 <= steps, f"{len(ids) - 1} new tokens, more than max_new_tokens={steps}")
             _expect_score(score, _log_prob(model, src, ids), len(ids) - 1)
             if beam_size == 1:
                 greedy = model.greedy_decode(src, bos, eos, max_new_tokens=steps)[0].tolist()
                 expect(ids == greedy, "with beam_size=1 the search must give greedy_decode's "
                        f"answer {greedy}, got {ids}: keep the single best extension at each step")
             else:
-                want_ids, want = _beam_search(model, src, bos, eos, beam_size=beam_size,
-                                              max_new_tokens=steps)
+                want_ids, want = _beam_search(model, src, bos, eos, beam_size=beam_size, max_new_tokens=steps)
                 expect(not (ids[-1] != eos and want_ids[-1] == eos),
                        "return the best *finished* hypothesis (one that ends with eos_id)")
-                expect(score >= want - 1e-4, "with a beam wide enough to keep every hypothesis, "
-                       f"the best finished sequence scores {want:.4f}, yours {score:.4f}: rank "
-                       "the extensions of all live hypotheses together by their total "
-                       "log-probability and keep the beam_size best")
+                expect(score >= want - 1e-4, "with a beam wide enough to keep every hypothesis, the best finished "
+                       f"sequence scores {want:.4f}, yours {score:.4f}: rank the extensions of all live hypotheses "
+                       "together by their total log-probability and keep the beam_size best")
     for seed, source in BEAM_NARROW:
         model, src = _small_model(seed), torch.tensor(source)
         ids = _ids(fn(model, src, bos, eos, beam_size=2, max_new_tokens=4)[0])
         want_ids, _ = _beam_search(model, src, bos, eos, beam_size=2, max_new_tokens=4)
-        expect(ids == want_ids, f"with beam_size=2 the search should return {want_ids}, got "
-               f"{ids}: rank the extensions of all live hypotheses together by their total "
-               "log-probability (the sum over all their tokens, not the last token's alone) and "
-               "keep the beam_size best")
+        expect(ids == want_ids, f"with beam_size=2 the search should return {want_ids}, got {ids}: rank the extensions "
+               "of all live hypotheses together by their total log-probability (the sum over all their tokens, not the "
+               "last token's alone) and keep the beam_size best")
 
 
 def _expect_score(score: float, true: float, new_tokens: int) -> None:
@@ -305,6 +272,5 @@ def _expect_score(score: float, true: float, new_tokens: int) -> None:
            "return the total log-probability (a sum of log_softmax values)")
     expect(not math.isclose(score, true / new_tokens, abs_tol=1e-4),
            "score is divided by the length: return the plain sum of the log-probabilities")
-    raise CheckFailed(f"score {score:.4f} is not the summed log-probability of the returned "
-                      f"tokens ({true:.4f}): add log_softmax of each chosen token to its "
-                      "hypothesis's score")
+    raise CheckFailed(f"score {score:.4f} is not the summed log-probability of the returned tokens ({true:.4f}): add "
+                      "log_softmax of each chosen token to its hypothesis's score")

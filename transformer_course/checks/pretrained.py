@@ -1,10 +1,9 @@
 """Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written.
 
-Each check runs the learner's function next to a reference on ordinary and edge inputs and names the
-likely mistake in words. See ``transformer_course.checks`` for how checks report. Exercise 8.2's
-reference is the package's ``hf_key_map``; 8.3's and 8.4's live here (``_split_qkv``,
-``_to_hf_state_dict``). Exercise 8.4 also runs the exported tensors in Hugging Face's own GPT-2 when
-``transformers`` is installed.
+Each check runs the learner's function next to a reference on ordinary and edge inputs and names the likely mistake in
+words. See ``transformer_course.checks`` for how checks report. Exercise 8.2's reference is the package's
+``hf_key_map``; 8.3's and 8.4's live here (``_split_qkv``, ``_to_hf_state_dict``). Exercise 8.4 also runs the exported
+tensors in Hugging Face's own GPT-2 when ``transformers`` is installed.
 """
 
 from collections.abc import Mapping
@@ -13,24 +12,12 @@ import torch
 
 from ..multihead import split_heads
 from ..pretrained import convert_hf_state_dict, hf_key_map
-from ._core import (
-    CheckFailed,
-    check,
-    close,
-    expect,
-    expect_close,
-    expect_tensor,
-    fresh_rng,
-    name_mistake,
-    seeded_randn,
-)
+from ._core import CheckFailed, check, close, expect, expect_close, expect_tensor, fresh_rng, name_mistake, seeded_randn
 
-__all__ = ["check_hf_key_map", "check_predict_silent_transpose", "check_split_qkv",
-           "check_to_hf_state_dict"]
+__all__ = ["check_hf_key_map", "check_predict_silent_transpose", "check_split_qkv", "check_to_hf_state_dict"]
 
 
 # ---------------------------------------------------------------- 8.1 a silent missing transpose
-
 _CONV1D = {  # a GPT-2 block's Conv1D weights and their shapes in the file ([in, out]), C = 64
     "attn.c_attn.weight": "[C, 3C] = [64, 192] in the file and [192, 64] in ours",
     "attn.c_proj.weight": "[C, C] = [64, 64] on both sides",
@@ -48,8 +35,7 @@ def check_predict_silent_transpose(fn):
            f"{type(got).__name__}")
     names = {str(n).removeprefix("transformer.").removeprefix("h.0.") for n in got}
     unknown = sorted(names - set(_CONV1D))
-    expect(not unknown, f"{', '.join(unknown)}: not one of the four Conv1D weights; choose among "
-                        f"{', '.join(_CONV1D)}")
+    expect(not unknown, f"{', '.join(unknown)}: not one of the four Conv1D weights; choose among {', '.join(_CONV1D)}")
     for name in names:
         expect(name == "attn.c_proj.weight", f"{name} is {_CONV1D[name]}: the shapes differ, so "
                                              "load_state_dict refuses it untransposed")
@@ -58,8 +44,6 @@ def check_predict_silent_transpose(fn):
 
 
 # ---------------------------------------------------------------- 8.2 the name map
-
-
 def _block_part(name: str) -> tuple[str, str]:
     """"h.3.ln_1.weight" -> ("3", "ln_1.weight"); "wte.weight" -> ("", "wte.weight")."""
     name = str(name)
@@ -74,8 +58,7 @@ def check_hf_key_map(fn):
     """``fn(n_layer) -> {hf_name: (our_name, transpose)}`` for every tensor of a GPT-2 file."""
     for n_layer in (2, 1, 3, 0):
         got, want = fn(n_layer), hf_key_map(n_layer)
-        expect(isinstance(got, Mapping), "return a dict {hf_name: (our_name, transpose)}, got "
-                                         f"{type(got).__name__}")
+        expect(isinstance(got, Mapping), f"return a dict {{hf_name: (our_name, transpose)}}, got {type(got).__name__}")
         keys = {str(k) for k in got}
         expect(not any(k.startswith("transformer.") for k in keys), 'leave out the "transformer." '
                "prefix: some files have it, some do not, and the loader strips it")
@@ -86,8 +69,7 @@ def check_hf_key_map(fn):
                    f"the value for {k!r} should be a pair (our name, transpose?), got {v!r}")
         _expect_blocks(keys, n_layer)
         missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
-        expect(not missing, f"no entry for {', '.join(missing[:3])}"
-                            f"{' ...' if len(missing) > 3 else ''} "
+        expect(not missing, f"no entry for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} "
                             f"(n_layer={n_layer}: 4 + 12 x {n_layer} = {len(want)} entries)")
         expect(not extra, f"{', '.join(extra[:3])}: not the name of a tensor in the GPT-2 file")
         ours = {name for name, _ in want.values()}
@@ -107,9 +89,8 @@ def _expect_blocks(keys: set, n_layer: int) -> None:
            "blocks are numbered from 0 in the file and in our GPT: h.0 ... h.<n_layer - 1>")
     expect(not (n_layer > 1 and blocks == {"0"}), f"with n_layer={n_layer} only block 0 is "
            f"mapped: add the twelve entries of every block h.0 ... h.{n_layer - 1}")
-    expect(blocks <= wanted_blocks, f"with n_layer={n_layer} the file has blocks h.0 ... "
-           f"h.{n_layer - 1} only, but the map has {sorted(blocks - wanted_blocks)[:3]}: use "
-           "n_layer")
+    expect(blocks <= wanted_blocks, f"with n_layer={n_layer} the file has blocks h.0 ... h.{n_layer - 1} only, but the "
+           f"map has {sorted(blocks - wanted_blocks)[:3]}: use n_layer")
 
 
 def _wrong_name(k: str, got_name: str, ours: set) -> str:
@@ -123,8 +104,7 @@ def _wrong_name(k: str, got_name: str, ours: set) -> str:
     if j and not i:
         return f"{k} sits outside the blocks, in the file and in our GPT"
     if i != j:
-        return (f"{k} belongs to block {i} of our GPT, not to "
-                f"{'block ' + j if j else 'the top level'}")
+        return (f"{k} belongs to block {i} of our GPT, not to {'block ' + j if j else 'the top level'}")
     if pair in ({"ln_1", "ln2"}, {"ln_2", "ln1"}):
         return ("ln_1 and ln_2 are swapped: ln_1 normalises before the attention (our ln1), "
                 "ln_2 before the MLP (our ln2)")
@@ -143,8 +123,7 @@ def _wrong_transpose(k: str, want_t: bool) -> str:
         return (f"{k} is a Conv1D weight too: it is square, [C, C], so a missing transpose raises "
                 "no error and silently gives wrong outputs (Exercise 8.1)")
     if want_t:
-        return (f"{k} is a Conv1D weight, [in, out] in the file: it must be transposed for "
-                "nn.Linear's [out, in]")
+        return (f"{k} is a Conv1D weight, [in, out] in the file: it must be transposed for nn.Linear's [out, in]")
     if k.endswith(("wte.weight", "wpe.weight")):
         return (f"{k} is a lookup table (one row per token or position), stored the same way on "
                 "both sides: do not transpose it")
@@ -152,8 +131,6 @@ def _wrong_transpose(k: str, want_t: bool) -> str:
 
 
 # ---------------------------------------------------------------- 8.3 the packed q | k | v (debug)
-
-
 def _split_qkv(packed: torch.Tensor, n_head: int) -> tuple[torch.Tensor, ...]:
     """GPT-2's packed c_attn output [B, T, 3C] = [q | k | v] -> (q, k, v), each [B, nh, T, hs]."""
     C = packed.shape[-1] // 3
@@ -163,8 +140,7 @@ def _split_qkv(packed: torch.Tensor, n_head: int) -> tuple[torch.Tensor, ...]:
 
 @check("8.3", "my_split_qkv", reference=_split_qkv)
 def check_split_qkv(fn):
-    """``fn(packed [B, T, 3C], n_head) -> (q, k, v)``, each [B, nh, T, hs], from GPT-2's
-    [q | k | v]."""
+    """``fn(packed [B, T, 3C], n_head) -> (q, k, v)``, each [B, nh, T, hs], from GPT-2's [q | k | v]."""
     # several heads, then a single one
     for B, T, C, nh, seed in ((2, 5, 12, 3, 0), (1, 4, 8, 1, 1)):
         hs = C // nh
@@ -196,13 +172,11 @@ def check_split_qkv(fn):
 
 
 # ---------------------------------------------------------------- 8.4 GPT-2's layout (extend)
-
 _PREFIX = "transformer."
 
 
 def _to_hf_state_dict(model) -> dict[str, torch.Tensor]:
-    """Our GPT (GPT-2's shape) -> the tensors of a `GPT2LMHeadModel` state_dict, names and layouts
-    included."""
+    """Our GPT (GPT-2's shape) -> the tensors of a `GPT2LMHeadModel` state_dict, names and layouts included."""
     ours = model.state_dict()
     out = {}
     for hf_name, (name, transpose) in hf_key_map(len(model.blocks)).items():
@@ -213,8 +187,7 @@ def _to_hf_state_dict(model) -> dict[str, torch.Tensor]:
 
 
 def _random_gpt(n_layer: int, seed: int):
-    """A small GPT shaped like GPT-2 whose every tensor is random (so no two can be mixed up
-    unseen)."""
+    """A small GPT shaped like GPT-2 whose every tensor is random (so no two can be mixed up unseen)."""
     from ..model import GPT, GPTConfig
 
     with fresh_rng(seed):
@@ -227,14 +200,12 @@ def _random_gpt(n_layer: int, seed: int):
 
 
 def _stand_in(n_layer: int):
-    """Hugging Face's GPT2LMHeadModel of the same sizes as `_random_gpt`, or None without
-    transformers."""
+    """Hugging Face's GPT2LMHeadModel of the same sizes as `_random_gpt`, or None without transformers."""
     try:
         from ..pretrained import make_hf_stand_in
 
         with fresh_rng():  # transformers initialises from the global random state
-            return make_hf_stand_in(vocab_size=40, n_positions=12, n_embd=16, n_layer=n_layer,
-                                    n_head=2)
+            return make_hf_stand_in(vocab_size=40, n_positions=12, n_embd=16, n_layer=n_layer, n_head=2)
     except ImportError:
         return None
 
@@ -245,8 +216,7 @@ def check_to_hf_state_dict(fn):
     for n_layer, seed in ((2, 0), (1, 1)):
         model = _random_gpt(n_layer, seed)
         got, want = fn(model), _to_hf_state_dict(model)
-        expect(isinstance(got, Mapping),
-               f"return a dict from names to tensors, got {type(got).__name__}")
+        expect(isinstance(got, Mapping), f"return a dict from names to tensors, got {type(got).__name__}")
         keys = set(got)
         expect(not (keys and not any(str(k).startswith(_PREFIX) for k in keys)),
                "GPT2LMHeadModel names the body's tensors with \"transformer.\" in front: "
@@ -256,9 +226,8 @@ def check_to_hf_state_dict(fn):
         expect("lm_head.weight" in keys, "GPT2LMHeadModel's state_dict also lists lm_head.weight "
                                          "(the same tensor as transformer.wte.weight): include it")
         missing, extra = sorted(set(want) - keys), sorted(keys - set(want))
-        expect(not missing, f"no tensor for {', '.join(missing[:3])}"
-                            f"{' ...' if len(missing) > 3 else ''} "
-                            f"(a GPT with {n_layer} block(s) has {len(want)})")
+        expect(not missing, f"no tensor for {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''} (a GPT with "
+                            f"{n_layer} block(s) has {len(want)})")
         expect(not extra, f"{', '.join(extra[:3])}: not a name in GPT2LMHeadModel's state_dict")
         for name, w in want.items():
             _expect_hf_tensor(got[name], name, w, want)

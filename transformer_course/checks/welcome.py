@@ -17,11 +17,7 @@ def check_char_frequencies(fn):
         got = fn(text)
         expect(isinstance(got, dict), f"return a dict (got {type(got).__name__})")
         want = char_frequencies(text)
-        expect(set(got) == set(want),
-               f"on {text!r} the keys should be every distinct character: {sorted(want)}")
+        expect(set(got) == set(want), f"on {text!r} the keys should be every distinct character: {sorted(want)}")
         expect(got == want, f"on {text!r} some counts are wrong: expected {want}")
-        expect(
-            list(got) == list(want),
-            "the counts are right but the order is not: sort most frequent first, ties "
-            f"alphabetical (expected {list(want)}, got {list(got)})",
-        )
+        expect(list(got) == list(want), "the counts are right but the order is not: sort most frequent first, ties "
+                                        f"alphabetical (expected {list(want)}, got {list(got)})")
