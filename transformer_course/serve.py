@@ -5,12 +5,16 @@ Hand-written, not exported. ``/v1/models``, ``/v1/completions`` and, for a chat 
 answer plain or streamed as server-sent events; ``/`` is the chat page (``static/chat.html``, one file,
 nothing fetched from elsewhere). The server is FastAPI on uvicorn: the course's optional extra ``serve``.
 
-The tokens come from chapter 07's ``generation.stream`` (what ``generate`` returns, token for token): the
-request's ``seed`` seeds a ``torch.Generator``, ``temperature`` 0 is greedy, ``top_p`` is the nucleus, and
-a chat model stops at its ``<|end|>``. The model has one worker thread, so requests wait their turn and
-never interleave on it; a client that goes away (the page's Stop button) ends its generation at the next
-token, plain or streamed. Errors have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``,
-with status 400 (a bad request), 404 (an unknown model or path), 413 (a body over ``max_body`` bytes), 503
+The model has one thread, running chapter 15's continuous-batching ``batching.Engine`` over a paged KV cache
+(``--kv-cache-mb``) with a prefix cache: requests join and leave between two decode steps, each drawing with
+its own ``torch.Generator`` seeded by the request's ``seed`` (``temperature`` 0 is greedy, ``top_p`` the
+nucleus, a chat model stops at its ``<|end|>``), so each reply is, token for token, what chapter 07's
+``generate`` gives that request alone (``--max-batch 1`` serves one request at a time). A request waits in
+line while the batch or the cache is full; past ``--max-waiting`` waiting, a new one gets 429 with
+``Retry-After``. A client that goes away (the page's Stop button) ends its generation and frees its blocks
+before the next step, plain or streamed. ``/metrics`` reports the engine in Prometheus' text format. Errors
+have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``, with status 400 (a bad
+request), 404 (an unknown model or path), 413 (a body over ``max_body`` bytes), 429 (too many waiting), 503
 (the server is stopping) or 500.
 
 No one request can stall the others (issue 55): a body is read up to ``max_body`` bytes only (413 beyond),
@@ -30,8 +34,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -39,7 +43,9 @@ from pathlib import Path
 
 import torch
 
-from .generation import decode_stream, stream
+from .batching import Engine, Request, Sequence
+from .generation import decode_stream
+from .paged_cache import PagedKVCache
 
 # what the `serve` extra installs (pyproject.toml): the module each needs, by package name
 SERVE_EXTRA = {"fastapi": "fastapi", "uvicorn": "uvicorn"}
@@ -48,6 +54,11 @@ CHAT_MAX_TOKENS = 24
 MAX_TOKENS_LIMIT = 4096  # a completion longer than the context slides its window; this bounds one request
 MAX_BODY_BYTES = 4 * 2**20  # the largest request body read (`--max-body-mb`); a longer one gets 413 unread
 TOKEN_DELAY_LIMIT = 60.0  # the longest `token_delay`, in seconds
+KV_CACHE_MB = 32.0  # the paged KV cache's memory (`--kv-cache-mb`): 512 blocks of 16 positions of the chat model
+KV_BLOCK_SIZE = 16  # positions per block of the paged KV cache (chapter 15)
+MAX_BATCH = 64  # the most sequences decoded at once (`--max-batch`; 1: one request at a time, as before)
+SWITCH_INTERVAL = 2e-4  # seconds: how soon Python hands the GIL between the event loop and the engine (`run`)
+MAX_WAITING = 256  # the most requests waiting for a place; one more gets 429 with Retry-After (`--max-waiting`)
 CHAT_PROMPT_MIN = 3  # the shortest chat prompt: <|user|>, <|end|> (an empty message) and <|assistant|>
 # the OpenAI API's parameters this server does not implement: what it would have to do, and the values that
 # ask for nothing (accepted, as null is); any other value is refused, naming the parameter
@@ -73,9 +84,10 @@ SHIPPED_DESCRIPTIONS = {  # what the page and /v1/models say of each shipped cha
 class RequestError(ValueError):
     """A request the server refuses: HTTP `status` and the OpenAI error's `param` and `code`."""
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400):
+    def __init__(self, message: str, param: str | None = None, code: str | None = None, status: int = 400,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.param, self.code, self.status = param, code, status
+        self.param, self.code, self.status, self.headers = param, code, status, headers
 
 
 def missing_extra() -> list[str]:
@@ -150,13 +162,15 @@ def load_served(checkpoint=None, shipped: str = "shakespeare_chat", name: str | 
 # ---------------------------------------------------------------- requests
 @dataclass
 class Sampling:
-    """A request's sampling: what `generation.stream` takes, and the stop strings."""
+    """A request's sampling: what `generation.stream` takes, and the stop strings; ``ignore_eos`` (vLLM's
+    extension of the API, for load tests): the end token is an ordinary token, so max_tokens are written."""
 
     max_tokens: int
     temperature: float
     top_p: float | None
     seed: int
     stop: list[str]
+    ignore_eos: bool = False
 
 
 def _show(value, limit: int = 80) -> str:
@@ -202,7 +216,7 @@ def sampling(body: dict, default_max_tokens: int) -> Sampling:
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise RequestError("stop must be a non-empty string or a list of at most 4 of them", "stop", "invalid_value")
     return Sampling(max_tokens, float(temperature), None if top_p >= 1 else float(top_p),
-                    secrets.randbits(63) if seed is None else seed % 2**64, stop)
+                    secrets.randbits(63) if seed is None else seed % 2**64, stop, _flag(body, "ignore_eos"))
 
 
 def _flag(body: dict, key: str) -> bool:
@@ -313,7 +327,7 @@ def chat_ids(served: Served, body: dict, room: int) -> list[int]:
         raise RequestError(str(error), "messages", code) from None
 
 
-# ---------------------------------------------------------------- generation, one request at a time
+# ---------------------------------------------------------------- generation: the engine's thread
 @dataclass
 class Answer:
     """What a generation produced so far: the finish reason once it ended, and the token counts."""
@@ -357,95 +371,278 @@ def check_token_delay(token_delay) -> float:
     return float(token_delay)
 
 
+class _Feed:
+    """Token ids handed to `decode_stream` one at a time: it reads one id per piece it writes, so a next() on
+    its generator after each id pushed never finds the feed empty before `done`."""
+
+    def __init__(self):
+        self.ids: deque[int] = deque()
+        self.done = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.ids:
+            return self.ids.popleft()
+        raise StopIteration
+
+
+class _Cancel(threading.Event):
+    """A request's cancel flag: setting it (the client went away, the server stops) also cancels its
+    sequence in the engine, which frees its blocks before the next step."""
+
+    seq: Sequence | None = None  # set by the engine's thread once the request is submitted
+
+    def set(self) -> None:
+        super().set()
+        if self.seq is not None:
+            self.seq.cancel()
+
+
+@dataclass(eq=False)
+class _Ticket:
+    """One request between the event loop and the engine's thread: what it asks, where its tokens go."""
+
+    request: Request
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # a token id, ("end", finish) or an exception, for `ModelWorker.pieces`
+    cancel: _Cancel
+
+
+def _deliver(items: list[tuple[_Ticket, object]]) -> None:
+    """On the event loop: hand each item to its request."""
+    for ticket, item in items:
+        ticket.queue.put_nowait(item)
+
+
+def _send(items: list[tuple[_Ticket, object]]) -> None:
+    """From the engine's thread: one wake-up of each event loop per step, whatever the number of tokens."""
+    loops: dict[asyncio.AbstractEventLoop, list] = {}
+    for ticket, item in items:
+        loops.setdefault(ticket.loop, []).append((ticket, item))
+    for loop, batch in loops.items():
+        try:
+            loop.call_soon_threadsafe(_deliver, batch)
+        except RuntimeError:  # the loop is gone: the server stopped
+            for ticket, _ in batch:
+                ticket.cancel.set()
+
+
+class _ServedEngine(Engine):
+    """Chapter 15's `Engine`, each forward pass made through the model's ``__call__``, so that the model's
+    forward hooks (a profiler, the tests' counters) see one call per pass, as they did when requests ran one
+    at a time."""
+
+    def _compute(self, seqs):
+        model = self.model
+        model.forward = lambda: Engine._compute(self, seqs)  # this one call, then the class's forward again
+        try:
+            return model()
+        finally:
+            del model.forward
+
+
 class ModelWorker:
-    """The model's one thread: each request's generation runs there in its turn, its text pieces sent back
-    to the event loop as they come; a request that stops listening ends its generation at the next token,
-    and `stop` (the server stopping) ends them all."""
+    """The model's one thread, running chapter 15's continuous-batching `Engine` over a paged KV cache of
+    ``kv_cache_mb`` megabytes: requests join and leave between two decode steps, each with its own sampling,
+    ``max_batch`` at most at once; the others wait in line (past ``max_waiting`` waiting, a new one gets 429).
+    A request that stops listening frees its blocks before the next step, and `stop` (the server stopping)
+    ends them all. ``token_delay`` seconds pass after each step (to watch the tokens come)."""
 
-    def __init__(self, served: Served, token_delay: float = 0.0):
+    def __init__(self, served: Served, token_delay: float = 0.0, kv_cache_mb: float = KV_CACHE_MB,
+                 max_batch: int = MAX_BATCH, max_waiting: int = MAX_WAITING):
+        from .generation import _never_sampled
+
         self.served = served
-        self.token_delay = check_token_delay(token_delay)  # seconds to wait after each token (to watch them come)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+        self.token_delay = check_token_delay(token_delay)  # seconds to wait after each step (to watch them come)
+        self.max_waiting = _positive(max_waiting, "max_waiting")
+        never = _never_sampled(served.allowed, served.model.cfg.vocab_size, next(served.model.parameters()).device)
+        self.engine = _ServedEngine(served.model, PagedKVCache.from_megabytes(served.model, kv_cache_mb,
+                                                                              KV_BLOCK_SIZE),
+                                    max_batch=_positive(max_batch, "max_batch"), never=never)
         self._cancels: set[threading.Event] = set()
-        self.stopping = False
+        self._inbox: list[_Ticket] = []
+        self._tickets: dict[Sequence, _Ticket] = {}
+        self._wake = threading.Condition()
+        self._stopped = threading.Event()
+        self.stopping = self._closed = False
+        self.started, self.rate = time.monotonic(), _Rate()
+        self._thread = threading.Thread(target=self._loop, name="model", daemon=True)
+        self._thread.start()
 
-    def _pieces(self, ids: list[int], s: Sampling, answer: Answer, cancel: threading.Event) -> Iterator[str]:
-        served = self.served
-        idx = torch.tensor([ids], dtype=torch.long)
-        generator = torch.Generator().manual_seed(s.seed)
-        steps = stream(served.model, idx, s.max_tokens, s.temperature, None, s.top_p, generator=generator,
-                       eos_id=served.eos_id, allowed=served.allowed)
+    @property
+    def waiting(self) -> int:
+        """Requests not decoding yet: in the inbox or in the engine's queue."""
+        return len(self._inbox) + len(self.engine.waiting)
 
-        def new_ids() -> Iterator[int]:
-            for nxt in steps:
-                if cancel.is_set():
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._inbox or self._tickets or self._closed):
+                    self._wake.wait()
+                if self._closed:
                     return
-                answer.completion_tokens += 1
-                if int(nxt[0]) == served.eos_id:
-                    answer.finish_reason = "stop"
-                    return
-                yield int(nxt[0])
-            answer.finish_reason = "length"
+                inbox, self._inbox = self._inbox, []
+            for ticket in inbox:
+                self._submit(ticket)
+            if self._tickets:
+                self._step()
+                if self.token_delay:
+                    self._stopped.wait(self.token_delay)
 
-        yield from decode_stream(served.tokenizer, new_ids())
+    def _submit(self, ticket: _Ticket) -> None:
+        if ticket.cancel.is_set():  # the client left while waiting: it never starts
+            _send([(ticket, ("end", None))])
+            return
+        try:
+            seq = self.engine.submit(ticket.request)
+        except ValueError as error:
+            _send([(ticket, RequestError(f"{error} (the server's --kv-cache-mb)", None, "kv_cache_too_small"))])
+            return
+        self._tickets[seq] = ticket
+        ticket.cancel.seq = seq
+        if ticket.cancel.is_set():
+            seq.cancel()
+
+    def _step(self) -> None:
+        for seq, ticket in self._tickets.items():
+            if ticket.cancel.is_set():
+                seq.cancel()
+        try:
+            events = self.engine.step()
+        except Exception as error:  # every sequence in flight is answered with it; the engine starts afresh
+            for seq in [*self.engine.running, *self.engine.waiting]:
+                seq.cancel()
+            self.engine.step()
+            events = [(seq, error) for seq in self._tickets]
+        items = [(self._tickets[seq], token) for seq, token in events]
+        self.rate.add(sum(1 for _, t in events if isinstance(t, int)))
+        for seq in [s for s in self._tickets if s.finish is not None]:
+            items.append((self._tickets.pop(seq), ("end", None if seq.finish == "cancelled" else seq.finish)))
+        _send(items)
 
     async def pieces(self, ids: list[int], s: Sampling, answer: Answer,
                      cancel: threading.Event | None = None) -> AsyncIterator[str]:
         """The answer's text, piece by piece (one per token), cut at a stop string; `answer` gets the rest.
-        Setting `cancel` (the client went away) ends it at the next token; the server stopping raises a
+        Setting `cancel` (the client went away) ends it before the next step; the server stopping raises a
         RequestError (503)."""
-        loop, queue, end = asyncio.get_running_loop(), asyncio.Queue(), object()
-        cancel = threading.Event() if cancel is None else cancel
         if self.stopping:
             raise _stopping()
-
-        def put(item) -> None:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-            except RuntimeError:  # the loop is gone: the server stopped
-                cancel.set()
-
-        def run() -> None:
-            try:
-                if not cancel.is_set():  # skipped when the client left while waiting its turn
-                    for piece in self._pieces(ids, s, answer, cancel):
-                        put(piece)
-                        if self.token_delay:
-                            cancel.wait(self.token_delay)
-                put(end)
-            except BaseException as error:  # sent to the request, which answers 500
-                put(error)
-
-        stops = Stops(s.stop)
-        self._cancels.add(cancel)
-        loop.run_in_executor(self._pool, run)
+        loop, queue, stops, feed = asyncio.get_running_loop(), asyncio.Queue(), Stops(s.stop), _Feed()
+        flag = cancel if cancel is not None else _Cancel()
+        request = Request(ids, s.max_tokens, s.temperature, None, s.top_p, s.seed,
+                          None if s.ignore_eos else self.served.eos_id)
+        self._cancels.add(flag)
+        with self._wake:
+            self._inbox.append(_Ticket(request, loop, queue, flag))
+            self._wake.notify()
+        text = decode_stream(self.served.tokenizer, feed)
         try:
-            while (item := await queue.get()) is not end:
+            while not isinstance(item := await queue.get(), tuple):
                 if isinstance(item, BaseException):
                     raise item
-                if text := stops.feed(item):
-                    yield text
-                if stops.hit:
-                    answer.finish_reason = "stop"
-                    return
+                answer.completion_tokens += 1
+                if item == request.eos_id:
+                    continue  # the end token is counted, never written; ("end", "stop") follows
+                feed.ids.append(item)
+                if (piece := stops.feed(next(text))) or stops.hit:
+                    if piece:
+                        yield piece
+                    if stops.hit:
+                        answer.finish_reason = "stop"
+                        return
+            answer.finish_reason = item[1]
             if self.stopping and answer.finish_reason is None:
                 raise _stopping()
-            if text := stops.flush():
-                yield text
+            piece = stops.feed("".join(text))  # a character the last bytes left unfinished, if any
+            if stops.hit:
+                answer.finish_reason = "stop"
+            if piece := piece + ("" if stops.hit else stops.flush()):
+                yield piece
         finally:
-            cancel.set()
-            self._cancels.discard(cancel)
+            flag.set()
+            self._cancels.discard(flag)
+
+    def metrics(self) -> str:
+        """The engine's state in Prometheus' text format."""
+        engine, pool = self.engine, self.engine.cache.pool
+        prefix = engine.prefix
+        rows = [
+            ("requests_running", "gauge", "requests being decoded", len(engine.running)),
+            ("requests_waiting", "gauge", "requests waiting for a place in the batch or for blocks", self.waiting),
+            ("kv_cache_blocks_used", "gauge", "KV cache blocks held by a sequence", pool.used),
+            ("kv_cache_blocks_total", "gauge", f"KV cache blocks of {pool.block_size} positions", pool.num_blocks),
+            ("prefix_cache_hits_total", "counter", "prompt blocks found in the prefix cache", prefix.hits),
+            ("prefix_cache_lookups_total", "counter", "full prompt blocks looked up", prefix.lookups),
+            ("generated_tokens_total", "counter", "tokens generated", engine.tokens),
+            ("tokens_per_second", "gauge", "tokens generated per second over the last 10 seconds", self.rate.now()),
+        ]
+        lines = []
+        for name, kind, what, value in rows:
+            lines += [f"# HELP transformer_course_{name} {what}", f"# TYPE transformer_course_{name} {kind}",
+                      f"transformer_course_{name} {value:g}" if isinstance(value, float)
+                      else f"transformer_course_{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+    def check_room(self) -> None:
+        """A RequestError (429, Retry-After) when ``max_waiting`` requests already wait."""
+        if self.waiting >= self.max_waiting:
+            raise RequestError(f"{self.waiting} requests are waiting already (the server's --max-waiting): try again "
+                               "shortly", None, "rate_limit_exceeded", 429, headers={"Retry-After": "1"})
 
     def stop(self) -> None:
-        """The server is stopping: every generation ends at its next token (its request answered 503), those
-        waiting their turn never start, and no new one does. Called on the event loop's thread."""
+        """The server is stopping: every generation ends before the next step (its request answered 503), those
+        waiting never start, and no new one does. Called on the event loop's thread."""
         self.stopping = True
+        self._stopped.set()
         for cancel in list(self._cancels):
             cancel.set()
 
     def close(self) -> None:
         self.stop()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+
+
+class _Rate:
+    """Tokens per second over the last 10 seconds (the events of the steps in that window)."""
+
+    WINDOW = 10.0
+
+    def __init__(self):
+        self.events: deque[tuple[float, int]] = deque()
+
+    def add(self, n: int) -> None:
+        self.events.append((time.monotonic(), n))
+        while self.events and self.events[0][0] < time.monotonic() - self.WINDOW:
+            self.events.popleft()
+
+    def now(self) -> float:
+        recent = [n for t, n in self.events if t >= time.monotonic() - self.WINDOW]
+        return round(sum(recent) / self.WINDOW, 1)
+
+
+def _positive(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--{name.replace('_', '-')} must be a whole number >= 1, got {value!r}")
+    return value
+
+
+def check_engine(served: Served, kv_cache_mb: float = KV_CACHE_MB, max_batch: int = MAX_BATCH,
+                 max_waiting: int = MAX_WAITING) -> None:
+    """A ValueError naming the option when the engine's settings cannot serve `served` (checked before the
+    socket opens): the KV cache must hold one full context."""
+    _positive(max_batch, "max_batch")
+    _positive(max_waiting, "max_waiting")
+    if isinstance(kv_cache_mb, bool) or not isinstance(kv_cache_mb, (int, float)) or not kv_cache_mb > 0:
+        raise ValueError(f"--kv-cache-mb must be a positive number of megabytes, got {kv_cache_mb!r}")
+    cfg = served.model.cfg
+    need = -(-cfg.block_size // KV_BLOCK_SIZE) * PagedKVCache.block_bytes(cfg, KV_BLOCK_SIZE)
+    if kv_cache_mb * 2**20 < need:
+        raise ValueError(f"--kv-cache-mb {kv_cache_mb:g} cannot hold one full context of {served.name} "
+                         f"({need / 2**20:.3g} MB): give at least that")
 
 
 def _stopping() -> RequestError:
@@ -473,15 +670,16 @@ def page() -> str:
     return resources.files("transformer_course").joinpath("static/chat.html").read_text(encoding="utf-8")
 
 
-def _refuse(status: int, message: str, param=None, code=None, kind="invalid_request_error"):
+def _refuse(status: int, message: str, param=None, code=None, kind="invalid_request_error", headers=None):
     """An error answered with the OpenAI API's body (`error_body`) and HTTP `status`: a JSONResponse."""
     from fastapi.responses import JSONResponse
 
-    return JSONResponse(error_body(message, kind, param, code), status_code=status)
+    return JSONResponse(error_body(message, kind, param, code), status_code=status, headers=headers)
 
 
 async def _refused(_request, error: RequestError):
-    return _refuse(error.status, str(error), error.param, error.code)
+    return _refuse(error.status, str(error), error.param, error.code,
+                   "rate_limit_error" if error.status == 429 else "invalid_request_error", error.headers)
 
 
 async def _invalid(_request, error):
@@ -597,8 +795,9 @@ async def _answer(worker: ModelWorker, kind: str, request, body: dict, ids: list
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": worker.served.name}
     result = Answer(prompt_tokens=len(ids))
+    worker.check_room()  # 429 past the queue's limit, before any answer starts
     if not _flag(body, "stream"):
-        cancel = threading.Event()
+        cancel = _Cancel()
         watch = asyncio.ensure_future(_gone(request, cancel))
         try:
             text = "".join([piece async for piece in worker.pieces(ids, s, result, cancel)])
@@ -651,12 +850,16 @@ def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list
 def _add_routes(app, served: Served, worker: ModelWorker, max_body: int) -> None:
     """The routes of `app`: the chat page at /, the OpenAI API's models, completions and chat completions."""
     from fastapi import Request
-    from fastapi.responses import HTMLResponse
+    from fastapi.responses import HTMLResponse, PlainTextResponse
     from starlette.concurrency import run_in_threadpool
 
     @app.get("/", response_class=HTMLResponse)
     async def chat_page():
         return HTMLResponse(page())
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():  # Prometheus' text format
+        return PlainTextResponse(worker.metrics(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
@@ -723,15 +926,16 @@ class HostGuard:
 
 
 def create_app(served: Served, on_start=None, token_delay: float = 0.0, max_body: int = MAX_BODY_BYTES,
-               bound: tuple[str, int] | None = None):
+               bound: tuple[str, int] | None = None, **engine):
     """The FastAPI application serving `served`; `on_start()` is called once it is ready; `token_delay`
-    seconds pass after each token (0: none), to watch the tokens arrive; a request body over `max_body` bytes
-    gets 413. `bound`, the (host, port) listened on: a loopback host puts the `HostGuard` in front."""
+    seconds pass after each decode step (0: none), to watch the tokens arrive; a request body over `max_body`
+    bytes gets 413. `bound`, the (host, port) listened on: a loopback host puts the `HostGuard` in front.
+    ``engine``: `ModelWorker`'s ``kv_cache_mb``, ``max_batch`` and ``max_waiting``."""
     from fastapi import FastAPI
 
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise ValueError(f"max_body must be a positive number of bytes, got {max_body!r}")
-    worker = ModelWorker(served, token_delay)
+    worker = ModelWorker(served, token_delay, **engine)
 
     @asynccontextmanager
     async def lifespan(_app):
@@ -758,6 +962,9 @@ def listen(host: str = "127.0.0.1", port: int = 0):
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # each connection accepted inherits it (Linux): a small write (one streamed token) goes out at once instead
+    # of waiting up to 40 ms for the client's delayed acknowledgement of the last one (Nagle's algorithm)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as error:
@@ -783,14 +990,14 @@ def url(sock) -> str:
 
 
 def server(served: Served, on_start=None, token_delay: float = 0.0, max_body: int = MAX_BODY_BYTES,
-           bound: tuple[str, int] | None = None):
+           bound: tuple[str, int] | None = None, **engine):
     """A uvicorn server of `create_app(served, ...)`, quiet but for warnings; `server.run(sockets=[listen()])`
     serves (in a thread too: stop it with `server.should_exit = True`), `bound` being that socket's address.
     Stopping first ends every generation (`ModelWorker.stop`), so that each request in flight is answered
     (503) within uvicorn's grace period rather than cancelled with a traceback."""
     import uvicorn
 
-    app = create_app(served, on_start, token_delay, max_body, bound)
+    app = create_app(served, on_start, token_delay, max_body, bound, **engine)
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
@@ -802,10 +1009,11 @@ def server(served: Served, on_start=None, token_delay: float = 0.0, max_body: in
 
 
 def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, token_delay: float = 0.0,
-        max_body: int = MAX_BODY_BYTES) -> None:
+        max_body: int = MAX_BODY_BYTES, **engine) -> None:
     """Serve `served` on host:port (0: a free port) until Ctrl-C (a KeyboardInterrupt, or a return where SIGINT
     was ignored, as in a shell's background job) or SIGTERM; the first line said names the address. Request
-    bodies over `max_body` bytes get 413; on a loopback host, the `HostGuard` checks each request's Host."""
+    bodies over `max_body` bytes get 413; on a loopback host, the `HostGuard` checks each request's Host.
+    ``engine``: `ModelWorker`'s ``kv_cache_mb``, ``max_batch`` and ``max_waiting``."""
     check_token_delay(token_delay)  # before the socket: a bad one fails here, not at each request
     sock = listen(host, port)
     address = url(sock)
@@ -815,8 +1023,13 @@ def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, to
             f"{address}/v1 - Ctrl-C stops")
 
     try:
-        app_server = server(served, started, token_delay, max_body, sock.getsockname()[:2])
+        check_engine(served, **engine)
+        app_server = server(served, started, token_delay, max_body, sock.getsockname()[:2], **engine)
     except BaseException:
         sock.close()
         raise
+    # the engine's thread lets go of the GIL at every PyTorch call and waits to get it back while the event loop
+    # answers clients: at Python's default switch interval (5 ms) a decode step of a few milliseconds would wait
+    # that long several times over; a shorter interval hands the GIL back sooner
+    sys.setswitchinterval(SWITCH_INTERVAL)
     app_server.run(sockets=[sock])  # returns on SIGINT or SIGTERM (or KeyboardInterrupt)

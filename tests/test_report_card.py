@@ -1,0 +1,120 @@
+"""`transformer-course report`: a card for a chapter 06 checkpoint and for a chat model, one clear line
+and exit status 2 for a bad or missing checkpoint, an HTML page that holds its plots and agrees with its
+Markdown twin, and the shipped models' card regenerated and compared with the stored one
+(benchmarks/results/report_card/report.json), a figure beyond its tolerance named."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_course import report_card
+from transformer_course.assistant import ChatTokenizer, add_chat_tokens, save_chat_model
+from transformer_course.checkpoint import save_checkpoint
+from transformer_course.cli import main
+from transformer_course.config import GPTConfig
+from transformer_course.course_model import load_course_model
+from transformer_course.model import GPT
+
+STORED = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "report_card" / "report.json"
+
+
+def _tiny_gpt() -> GPT:
+    torch.manual_seed(0)
+    vocab = load_course_model().tokenizer.vocab_size
+    return GPT(GPTConfig(vocab_size=vocab, block_size=64, n_layer=1, n_head=2, d_model=16)).eval()
+
+
+def _report(tmp_path, path) -> tuple[str, str, dict]:
+    assert main(["report", "--checkpoint", str(path), "--out", str(tmp_path / "card"), "--threads", "1"]) == 0
+    out = tmp_path / "card"
+    page, twin = (out / "report.html").read_text(), (out / "report.md").read_text()
+    return page, twin, json.loads((out / "report.json").read_text())
+
+
+def _numbers(text: str) -> list[str]:
+    return re.findall(r"\d+\.\d+%|\d+ / \d+", text)
+
+
+def test_a_chapter_06_checkpoint_gets_its_card(tmp_path):
+    path = save_checkpoint(tmp_path / "checkpoint.pt", _tiny_gpt(), tokenizer=load_course_model().tokenizer)
+    page, twin, data = _report(tmp_path, path)
+    assert [c["kind"] for c in data["cards"]] == ["base"]
+    assert "next character (held-out plays)" in twin and "bits per character" in twin
+    assert page.count("data:image/png;base64,") == 1 and "<img" in page and "src=\"http" not in page
+    assert _numbers(page) == _numbers(twin)  # the page and its twin hold the same figures
+    assert 0 < data["figures"]["checkpoint/bits_per_char"] < 10
+
+
+def test_a_chat_model_gets_its_card(tmp_path):
+    base = load_course_model()
+    tiny = add_chat_tokens(_tiny_gpt())
+    path = save_chat_model(tmp_path / "chat.pt", tiny, ChatTokenizer(base.tokenizer))
+    page, twin, data = _report(tmp_path, path)
+    tasks = [row["task"] for row in data["cards"][0]["tasks"]]
+    assert tasks == ["upper (chapter 11)", "reverse (chapter 11)", "count (chapter 11)", "speaker (chapter 11)",
+                     "strange words (chapter 12)"]
+    assert {"pass_at_1", "pass_at_8"} == set(data["cards"][0]["pass_at"])
+    assert "pass@8" in page and "Greedy replies" in twin
+
+
+@pytest.mark.parametrize("content, words", [(None, "no checkpoint at"), (b"not a checkpoint", "cannot be read")])
+def test_bad_or_missing_checkpoint_is_one_line_and_status_2(tmp_path, capsys, content, words):
+    path = tmp_path / "model.pt"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["report", "--checkpoint", str(path), "--out", str(tmp_path / "card")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and err.startswith("transformer-course report: error:")
+    assert not (tmp_path / "card").exists()
+
+
+def test_compare_names_the_figure_that_moved():
+    stored = {"SFT/speaker (chapter 11)/exact_match": 0.18, "base/bits_per_char": 2.719, "SFT/pass_at_8": 0.65}
+    assert report_card.compare(dict(stored), stored) == []
+    moved = report_card.compare({**stored, "base/bits_per_char": 2.75, "SFT/pass_at_8": 0.66}, stored)
+    assert len(moved) == 1 and moved[0].startswith("base/bits_per_char: 2.75, stored 2.719")
+    assert report_card.compare({"base/bits_per_char": 2.719}, stored)[0].endswith("missing (stored 0.18)")
+
+
+def test_the_shipped_models_card_matches_the_stored_one(tmp_path):
+    """Regenerates the card of the four shipped models (about 40 s on 2 cores) and compares every figure."""
+    report_card.run_report(None, tmp_path, progress=False)
+    got = json.loads((tmp_path / "report.json").read_text())["figures"]
+    stored = json.loads(STORED.read_text())["figures"]
+    problems = report_card.compare(got, stored)
+    assert not problems, "the report card moved beyond its tolerance:\n" + "\n".join(problems)
+
+
+def test_the_harness_agrees_with_the_report_card(tmp_path, monkeypatch):
+    """EleutherAI's lm-evaluation-harness, on the exports of the shipped SFT and base models and the offline
+    tasks `harness_tasks` writes: exact match identical to the stored card's, bits per character within
+    0.005 (about a minute; skipped where lm_eval is not installed: pip install "lm-eval[hf]==0.4.13")."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.tasks import TaskManager
+
+    from transformer_course.course_model import ASSETS
+    from transformer_course.hf_export import export_checkpoint
+
+    names = report_card.harness_tasks(tmp_path / "tasks")
+    stored = json.loads(STORED.read_text())["figures"]
+    newline = load_course_model().tokenizer.encode("\n")[0]
+    for model, file, tasks, extra in [("SFT", "shakespeare_chat", names[:-1], ""),
+                                      ("base", "shakespeare_char", names[-1:], f",prefix_token_id={newline}")]:
+        folder = export_checkpoint(ASSETS / f"{file}.pt", tmp_path / file)
+        results = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={folder},dtype=float32{extra}",
+                                          tasks=tasks, task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+                                          batch_size=32, device="cpu")["results"]
+        for task in tasks:
+            if task == "course_plays":
+                got, want = results[task]["bits_per_byte,none"], stored[f"{model}/bits_per_char"]
+                assert abs(got - want) < 0.005, (task, got, want)
+            else:
+                kind = task.removeprefix("course_")
+                row = "strange words (chapter 12)" if kind == "strange" else f"{kind} (chapter 11)"
+                assert results[task]["exact_match,none"] == pytest.approx(stored[f"{model}/{row}/exact_match"],
+                                                                           abs=1e-9), task
