@@ -316,6 +316,15 @@ def _train_config(args, world):
 
 
 # ---------------------------------------------------------------- generate (chapter 07)
+def _add_faster(p) -> None:
+    """--quantize and --draft (chapter 14), for generate and chat."""
+    p.add_argument("--quantize", choices=["int8"], default=None,
+                   help="int8 weights through PyTorch's FBGEMM kernel (chapter 14; CPU only; default: float32)")
+    p.add_argument("--draft", default=None, metavar="PATH|prompt-lookup",
+                   help="speculative decoding (chapter 14; CPU only): prompt-lookup, or a smaller model's file with "
+                        "the same tokenizer; the text keeps the model's own distribution (default: none)")
+
+
 def _add_generate(sub) -> None:
     p = _parser(sub, "generate", help="generate text from a checkpoint or the shipped model (chapter 07)",
                 description="Continue --prompt with text sampled from a model, streamed to stdout as it is drawn.")
@@ -329,6 +338,7 @@ def _add_generate(sub) -> None:
                    help="sample among the likeliest tokens whose probabilities add up to p (nucleus; default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random draws: the same seed, the same text")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: best available)")
+    _add_faster(p)
     p.set_defaults(handler=_cmd_generate)
 
 
@@ -356,7 +366,9 @@ def _run_generate(args) -> int:
     from .runtime import pick_device
 
     check_sampling(args.temperature, args.top_k, args.top_p)  # before the (slow) load
-    device = pick_device(args.device)
+    if (args.quantize or args.draft) and args.device not in (None, "cpu"):
+        raise ValueError(f"--quantize and --draft run on the CPU, not {args.device}: add --device cpu or drop them")
+    device = pick_device("cpu" if args.quantize or args.draft else args.device)
     if args.checkpoint is None:  # the model the course ships (checked against its manifest's SHA-256)
         from .course_model import load_course_model
 
@@ -373,8 +385,15 @@ def _run_generate(args) -> int:
                          "with the tokenizer the model was trained with")
     idx = encode_prompt(tok, args.prompt, device=device)
     generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
-    steps = stream(ckpt.model.to(device), idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                   generator=generator, allowed=tok)
+    from .speculative import decoding_setup, speculative_stream
+
+    model, draft = decoding_setup(ckpt.model.to(device), args.quantize, args.draft, device=device)
+    if draft is None:
+        steps = stream(model, idx, args.max_new_tokens, args.temperature, args.top_k, args.top_p,
+                       generator=generator, allowed=tok)
+    else:
+        steps = ([t] for t in speculative_stream(model, draft, idx, args.max_new_tokens, 4, args.temperature,
+                                                 args.top_k, args.top_p, generator, allowed=tok))
     print(args.prompt, end="", flush=True)
     for piece in decode_stream(tok, (int(step[0]) for step in steps)):
         print(piece, end="", flush=True)
@@ -400,6 +419,7 @@ def _add_chat(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 (the default) means greedy")
     p.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest tokens only (default: all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random draws (temperature > 0)")
+    _add_faster(p)
     p.set_defaults(handler=_cmd_chat)
 
 
@@ -418,6 +438,10 @@ def _cmd_chat(args) -> int:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a message in this model's "
                          f"context of {chat.model.cfg.block_size} tokens: give at most {most} (fewer leaves room "
                          "for longer messages)")
+    from .speculative import decoding_setup
+
+    chat.model, args.draft = decoding_setup(chat.model, args.quantize, args.draft,
+                                            load=lambda path: load_chat_model(path).model)
     generator = torch.Generator().manual_seed(args.seed)
     print("chat: /reset starts a new conversation; /exit or Ctrl-D ends", file=sys.stderr, flush=True)
     try:
@@ -431,6 +455,14 @@ def _cmd_chat(args) -> int:
 def _chat_loop(chat, args, generator, interactive: bool) -> None:
     """Read a message a line; stream each reply; keep the conversation until /reset, /exit or end of input."""
     from .assistant import reply_stream
+    from .speculative import speculative_reply_stream
+
+    def replies(turn):  # chapter 11's stream, or chapter 14's speculative one with --draft
+        if args.draft is None:
+            return reply_stream(chat.model, chat.tokenizer, turn, args.max_new_tokens, args.temperature, args.top_k,
+                                generator)
+        return speculative_reply_stream(chat.model, chat.tokenizer, turn, args.draft, args.max_new_tokens,
+                                        args.temperature, args.top_k, generator=generator)
 
     history: list[dict] = []
     while True:
@@ -450,9 +482,7 @@ def _chat_loop(chat, args, generator, interactive: bool) -> None:
         turn = [*history, {"role": "user", "content": line}]
         print("assistant: ", end="", flush=True)
         try:
-            reply = "".join(print(piece, end="", flush=True) or piece
-                            for piece in reply_stream(chat.model, chat.tokenizer, turn, args.max_new_tokens,
-                                                      args.temperature, args.top_k, generator))
+            reply = "".join(print(piece, end="", flush=True) or piece for piece in replies(turn))
         except ValueError as error:  # a message the model cannot read: say why, keep the conversation going
             print(f"(not sent: {error})")
             continue
@@ -495,8 +525,9 @@ def _add_serve(sub) -> None:
         sub, "serve", help="serve a model over an OpenAI-compatible HTTP API, with a chat page (the `serve` extra)",
         description="Serve a chat model (chapters 11-12; default: the shipped SFT model) or a text checkpoint\n"
                     "(completions only) at http://HOST:PORT/v1 (/v1/models, /v1/completions, /v1/chat/completions,\n"
-                    "streamed with stream=true), and a chat page at http://HOST:PORT/. One request at a time runs\n"
-                    "on the model; Ctrl-C stops. Needs the course's `serve` extra (fastapi, uvicorn).")
+                    "streamed with stream=true), a chat page at http://HOST:PORT/ and Prometheus metrics at\n"
+                    "/metrics. Requests are decoded together (chapter 15: continuous batching over a paged KV\n"
+                    "cache with a prefix cache); Ctrl-C stops. Needs the course's `serve` extra (fastapi, uvicorn).")
     p.add_argument("--checkpoint", default=None,
                    help="a chat model (assistant.save_chat_model) or a text checkpoint (transformer-course train)")
     p.add_argument("--model", choices=sorted(CHAT_MODELS), default=None,
@@ -509,6 +540,12 @@ def _add_serve(sub) -> None:
                    help="seconds to wait after each token, to watch the tokens arrive (default 0: none; at most 60)")
     p.add_argument("--max-body-mb", dest="max_body", type=_megabytes, default=4 * 2**20, metavar="MB",
                    help="largest request body read, in megabytes (MiB); a larger one is refused with 413 (default 4)")
+    p.add_argument("--kv-cache-mb", type=_positive_number("a number of megabytes"), default=32.0, metavar="MB",
+                   help="memory of the paged KV cache (chapter 15), in MiB: new requests wait while it is full")
+    p.add_argument("--max-batch", type=_whole_number("--max-batch", 1, 4096), default=64, metavar="N",
+                   help="the most requests decoded together (continuous batching); 1: one at a time")
+    p.add_argument("--max-waiting", type=_whole_number("--max-waiting", 1, 10**6), default=256, metavar="N",
+                   help="the most requests waiting their turn; one more is refused with 429 and Retry-After")
     p.set_defaults(handler=_cmd_serve)
 
 
@@ -526,7 +563,8 @@ def _cmd_serve(args) -> int:
     status = 0
     try:
         serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True),
-                  token_delay=args.token_delay, max_body=args.max_body)
+                  token_delay=args.token_delay, max_body=args.max_body, kv_cache_mb=args.kv_cache_mb,
+                  max_batch=args.max_batch, max_waiting=args.max_waiting)
     except KeyboardInterrupt:
         status = 130
     print("transformer-course serve: stopped", flush=True)
@@ -569,6 +607,39 @@ def _cmd_export(args) -> int:
     shipped = ASSETS / f"{CHAT_MODELS[args.model] if args.model else 'shakespeare_char'}.pt"
     folder = export_checkpoint(args.checkpoint or shipped, args.to, data=args.data)
     print(f"wrote {folder}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(folder)!r})")
+    return 0
+
+
+# ---------------------------------------------------------------- report card (chapter 13, issue 52)
+def _add_report(sub) -> None:
+    p = _parser(sub, "report", help="measure a model and write its report card (HTML and Markdown)",
+                description="Measure the shipped base, SFT, DPO and GRPO models, or the model in --checkpoint (a "
+                            "chapter 06 checkpoint or a chat model from chapters 11-12), and write OUT/report.html "
+                            "(one self-contained page), its Markdown twin report.md and report.json: size and "
+                            "recipe, held-out bits per character, each task's exact match with its 95% interval and "
+                            "baselines, pass@k, calibration, greedy replies and decode speed on this machine.")
+    p.add_argument("--checkpoint", default=None,
+                   help="a checkpoint.pt of `transformer-course train` or a file of save_chat_model (default: the "
+                        "shipped models)")
+    p.add_argument("--out", default="report_card", help="folder to write the report into")
+    p.add_argument("--harness-tasks", default=None, metavar="DIR",
+                   help="write the card's tasks as an offline lm-evaluation-harness task folder (YAML and JSONL) "
+                        "into DIR instead, and measure nothing")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="PyTorch CPU threads (default: one per core idle at start; runtime.set_threads)")
+    p.set_defaults(handler=_cmd_report)
+
+
+def _cmd_report(args) -> int:
+    from .report_card import harness_tasks, run_report
+
+    if args.harness_tasks:
+        names = harness_tasks(args.harness_tasks)
+        print(f"wrote {len(names)} tasks into {args.harness_tasks}: lm_eval run --model hf --model_args "
+              f"pretrained=EXPORT,dtype=float32 --include_path {args.harness_tasks} --tasks {' '.join(names)}")
+        return 0
+    page, twin = run_report(args.checkpoint, args.out)
+    print(f"wrote {page} and {twin}")
     return 0
 
 
@@ -661,6 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_chat(sub)
     _add_serve(sub)
     _add_export(sub)
+    _add_report(sub)
     _add_classroom(sub)
     for name in ("train", "generate", "chat", "serve"):  # the commands that compute with PyTorch on the CPU
         sub.choices[name].add_argument(
