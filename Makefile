@@ -144,7 +144,10 @@ PY_TAG := $(shell $(PYTHON) -c 'import sys; print("python%d.%d" % sys.version_in
 # what decides a venv's content in pyproject.toml: the build system, the Python range and the dependencies
 # (not the version: a release alone does not rebuild the venvs; the clone is re-linked every run anyway)
 PYPROJECT_HASH := $(shell $(PYTHON) -c 'import hashlib, json, tomllib; p = tomllib.load(open("pyproject.toml", "rb")); q = p["project"]; print(hashlib.sha256(json.dumps([p.get("build-system"), q.get("requires-python"), q.get("dependencies"), q.get("optional-dependencies")], sort_keys=True).encode()).hexdigest()[:12])' 2>/dev/null)
-TORCH_VENV := $(TORCH_VENVS)/torch-$(TORCH)-$(PY_TAG)-$(PYPROJECT_HASH)
+# the extras a cached venv gets; the newest adds `eval` (lm-evaluation-harness: chapter 13's agreement test runs there)
+VENV_EXTRAS ?= lab,dev
+comma := ,
+TORCH_VENV := $(TORCH_VENVS)/torch-$(TORCH)-$(PY_TAG)-$(subst $(comma),+,$(VENV_EXTRAS))-$(PYPROJECT_HASH)
 NBVAL_NOTEBOOKS ?= $(CHAPTERS)
 NBVAL_RUNNER ?= -m pytest
 NBVAL_PREPARE ?=
@@ -156,14 +159,14 @@ torch-venv:
 	  $(PYTHON) -m venv "$(TORCH_VENV)" && \
 	  "$(TORCH_VENV)/bin/python" -m pip install --quiet --upgrade pip packaging && \
 	  "$(TORCH_VENV)/bin/python" tools/install_torch.py --exact --spec torch==$(TORCH) && \
-	  PYTHONWARNINGS="ignore:Editable installation" "$(TORCH_VENV)/bin/python" -m pip install --quiet -e ".[lab,dev]" && \
+	  PYTHONWARNINGS="ignore:Editable installation" "$(TORCH_VENV)/bin/python" -m pip install --quiet -e ".[$(VENV_EXTRAS)]" && \
 	  touch "$(TORCH_VENV)/.complete"; fi
 
 torch-venv-floor:
 	@$(MAKE) --no-print-directory torch-venv TORCH=$(TORCH_FLOOR)
 
 torch-venv-newest:
-	@$(MAKE) --no-print-directory torch-venv TORCH=$(TORCH_NEWEST)
+	@$(MAKE) --no-print-directory torch-venv TORCH=$(TORCH_NEWEST) VENV_EXTRAS=lab,dev,eval
 
 test-torch: torch-venv
 	PYTHONWARNINGS="ignore:Editable installation" "$(TORCH_VENV)/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
@@ -177,7 +180,8 @@ test-torch-floor:
 	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_FLOOR) NBVAL_RUNNER=tools/other_cpu.py
 
 test-torch-newest:
-	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_NEWEST) NBVAL_PREPARE="tools/student_nbval.py $(STUDENT_NBVAL)" \
+	$(MAKE) --no-print-directory test-torch TORCH=$(TORCH_NEWEST) VENV_EXTRAS=lab,dev,eval \
+	  NBVAL_PREPARE="tools/student_nbval.py $(STUDENT_NBVAL)" \
 	  NBVAL_NOTEBOOKS="$(STUDENT_NBVAL)/chapters/*.ipynb"
 
 clean-torch-venvs:
@@ -189,6 +193,7 @@ test-fast: $(STAMP)
 test-browser: $(STAMP)
 	$(BIN)/python tests/browser/lab_e2e.py --jobs $(JOBS)
 	OMP_NUM_THREADS=1 $(BIN)/python tests/browser/chat_page_e2e.py
+	$(BIN)/python tests/browser/report_page_e2e.py
 
 export: $(STAMP)
 	$(BIN)/python tools/nb.py export
