@@ -24,7 +24,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -63,16 +62,6 @@ def bytes_per_token(model, n_layer: int, d_model: int, new: int) -> float:
     return weights + 2 * n_layer * mean_cache * d_model * 4
 
 
-def best_cpu_seconds(run, repeats: int) -> float:
-    run()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        run()
-        best = min(best, time.process_time() - start)
-    return best
-
-
 def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, repeats: int, bandwidth: float) -> dict:
     hf = make_hf_stand_in(vocab_size=vocab, n_positions=1024, n_embd=d_model, n_layer=n_layer, n_head=n_head,
                           std=0.02, seed=0)
@@ -95,7 +84,7 @@ def bench_size(n_layer: int, n_head: int, d_model: int, vocab: int, new: int, re
         # bf16: the share of fp32's greedy choices it makes too, each given fp32's own prefix
         logits = bf16_weights(ours)(ours_tokens[:, :-1])[0]
         agree = (logits[:, PROMPT_LEN - 1:].argmax(-1) == ours_tokens[:, PROMPT_LEN:]).float().mean().item()
-        ours_s, hf_s = best_cpu_seconds(run_ours, repeats), best_cpu_seconds(run_hf, repeats)
+        ours_s, hf_s = machine.best_cpu_seconds(run_ours, repeats), machine.best_cpu_seconds(run_hf, repeats)
     per_token = bytes_per_token(ours, n_layer, d_model, new)
     bound = bandwidth / per_token
     ours_tps = new / ours_s

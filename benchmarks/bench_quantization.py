@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -61,16 +60,6 @@ def int8pack_model(model):
             if isinstance(child, QuantLinear):
                 setattr(module, name, Int8PackLinear(child))
     return out
-
-
-def best_cpu_seconds(run, repeats: int) -> float:
-    run()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        run()
-        best = min(best, time.process_time() - start)
-    return best
 
 
 def step_bytes(model, cfg, new: int, bits: int | None) -> float:
@@ -112,7 +101,7 @@ def main() -> None:
     for name, m, bits, n in variants:
         stored = model if bits is None else int8 if "int8pack" in name else m  # whose bytes a step reads
         with torch.no_grad():
-            seconds = best_cpu_seconds(lambda m=m, n=n: generate(m, prompt, n, temperature=0), repeats)
+            seconds = machine.best_cpu_seconds(lambda m=m, n=n: generate(m, prompt, n, temperature=0), repeats)
         tps, per_token = n / seconds, step_bytes(stored, cfg, n, bits)
         base = base or tps
         agree, logit_diff = agreement(model, m, ref_ids)

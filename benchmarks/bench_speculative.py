@@ -41,16 +41,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT_LEN, KS, GOAL = 16, (1, 2, 4, 8), 1.5
 
 
-def cpu_seconds(run, repeats: int) -> float:
-    run()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.process_time()
-        run()
-        best = min(best, time.process_time() - start)
-    return best
-
-
 @torch.no_grad()
 def pass_cost(model, n: int, repeats: int) -> float:
     """CPU seconds of one pass over n new positions after a 32-position cache."""
@@ -86,7 +76,7 @@ def main() -> None:
     new, repeats = (16, 1) if args.quick else (48, 2)
     target = GPT.from_preset("gpt2").eval()
     prompt = torch.randint(0, target.cfg.vocab_size, (1, PROMPT_LEN), generator=torch.Generator().manual_seed(0))
-    plain = cpu_seconds(lambda: generate(target, prompt, new, temperature=0), repeats)
+    plain = machine.best_cpu_seconds(lambda: generate(target, prompt, new, temperature=0), repeats)
     want = generate(target, prompt, new, temperature=0)
     one = pass_cost(target, 1, repeats)
     costs = {n: pass_cost(target, n, repeats) / one for n in (2, 3, 5, 9)}
@@ -100,8 +90,8 @@ def main() -> None:
             stats = {}
             got = speculative_generate(target, make(), prompt, new, k=k, temperature=0, stats=stats)
             assert torch.equal(got, want), f"{name}, k={k}: the greedy text differs from the target's"
-            seconds = cpu_seconds(lambda k=k, make=make: speculative_generate(target, make(), prompt, new, k=k,
-                                                                             temperature=0), repeats)
+            seconds = machine.best_cpu_seconds(
+                lambda k=k, make=make: speculative_generate(target, make(), prompt, new, k=k, temperature=0), repeats)
             acceptance = stats["kept"] / max(stats["drafted"], 1)
             c = costs.get(k + 1) or pass_cost(target, k + 1, repeats) / one
             costs[k + 1] = c
