@@ -308,7 +308,11 @@ def check_paired_bootstrap(fn):
     """``fn(a [n] bools, b [n] bools, draws, seed) -> (low, high)``, near the reference's."""
     a = [True] * 120 + [False] * 80  # the two models agree on 190 of the 200 questions
     b = [True] * 110 + [False] * 90
+    shared = random.getstate(), torch.random.get_rng_state()  # the generators every caller shares
     got = expect_runs(fn, a, b, 2000, 0, hint="paired_bootstrap(a, b, 2000, 0) failed")
+    expect(random.getstate() == shared[0] and torch.equal(torch.random.get_rng_state(), shared[1]),
+           "the same seed must give the same interval: draw from random.Random(seed), not from the generator "
+           "the random module (or torch) shares with every caller")
     expect(isinstance(got, tuple | list) and len(got) == 2, f"return (low, high), got {got!r}")
     lo, hi = _paired_bootstrap(a, b)
     expect(
