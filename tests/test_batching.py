@@ -188,9 +188,15 @@ def test_sixteen_concurrent_requests_each_get_the_reply_it_gets_alone_in_fewer_p
             reply = await client.chat.completions.create(model="shakespeare_chat", **kw)
             return reply.choices[0].message.content, reply.choices[0].finish_reason
 
-        async def everyone():
-            return await asyncio.gather(*(ask(i, kw) for i, kw in enumerate(asks)))
+        async def everyone():  # the engine's first forward pass waits until all 16 are in: no race with the CPU
+            replies = asyncio.gather(*(ask(i, kw) for i, kw in enumerate(asks)))
+            arrived = await asyncio.to_thread(
+                _poll, lambda: server.worker.waiting + len(server.worker.engine.running) == len(asks))
+            server.gate.set()
+            assert arrived, "the 16 requests did not all reach the server"
+            return await replies
 
+        server.gate.clear()
         got = asyncio.run(everyone())
         calls, metrics = server.calls, server.metrics()
     finally:
