@@ -118,3 +118,41 @@ def test_the_harness_agrees_with_the_report_card(tmp_path, monkeypatch):
                 row = "strange words (chapter 12)" if kind == "strange" else f"{kind} (chapter 11)"
                 assert results[task]["exact_match,none"] == pytest.approx(stored[f"{model}/{row}/exact_match"],
                                                                            abs=1e-9), task
+
+
+def test_the_harness_through_serve_agrees_with_the_report_card(tmp_path, monkeypatch):
+    """The same harness against `transformer-course serve` (lm-eval's OpenAI-compatible `local-completions`
+    model, prompts sent as text): on the shipped SFT model every exact-match task's score is the stored card's.
+    The plays' bits per character need the prompt's log-probabilities, which the server does not give (it
+    refuses `echo` and `logprobs` by name), so that task stays with the exported model above."""
+    import threading
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    lm_eval = pytest.importorskip("lm_eval")
+    pytest.importorskip("fastapi")
+    from lm_eval.tasks import TaskManager
+
+    from transformer_course import serve
+    from transformer_course.course_model import load_chat_model
+
+    names = [n for n in report_card.harness_tasks(tmp_path / "tasks") if n != "course_plays"]
+    started = threading.Event()
+    server = serve.server(serve.chat_served(load_chat_model(), "shakespeare_chat", "the chat model"), started.set)
+    sock = serve.listen("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        assert started.wait(60), "the server did not start"
+        args = (f"model=shakespeare_chat,base_url={serve.url(sock)}/v1/completions,tokenized_requests=False,"
+                "tokenizer_backend=None,max_retries=1,num_concurrent=4")
+        results = lm_eval.simple_evaluate(model="local-completions", model_args=args, tasks=names,
+                                          task_manager=TaskManager(include_path=str(tmp_path / "tasks")))["results"]
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    stored = json.loads(STORED.read_text())["figures"]
+    for task in names:
+        kind = task.removeprefix("course_")
+        row = "strange words (chapter 12)" if kind == "strange" else f"{kind} (chapter 11)"
+        assert results[task]["exact_match,none"] == pytest.approx(stored[f"SFT/{row}/exact_match"], abs=1e-9), task

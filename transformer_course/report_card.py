@@ -410,7 +410,10 @@ def harness_tasks(folder, data: dict | None = None) -> list[str]:
         lm_eval run --model hf --model_args pretrained=EXPORT,dtype=float32 --include_path FOLDER --tasks ...
 
     A base model's export declares no beginning-of-text token, which the harness puts before every
-    log-likelihood request: give it one with ``prefix_token_id=ID``, the id of "\\n".
+    log-likelihood request: give it one with ``prefix_token_id=ID``, the id of "\\n". The exact-match tasks
+    also run against `transformer-course serve` (``--model local-completions --model_args
+    model=NAME,base_url=http://HOST:PORT/v1/completions,tokenized_requests=False,tokenizer_backend=None``);
+    course_plays needs the prompt's log-probabilities, which the server does not give.
     """
     from .assistant import SPECIALS
 
