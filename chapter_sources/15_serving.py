@@ -906,7 +906,7 @@ quiz([
 #   was padding on eight chat-like requests. **Continuous batching** rebuilds the batch between two
 #   steps: finished sequences leave, waiting ones join.
 # - A **paged KV cache** hands out fixed-size blocks as sequences grow; a **block table** per sequence
-#   maps position p to slot `table[p // bs] · bs + p % bs` (you wrote the bookkeeping and fixed the reader);
+#   maps each position to a slot of the block that holds it (you wrote the bookkeeping and fixed the reader);
 #   attention gathers through it and gives the plain cache's tokens.
 # - A **prefix cache** finds full blocks by every token up to their end (you wrote the lookup), shares them
 #   by reference count and forgets them when the last holder leaves; sharing a system prompt cuts the
