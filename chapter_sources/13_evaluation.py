@@ -523,11 +523,15 @@ from transformer_course.checks.evaluation import check_intervals_apart
 check_intervals_apart(intervals_apart)
 
 # %% [markdown]
-# Claim D is the instructive one. Its intervals are apart, yet chapter 12 doubted it, rightly: re-run
-# with seeds 2 and 3, the runs without the KL term counted at 95% and 90%. A Wilson interval measures
-# one source of noise, which questions were drawn. It knows nothing of the other: which training run
-# you got. Comparisons of *training recipes* need several seeds per arm; comparisons of two fixed
-# *models* need only enough questions.
+# <details><summary>Claim D (open after you have answered)</summary>
+#
+# Claim D is the instructive one. Its intervals are apart, yet chapter 12 doubted it, rightly: over three
+# seeds of 100 steps (chapter 12's ladder benchmark), the runs with and without the KL term both counted at
+# 98-100%. A Wilson interval measures one source of noise, which questions were drawn. It knows nothing of
+# the other: which training run you got. Comparisons of *training recipes* need several seeds per arm;
+# comparisons of two fixed *models* need only enough questions.
+#
+# </details>
 #
 # Separate intervals are also a blunt test. When two models answer the *same* questions, most of the
 # noise is shared: a hard question is hard for both. The right interval is that of the difference,
@@ -640,8 +644,8 @@ quiz([
 #   the protocol.
 # - **Exact match** is a share of a sample of questions: give its **Wilson interval** (you wrote it).
 #   100 questions give about ±8 points near 20%, so they cannot separate 18% from 20%; ±1 point needs
-#   about 6,000 (you predicted it). Compare with the **chance** and **majority** baselines: the "who
-#   says" task is indistinguishable from both.
+#   thousands (you worked out how many). Compare a score with the **chance** and **majority** baselines
+#   before calling it good.
 # - **pass@k** from n samples per question, unbiased (chapter 12's estimator).
 # - **Calibration**: the reliability diagram bins the model's own probabilities (you wrote the bins).
 #   The base model is calibrated; the SFT model's reply probabilities are informative, and 20-60

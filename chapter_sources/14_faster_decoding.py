@@ -255,8 +255,14 @@ from transformer_course.checks.decoding import check_predict_bits_per_weight
 check_predict_bits_per_weight(my_bits_per_weight)
 
 # %% [markdown]
+# <details><summary>The answer (open after you have answered)</summary>
+#
 # So int4 in groups of 32 costs 5 bits, 6.4 times fewer than float32, not 8 times; groups of 64 cost 4.5
-# bits. (Formats that store the scales in 16 bits halve that overhead.) For GPT-2's weight matrices:
+# bits. (Formats that store the scales in 16 bits halve that overhead.)
+#
+# </details>
+#
+# For GPT-2's weight matrices:
 
 # %%
 for label, bits in [("float32", 32.0), ("int8, per row", 8 + 32 / 768), ("int4, groups of 64", 4.5),
@@ -954,9 +960,13 @@ from transformer_course.checks.decoding import check_predict_break_even
 check_predict_break_even(my_break_even)
 
 # %% [markdown]
+# <details><summary>The answer (open after you have answered)</summary>
+#
 # About 0.77: a draft must be right more than three times in four. The early-exit draft's third is far
 # below that, and on this CPU it would slow decoding down; the benchmark's int8 draft, right nearly always,
 # clears it.
+#
+# </details>
 #
 # **Exercise 14.7 (★★☆, extend).** Section 3 stored each int4 value in a whole byte, which wastes half the
 # memory the format was meant to save. Write `pack_int4(q)`: q int8 [N, K] holding -7..7 (K even) -> uint8
@@ -1084,8 +1094,8 @@ quiz([
 # - **int8** with one scale per output channel (you wrote it) costs nothing measurable on the course
 #   model; **int4** needs one scale per group of inputs (you wrote it): groups of 32 cost about 0.005 bits
 #   per character where one scale per row costs about three times as much. Counted with their float32
-#   scales, they cost 8.04 and 5 bits a weight at GPT-2's shapes (you predicted it), and packing two int4
-#   values a byte (you wrote it) is what makes the 5 real.
+#   scales they cost more than 8 and 4 bits a weight (you predicted how much more), and packing two int4
+#   values a byte (you wrote it) is what makes int4's saving real.
 # - **Activations** are harder: their scale is chosen on the fly, and a few outlier channels set it for
 #   all. Weight-only quantization keeps them in float; the fast int8 kernel rounds them too, and its
 #   greedy agreement is measured.
@@ -1099,8 +1109,8 @@ quiz([
 #   repaired; the chat tasks turned out not to copy from the question) and, in the benchmark, the target's
 #   own int8 copy.
 # - The speed-up is E_k / (c + k·d). On the CPU measured a float32 pass over several positions costs about
-#   two one-token steps, so a draft must be right about three times in four to break even (you worked it
-#   out); the int8 draft is, the early-exit draft of the small chat model is not.
+#   two one-token steps, so a draft must be right most of the time to break even (you worked out how
+#   often); the int8 draft is, the early-exit draft of the small chat model is not.
 #
 # Exported to `transformer_course/quantization.py`: `INT8_MAX`, `INT4_MAX`, `quantize_int8`,
 # `dequantize_int8`, `quantize_int4`, `dequantize_int4`, `QuantLinear`, `quantize_model`,

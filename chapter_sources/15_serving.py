@@ -96,9 +96,15 @@ check_predict_batching(my_prediction)
 # %% [markdown]
 # `flops_per_byte` writes the count down; the measurement uses chapter 07's plain cache: B prompts of 8
 # tokens, then 24 decode steps of the whole batch. The times vary from machine to machine (the cell is not
-# compared), the shape does not: tokens per second grow almost as fast as the batch at first, because a step
-# of a few rows costs about what a step of one row costs; the growth flattens as the arithmetic (and the
-# attention over more rows) starts to count. Serving one request at a time leaves that factor unused.
+# compared); the shape is what to look at.
+#
+# <details><summary>What the shape says (open after you have answered)</summary>
+#
+# Tokens per second grow almost as fast as the batch at first, because a step of a few rows costs about
+# what a step of one row costs; the growth flattens as the arithmetic (and the attention over more rows)
+# starts to count. Serving one request at a time leaves that factor unused.
+#
+# </details>
 
 # %%
 #| export
