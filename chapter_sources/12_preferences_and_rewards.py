@@ -21,9 +21,10 @@
 # numbers DPO compares for a batch of pairs (12.4), train with DPO and see what β does; then write
 # GRPO's group-relative advantages (12.5) and its clipped objective with a KL term (12.6), see the
 # ladder of simpler losses GRPO grew from measured over three seeds, train with a checker, watch a
-# checker with a hole get cheated, estimate pass@k without bias (12.7), and predict what a baseline
-# made of the group does to the gradient before measuring it (12.8). The trained models answer in
-# `transformer-course chat`.
+# checker with a hole get cheated, estimate pass@k without bias (12.7), predict what a baseline made of
+# the group does to the gradient before measuring it (12.8) and what exact policy gradient does with a
+# hole in the checker (12.9), and say what the ladder's three seeds support (12.10). The trained models
+# answer in `transformer-course chat`.
 #
 # **You need** chapter 11 (the chat format, `render_chat`, `sft_targets`, `answers`, the instruction
 # set), chapter 07 (sampling with a temperature) and chapter 06 (AdamW, gradient clipping).
@@ -253,7 +254,9 @@ def dpo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_cho
 # %%
 from transformer_course.checks.preferences import (
     check_clipped_objective,
+    check_ladder_claims,
     check_predict_group_baseline,
+    check_predict_hasty_toy,
     check_dpo_loss,
     check_group_advantages,
     check_pair_logprobs,
@@ -916,24 +919,7 @@ ladder = Path("../benchmarks/results/rl_ladder.md")
 print(ladder.read_text() if ladder.exists() else "run `python benchmarks/bench_rl_ladder.py` to climb the ladder")
 
 # %% [markdown]
-# **Reading the ladder.** Every arm started from the SFT model (greedy 49.5%, pass@1 36.9% on the
-# held-out strange words) and sampled the same 16 × 8 replies a step, three seeds each.
-#
-# - After 30 steps every rung had helped by about as much: greedy 62-68%, pass@1 44-49%. Between the
-#   baseline, the division by the spread, the sum over a constant, the clip and the KL term, the means
-#   differ by less than the seeds do: at this budget none of those choices is measured to matter.
-# - Plain REINFORCE on the raw 0/1 rewards came out ahead on pass@1 (48.5%, 47.6-49.1%, where no seed of
-#   any other arm passed 46.1%) and sharpened fastest (the lowest entropy, 0.38 nats a token). With 0/1
-#   rewards it only ever pushes right replies up, as expert iteration does (63.5%), but with two updates a
-#   step to expert iteration's one. A baseline lowers the variance of the gradient (Exercise 12.8 below
-#   measures it); it does not raise its mean, and AdamW rescales every update anyway, so on a task this
-#   small the lower variance buys nothing yet that 30 steps can show.
-# - The hole in the checker was found. Against `hasty_check` for 100 steps, the reward the policy saw
-#   rose as in the honest run (0.66 over the last 5 steps, against 0.64), but greedy accuracy by the strict
-#   checker reached 71.5% (68.5-75.2%) instead of 79.7%, and 8.8% (5.2-12.8%) of its greedy replies were
-#   a wrong piece of the answer that the hasty checker accepts, against 0.1% with the strict checker. None
-#   was empty: the hole it used is a part of the answer, not nothing.
-# - Counting, never practised, stayed at 98-100% in every arm.
+# Exercise 12.10 (section 8) asks what this table supports; its reading follows the exercise.
 #
 # **Does RL only sharpen?** Reinforcement learning is often said only to **sharpen**: to make replies the
 # model could already write more common, without making new right ones reachable. Its sampled replies
@@ -1084,6 +1070,107 @@ print(f"spread around the average: {spread['raw']:.3f} with raw rewards, {spread
 # </details>
 
 # %% [markdown]
+# **A checker with a hole, in a toy.** The same toy policy, a softmax over 6 replies, now with a checker
+# like `hasty_check`: reply 0 is the right answer, reply 1 is a piece of it that the hasty checker also
+# accepts, and the model starts out preferring the piece a little (logit 0.5 against 0.0). Training follows
+# the exact gradient of the expected reward, with no sampling noise at all: once with the hasty checker
+# (replies 0 and 1 earn 1) and once with the strict one (reply 0 alone).
+#
+# **Your turn (predict).** Against the hasty checker, after training: (1) which reply is the most likely,
+# "right" or "piece"? (2) Of the probability the two accepted replies hold together, does the right reply's
+# share end "larger", "smaller" or the "same" as at the start? Reason from the gradient of Σᵢ pᵢ rᵢ with
+# respect to each logit of a softmax.
+
+# %%
+# Your turn - Exercise 12.9 (★★☆, predict): what exact policy gradient does with a hole in the checker.
+def my_prediction() -> tuple[str, str]:
+    ### BEGIN SOLUTION
+    return "piece", "smaller"
+    ### END SOLUTION
+
+
+check_predict_hasty_toy(my_prediction)
+
+# %%
+def train_toy(reward: torch.Tensor, steps: int = 300, lr: float = 2.0) -> torch.Tensor:
+    """The toy policy's probabilities [6] after `steps` of gradient ascent on the exact expected reward."""
+    logits = torch.tensor([0.0, 0.5, 0.2, -0.3, 0.1, -0.5], requires_grad=True)
+    optimizer = torch.optim.SGD([logits], lr=lr)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        (-(torch.softmax(logits, -1) * reward).sum()).backward()
+        optimizer.step()
+    return torch.softmax(logits.detach(), -1)
+
+
+start = torch.softmax(torch.tensor([0.0, 0.5, 0.2, -0.3, 0.1, -0.5]), -1)
+hasty, strict = train_toy(torch.tensor([1.0, 1, 0, 0, 0, 0])), train_toy(torch.tensor([1.0, 0, 0, 0, 0, 0]))
+share = lambda p: (p[0] / (p[0] + p[1])).item()  # noqa: E731 (the right reply's part of the accepted mass)
+print(f"start:  right {start[0]:.2f}, piece {start[1]:.2f}; right's share of the accepted {share(start):.2f}")
+print(f"hasty:  right {hasty[0]:.2f}, piece {hasty[1]:.2f}; right's share of the accepted {share(hasty):.2f}")
+print(f"strict: right {strict[0]:.2f}, piece {strict[1]:.2f}")
+
+# %% [markdown]
+# <details><summary>Why (open after you have answered)</summary>
+#
+# The gradient of Σⱼ pⱼ rⱼ with respect to logit i is pᵢ (rᵢ − Σⱼ pⱼ rⱼ): every accepted reply is pushed up
+# in proportion to its own probability. The gap between the two accepted logits therefore grows by
+# (p_piece − p_right)(1 − E[r]) a step: the piece, ahead from the start, pulls away, and here it ends with
+# nearly all the probability while the right reply ends *less* likely than it began. Nothing in the
+# objective can tell the right reply from the piece; the strict checker, which can, sends almost everything
+# to the right one. The real run found the same hole (the ladder's reading below).
+#
+# </details>
+#
+# **Reading the ladder.** The table of section 6 holds the three seeds of each arm: the mean, then the
+# lowest and the highest seed in brackets. Two arms differ, on a measure, when their ranges do not overlap.
+#
+# **Your turn (interpret).** For each claim, say whether the table supports it (True) or not (False):
+#
+# - A. After 30 steps, the clipped objective (GRPO, KL 0.04) gave a higher greedy accuracy than
+#   REINFORCE with group-normalised advantages.
+# - B. Against the hasty checker, more greedy replies were wrong pieces of the answer than with the strict
+#   checker after the same 100 steps, in every seed.
+# - C. After 30 steps, expert iteration's pass@1 was below the clipped objective's (KL 0.04) in every seed.
+# - D. After 30 steps, plain REINFORCE on the raw rewards had a higher pass@1 than any seed of any other
+#   30-step arm, in every one of its seeds.
+# - E. Dividing by the group's spread raised greedy accuracy over the plain group-mean baseline.
+
+# %%
+# Your turn - Exercise 12.10 (★★☆, predict): what the ladder's three seeds support.
+def ladder_claims() -> dict[str, bool]:
+    ### BEGIN SOLUTION
+    return {"A": False, "B": True, "C": False, "D": True, "E": False}
+    ### END SOLUTION
+
+
+check_ladder_claims(ladder_claims)
+
+# %% [markdown]
+# <details><summary>The reading (open after you have answered)</summary>
+#
+# Every arm started from the SFT model (greedy 49.5%, pass@1 36.9% on the
+# held-out strange words) and sampled the same 16 × 8 replies a step, three seeds each.
+#
+# - After 30 steps every rung had helped by about as much: greedy 62-68%, pass@1 44-49%. Between the
+#   baseline, the division by the spread, the sum over a constant, the clip and the KL term, the means
+#   differ by less than the seeds do: at this budget none of those choices is measured to matter.
+# - Plain REINFORCE on the raw 0/1 rewards came out ahead on pass@1 (48.5%, 47.6-49.1%, where no seed of
+#   any other arm passed 46.1%) and sharpened fastest (the lowest entropy, 0.38 nats a token). With 0/1
+#   rewards it only ever pushes right replies up, as expert iteration does (63.5%), but with two updates a
+#   step to expert iteration's one. A baseline lowers the variance of the gradient (Exercise 12.8
+#   measured it); it does not raise its mean, and AdamW rescales every update anyway, so on a task this
+#   small the lower variance buys nothing yet that 30 steps can show.
+# - The hole in the checker was found. Against `hasty_check` for 100 steps, the reward the policy saw
+#   rose as in the honest run (0.66 over the last 5 steps, against 0.64), but greedy accuracy by the strict
+#   checker reached 71.5% (68.5-75.2%) instead of 79.7%, and 8.8% (5.2-12.8%) of its greedy replies were
+#   a wrong piece of the answer that the hasty checker accepts, against 0.1% with the strict checker. None
+#   was empty: the hole it used is a part of the answer, not nothing.
+# - Counting, never practised, stayed at 98-100% in every arm.
+#
+# </details>
+
+# %% [markdown]
 # ## 9. Talk to them
 #
 # Both trained models are chat models like chapter 11's (`save_chat_model`), so the same streamed chat
@@ -1147,7 +1234,9 @@ quiz([
 # - GRPO is the top of a **ladder**: REINFORCE, a baseline, advantages divided by the group's spread,
 #   the clipped ratio. Over three seeds of 30 steps the rungs helped about equally and plain REINFORCE
 #   on 0/1 rewards a little more; a baseline made of the group lowers the gradient's variance and shrinks
-#   its mean by a known factor (you predicted it, then measured it).
+#   its mean by a known factor (you predicted it, then measured it). Against a checker with a hole, even
+#   the exact gradient hands the rewarded probability to whichever accepted reply was ahead (you predicted
+#   which), and three seeds support fewer claims than their means suggest (you read the ranges).
 #
 # Exported to `transformer_course/preferences.py`: `STRANGE_KINDS`, `MAX_REPLY`, `strange_words`,
 # `is_right`, `HELD_OUT_SEED`, `accuracy`, `pass_at_1`, `Pair`, `preference_pairs`, `dpo_loss`,

@@ -13,10 +13,12 @@ from transformer_course.checks.preferences import (
     check_clipped_objective,
     check_dpo_loss,
     check_group_advantages,
+    check_ladder_claims,
     check_pair_logprobs,
     check_pass_at_k,
     check_predict_first_dpo_loss,
     check_predict_group_baseline,
+    check_predict_hasty_toy,
     check_reply_logprobs,
 )
 from transformer_course.preferences import dpo_loss, pair_logprobs, reply_logprobs
@@ -187,3 +189,49 @@ def test_predicting_the_group_baseline_accepts_the_answer_and_names_the_mistakes
                         ((0.875, "less"), '"larger", "smaller" or "same"'), (0.875, "return a pair"),
                         (("7/8", "smaller"), "a number as the first item")]:
         assert_rejected(check_predict_group_baseline, lambda guess=guess: guess, hint)
+
+
+def test_predicting_the_toy_hole_names_the_mistakes():
+    assert run(check_predict_hasty_toy, lambda: ("piece", "smaller")).passed
+    for guess, hint in [(("right", "smaller"), "cannot prefer the right one"), (("piece", "same"), "gap between them"),
+                        (("piece", "larger"), "gap between them"), (("hole", "smaller"), '"right" or "piece"'),
+                        (("piece", "less"), '"larger", "smaller" or "same"'), ("piece", "a pair of words")]:
+        assert_rejected(check_predict_hasty_toy, lambda guess=guess: guess, hint)
+
+
+def test_reading_the_ladder_names_the_claim_and_its_ranges():
+    right = {"A": False, "B": True, "C": False, "D": True, "E": False}
+    assert run(check_ladder_claims, lambda: dict(right)).passed
+    assert_rejected(check_ladder_claims, lambda: {**right, "A": True}, "claim A: look at the ranges")
+    assert_rejected(check_ladder_claims, lambda: {**right, "E": True}, "58.0-64.5%")
+    assert_rejected(check_ladder_claims, lambda: {**right, "B": "yes"}, "True or False")
+    assert_rejected(check_ladder_claims, lambda: {"A": False}, "keys")
+
+
+def test_the_ladder_claims_are_what_the_stored_benchmark_says():
+    """The rows of the 12.10 check agree with benchmarks/results/rl_ladder.json (ranges over the seeds)."""
+    import json
+    from pathlib import Path
+
+    arms = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/rl_ladder.json").read_text())["arms"]
+
+    def span(arm, key):
+        values = [r[key] for r in arms[arm]]
+        return min(values), max(values)
+
+    def apart(x, y):  # x entirely above y
+        return x[0] > y[1]
+
+    thirty = [a for a in arms if not a.endswith("longer")]
+    claims = {
+        "A": apart(span("GRPO clipped, KL 0.04", "greedy"), span("REINFORCE, group-normalised", "greedy")),
+        "B": apart(span("GRPO clipped, hasty checker, longer", "hacked"),
+                   span("GRPO clipped, KL 0.04, longer", "hacked")),
+        "C": apart(span("GRPO clipped, KL 0.04", "pass_at_1"), span("expert iteration", "pass_at_1")),
+        "D": all(apart(span("REINFORCE, raw reward", "pass_at_1"), span(a, "pass_at_1"))
+                 for a in thirty if a != "REINFORCE, raw reward"),
+        "E": apart(span("REINFORCE, group-normalised", "greedy"), span("REINFORCE, group-mean baseline", "greedy")),
+    }
+    from transformer_course.checks.preferences import _LADDER_CLAIMS
+
+    assert claims == {k: truth for k, (truth, _) in _LADDER_CLAIMS.items()}

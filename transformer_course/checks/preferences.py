@@ -407,3 +407,44 @@ def check_predict_group_baseline(fn):
     expect(spread in ("larger", "smaller", "same"), f'the second item is "larger", "smaller" or "same", got {spread!r}')
     expect(spread == "smaller", "with 0/1 rewards every sample pushes the same way before the baseline; subtracting "
            "what the group shares removes most of that common push, so the estimates scatter less")
+
+
+# ---------------------------------------------------------------- 12.9 predict: a hole in the checker, in a toy
+@check("12.9", "my_prediction")
+def check_predict_hasty_toy(fn):
+    """``fn() -> ("right" | "piece", "larger" | "smaller" | "same")``: the most likely reply after exact policy
+    gradient against a checker that also accepts a piece of the answer, and the right reply's share of the
+    accepted probability, against its share at the start (the piece starts ahead)."""
+    got = fn()
+    expect(isinstance(got, tuple) and len(got) == 2, f"return a pair of words, got {got!r}")
+    top, share = got
+    expect(top in ("right", "piece"), f'the first item is "right" or "piece", got {top!r}')
+    expect(share in ("larger", "smaller", "same"), f'the second item is "larger", "smaller" or "same", got {share!r}')
+    expect(top == "piece", "both replies earn the same reward, so the objective cannot prefer the right one; each "
+           "accepted reply's logit rises in proportion to its own probability, and the piece starts ahead")
+    expect(share == "smaller", "each accepted reply is pushed up in proportion to its probability pᵢ: the likelier "
+           "one gains faster, so the gap between them widens while the push lasts")
+
+
+# ---------------------------------------------------------------- 12.10 predict: what the ladder's seeds support
+# The truth of each claim in the stored benchmark (benchmarks/results/rl_ladder.md, three seeds a rung): two arms
+# differ on a measure when their seeds' ranges do not overlap. A re-run that changes a range changes these rows.
+_LADDER_CLAIMS = {
+    "A": (False, "GRPO's greedy 61.3-65.5% against group-normalised REINFORCE's 61.5-67.0%: the ranges overlap"),
+    "B": (True, "hole used 5.2-12.8% of greedy replies against 0.0-0.2% with the strict checker: apart"),
+    "C": (False, "expert iteration's pass@1 45.3-46.0% against GRPO's 44.6-46.1%: the ranges overlap"),
+    "D": (True, "raw REINFORCE's pass@1 47.6-49.1%, and no seed of another 30-step arm above 46.1%"),
+    "E": (False, "group-normalised greedy 61.5-67.0% against the plain baseline's 58.0-64.5%: the ranges overlap"),
+}
+
+
+@check("12.10", "ladder_claims")
+def check_ladder_claims(fn):
+    """``fn() -> {"A": bool, ..., "E": bool}``: which claims about the ladder's table its three seeds support."""
+    got = fn()
+    expect(isinstance(got, dict) and set(got) == set(_LADDER_CLAIMS),
+           f"return a dict with the keys {sorted(_LADDER_CLAIMS)} and True or False for each, got {got!r}")
+    expect(all(isinstance(v, bool) for v in got.values()), f"each value is True or False, got {got!r}")
+    wrong = [key for key, (truth, _) in _LADDER_CLAIMS.items() if got[key] != truth]
+    expect(not wrong, f"claim {wrong[0] if wrong else ''}: look at the ranges in brackets, not at the means. "
+           + (_LADDER_CLAIMS[wrong[0]][1] if wrong else ""))
