@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from transformer_course.course_model import (
     load_chat_model,
 )
 from transformer_course.data import load_shakespeare
+from transformer_course.evaluation import pass_at_k
 from transformer_course.preferences import (
     HELD_OUT_SEED,
     MAX_REPLY,
@@ -53,18 +53,14 @@ RESULTS_JSON = RESULTS.with_suffix(".json")
 SAMPLES = 8
 
 
-def _pass_at(n: int, c: int, k: int) -> float:
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
 def sampled(model, tok, held) -> dict:
     """pass@1, pass@8 and distinct replies from SAMPLES replies per held-out word (temperature 1, seed 0)."""
     generator = torch.Generator().manual_seed(0)
     prompts = [t.prompt for t in held]
     draws = [answers(model, tok, prompts, MAX_REPLY, 1.0, generator) for _ in range(SAMPLES)]
     right = [sum(is_right(t, d[i]) for d in draws) for i, t in enumerate(held)]
-    return {"pass_at_1": sum(_pass_at(SAMPLES, c, 1) for c in right) / len(held),
-            "pass_at_8": sum(_pass_at(SAMPLES, c, SAMPLES) for c in right) / len(held),
+    return {"pass_at_1": sum(pass_at_k(SAMPLES, c, 1) for c in right) / len(held),
+            "pass_at_8": sum(pass_at_k(SAMPLES, c, SAMPLES) for c in right) / len(held),
             "distinct": sum(len({d[i] for d in draws}) for i in range(len(held))) / len(held)}
 
 
