@@ -199,3 +199,51 @@ def test_the_tables_of_mistakes_expect_answer_number_and_mask():
         expect_mask(torch.ones(3, 3, dtype=torch.bool), causal, lambda i, j: f"{i} sees {j}", str)
     with pytest.raises(CheckFailed, match=r"^0 misses 0$"):
         expect_mask(causal & ~torch.eye(3, dtype=torch.bool), causal, str, lambda i, j: f"{i} misses {j}")
+
+
+def test_expect_items_numbers_match_and_known_crash():
+    import re
+
+    import pytest
+    import torch
+
+    from transformer_course.checks import (
+        CheckFailed,
+        expect_items,
+        expect_known_crash,
+        expect_match,
+        expect_numbers,
+    )
+
+    assert expect_items((1, 2), 2, "a pair") == (1, 2)
+    for wrong in ((1, 2, 3), [1, 2], None):
+        with pytest.raises(CheckFailed, match=r"^a pair$"):
+            expect_items(wrong, 2, "a pair")
+    assert expect_items([1, 2], 2, "a pair", tuple | list) == [1, 2]
+    assert expect_numbers(torch.tensor([[1, 2]]), 2, "two") == [1.0, 2.0]
+    for answer, said in ((7, "as a list, got int"), ([1], "two of them, got 1"), (["a", 1], "two, got ['a', 1]")):
+        with pytest.raises(CheckFailed, match=rf"^{re.escape(said)}$"):
+            expect_numbers(answer, 2, "two", as_list="as a list", count="two of them")
+    want = torch.zeros(2, 3)
+    expect_match(want + 1e-7, want)
+    wrong = want.clone()
+    wrong[1, 2] = 1.0
+    with pytest.raises(CheckFailed, match=r"^entry \(1, 2\)$"):
+        expect_match(wrong, want, otherwise=lambda i, j: f"entry ({i}, {j})")
+    for mistakes in ([("one is off", wrong)], lambda: [("one is off", wrong)]):  # a table, or made when needed
+        with pytest.raises(CheckFailed, match=r"^one is off$"):
+            expect_match(wrong, want, mistakes, otherwise=str)
+
+    def crash(message):
+        raise RuntimeError(message)
+
+    known = [("view size", "use reshape"), ("", "anything else")]
+    assert expect_known_crash(len, "abc", known=known) == 3
+    with pytest.raises(CheckFailed, match=r"^use reshape$"):
+        expect_known_crash(crash, "view size is not compatible", known=known)
+    with pytest.raises(CheckFailed, match=r"^anything else$"):
+        expect_known_crash(crash, "other", known=known)
+    with pytest.raises(RuntimeError, match="other"):  # not a known crash: it goes on up
+        expect_known_crash(crash, "other", known=known[:1])
+    with pytest.raises(ValueError):  # not of the type asked for
+        expect_known_crash(int, "x", known=known)

@@ -38,8 +38,12 @@ from ._core import (
     expect,
     expect_answer,
     expect_close,
+    expect_items,
+    expect_known_crash,
     expect_mask,
+    expect_match,
     expect_number,
+    expect_numbers,
     expect_runs,
     expect_tensor,
     expect_unchanged,
@@ -51,5 +55,6 @@ from ._core import (
 )
 
 __all__ = ["RESULT_LINE", "CheckFailed", "CheckOutcome", "check", "close", "expect", "expect_answer", "expect_close",
-           "expect_mask", "expect_number", "expect_runs", "expect_tensor", "expect_unchanged", "fresh_rng",
-           "name_mistake", "planted", "results", "seeded_randn"]
+           "expect_items", "expect_known_crash", "expect_mask", "expect_match", "expect_number", "expect_numbers",
+           "expect_runs", "expect_tensor", "expect_unchanged", "fresh_rng", "name_mistake", "planted", "results",
+           "seeded_randn"]

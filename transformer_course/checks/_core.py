@@ -4,10 +4,12 @@ A check is a body wrapped by :func:`check`. The body calls the learner's code an
 hold, naming the likely mistake when it does not:
 
 - :func:`expect` (a condition, and the hint when it is false), :func:`expect_tensor` (a tensor, of a shape),
-  :func:`expect_number` (a number), :func:`expect_answer` (a predicted answer, or the known wrong answer it equals),
-  :func:`expect_close` (the same values, within a tolerance), :func:`expect_unchanged` (an input left as it was),
-  :func:`expect_runs` (no crash, where a crash has a likely cause), :func:`expect_mask` (an attention mask, the first
-  key seen or hidden wrongly named);
+  :func:`expect_number` (a number), :func:`expect_numbers` (a list of them), :func:`expect_items` (a pair, a triple),
+  :func:`expect_answer` (a predicted answer, or the known wrong answer it equals), :func:`expect_close` (the same
+  values, within a tolerance), :func:`expect_match` (the same, or the known mistake or the first wrong entry named),
+  :func:`expect_unchanged` (an input left as it was), :func:`expect_runs` (no crash, where a crash has a likely
+  cause), :func:`expect_known_crash` (a crash whose message names its cause), :func:`expect_mask` (an attention mask,
+  the first key seen or hidden wrongly named);
 - :func:`planted`: a table of mistakes, each planted by a switch of a reference written to commit it;
 - :func:`close`, the test behind ``expect_close``, for checks that branch on it, and
   :func:`name_mistake`: which known wrong answer the learner's output equals, and so which hint to
@@ -15,8 +17,6 @@ hold, naming the likely mistake when it does not:
 - :func:`fresh_rng` and :func:`seeded_randn`: random numbers of the check's own. The wrapper also
   forks the random state around every check, so no check moves the notebook's random numbers.
 """
-
-from __future__ import annotations
 
 import contextlib
 import functools
@@ -32,8 +32,7 @@ _ICON = {PASSED: "✅", FAILED: "❌", NOT_DONE: "⏳"}
 # the one line every check prints; the student edition finds the answer key's stored verdicts with
 # it (the grader does not read printed text: it reads results() through the kernel)
 RESULT_LINE = re.compile(
-    r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$"
-)
+    r"^(?P<icon>✅|❌|⏳) Exercise (?P<exercise>[\w.]+) \((?P<name>[^)]*)\): (?P<message>.*)$")
 _NOT_DONE_MESSAGE = ("not done yet - the chapter carries on with the package's reference implementation")
 
 
@@ -179,6 +178,19 @@ def expect_number(got, what: str = "a number", kind=(int, float)):
     return got
 
 
+def expect_numbers(answer, n: int, what: str, as_list: str | None = None, count: str | None = None) -> list[float]:
+    """The learner's prediction of ``n`` numbers (a tuple, list or tensor) as floats; fails with ``as_list`` (not a
+    sequence), ``count`` (not ``n`` of them) or ``what`` (not numbers), each followed by what it got."""
+    if _is_tensor(answer):
+        answer = answer.flatten().tolist()
+    expect(isinstance(answer, (list, tuple)), f"{as_list or what}, got {type(answer).__name__}")
+    expect(len(answer) == n, f"{count or what}, got {len(answer)}")
+    try:
+        return [float(x) for x in answer]
+    except (TypeError, ValueError):
+        raise CheckFailed(f"{what}, got {answer!r}") from None
+
+
 def expect_answer(got, want, mistakes: Iterable = (), otherwise: str = "", atol: float | None = None) -> None:
     """Fail unless the learner's answer ``got`` is ``want`` (a number within ``atol``, when given), with the hint of the
     known mistake it equals (``mistakes``, as for :func:`name_mistake`; numbers within ``atol``), else ``otherwise``."""
@@ -210,6 +222,34 @@ def expect_tensor(got, shape=None, what: str = "a tensor"):
     return got
 
 
+def expect_items(got, n: int, hint: str, kinds=tuple):
+    """Fail with ``hint`` unless the learner's ``got`` is a ``kinds`` of ``n`` items (a pair, a triple); return it."""
+    expect(isinstance(got, kinds) and len(got) == n, hint)
+    return got
+
+
+def expect_match(got, want, mistakes=(), otherwise: Callable = None, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Pass when ``close(got, want)``; else fail with the hint of the known mistake ``got`` equals (``mistakes``, as for
+    :func:`name_mistake`, or a function that makes them), or ``otherwise(*index)`` of the first entry off by more than
+    ``atol``."""
+    if close(got, want, atol, rtol):
+        return
+    named = name_mistake(got, mistakes() if callable(mistakes) else mistakes, atol=atol, rtol=rtol)
+    raise CheckFailed(named or otherwise(*((got - want).abs() > atol).nonzero()[0].tolist()))
+
+
+def expect_known_crash(fn, *args, known: Iterable, errors=RuntimeError):
+    """``fn(*args)``; an error of type ``errors`` whose text holds the text of a ``(text, hint)`` pair of ``known`` (the
+    first that does; "" matches any) fails the check with that hint, any other error goes on up."""
+    try:
+        return fn(*args)
+    except errors as error:
+        hint = next((hint for text, hint in known if text in str(error)), None)
+        if hint is None:
+            raise
+        raise CheckFailed(hint) from None
+
+
 def expect_runs(fn, *args, hint: str, errors=Exception, **kwargs):
     """``fn(*args, **kwargs)``; an error of type ``errors`` fails the check with ``hint`` and what
     was raised (a stub's NotImplementedError still means "not done")."""
@@ -221,9 +261,10 @@ def expect_runs(fn, *args, hint: str, errors=Exception, **kwargs):
         raise CheckFailed(f"{hint} (it raised {type(error).__name__}: {error})") from None
 
 
-def expect_unchanged(x, before, hint: str = "do not change x in place: compute a new tensor"):
-    """Fail with ``hint`` unless the learner's code left its input ``x`` equal to ``before``, the
-    copy taken before the call."""
+def expect_unchanged(x, before, hint: str | None = None):
+    """Fail with ``hint`` (by default: do not change x in place) unless the learner's code left its input ``x`` equal
+    to ``before``, the copy taken before the call."""
+    hint = hint or "do not change x in place: compute a new tensor"
     expect(sys.modules["torch"].equal(x, before) if _is_tensor(x) else x == before, hint)
 
 
@@ -248,7 +289,7 @@ def seeded_randn(*shape: int, seed: int, dtype=None):
 # ---------------------------------------------------------------- the wrapper
 def _notebook_rng_kept():
     """The learner's random state, restored when the check ends (no torch yet: nothing to keep)."""
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")  # no torch import for the checks that need none
     return torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext()
 
 

@@ -1,10 +1,7 @@
 """Checks for chapter 11's exercises (the assistant: chat tokens, the SFT mask, LoRA). Hand-written.
 
-The build exercises (11.1 ``grow_rows``, 11.2 ``sft_targets``, 11.4 ``LoRALinear``) and the debug exercise (11.5
-``merged_weight``) have the package as their reference; each check computes what it expects its own way. The reference
-of the extend exercise 11.6 (``_chatml``) lives here: it is not part of the package's API. The planted mistakes are
-tables of (hint, what the mistake gives).
-"""
+Each check computes what it expects its own way; the planted mistakes are tables of (hint, what the mistake gives).
+11.6's reference (``_chatml``) lives here: it is not part of the package's API."""
 
 import torch
 

@@ -1,11 +1,7 @@
 """Checks for chapter 03's exercises (single-head attention). Hand-written.
 
-Each check runs the learner's function next to a reference on ordinary and edge inputs and names the likely mistake in
-words. The build exercises (3.2 ``causal_mask``, 3.4 ``scaled_dot_product_attention``) are checked against the package's
-functions; the extend exercise (3.5, ALiBi) against the private reference ``_alibi_bias`` below, which is not part of
-the package's API, and 3.6 (attention tile by tile) against the full attention and ``_online_attention``, with
-``largest_tensor`` measuring the biggest tensor it computes. See ``transformer_course.checks`` for how checks report.
-"""
+The private references ``_alibi_bias`` (3.5) and ``_online_attention`` (3.6, with mistakes to switch on) are not part of
+the package's API; ``largest_tensor`` measures the biggest tensor a function computes (3.6 must work tile by tile)."""
 
 import math
 
@@ -15,25 +11,22 @@ from torch.utils._pytree import tree_leaves
 
 from ..attention import causal_mask, scaled_dot_product_attention
 from ._core import (
-    CheckFailed,
     check,
     close,
     expect,
     expect_close,
+    expect_items,
     expect_mask,
+    expect_numbers,
     expect_runs,
     expect_tensor,
     name_mistake,
     planted,
-    seeded_randn,
 )
 
 __all__ = ["check_alibi_bias", "check_attention", "check_attention_scores", "check_causal_mask",
            "check_predict_equal_scores", "check_tiled_attention", "largest_tensor", "tiled_attention"]
-
-
-def _randn64(*shape: int, seed: int) -> torch.Tensor:
-    return seeded_randn(*shape, seed=seed, dtype=torch.float64)
+_randn64 = lambda *shape, seed: torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
 # ---------------------------------------------------------------- 3.1 scores (debug)
@@ -96,15 +89,8 @@ def check_causal_mask(fn):
 @check("3.3", "equal scores")
 def check_predict_equal_scores(fn):
     """``fn() -> 5 weights``: query 2 of a causal head, T = 5, every score 7.0."""
-    answer = fn()
-    if isinstance(answer, torch.Tensor):
-        answer = answer.flatten().tolist()
-    expect(isinstance(answer, (list, tuple)), f"return the 5 weights as a list, got {type(answer).__name__}")
-    expect(len(answer) == 5, f"one weight per key: T = 5 keys, so 5 numbers, got {len(answer)}")
-    try:
-        w = [float(x) for x in answer]
-    except (TypeError, ValueError):
-        raise CheckFailed(f"return 5 numbers, got {answer!r}") from None
+    w = expect_numbers(fn(), 5, "return 5 numbers", as_list="return the 5 weights as a list",
+                       count="one weight per key: T = 5 keys, so 5 numbers")
     expect(abs(w[3]) < 1e-9 and abs(w[4]) < 1e-9, "keys 3 and 4 come after query 2: the causal "
                                                    "mask hides them, so their weight is exactly 0")
     expect(max(w[:3]) - min(w[:3]) < 1e-3, "equal scores give equal weights: exp(7) is the same "
@@ -121,9 +107,7 @@ def check_attention(fn):
     """``fn(q, k, v, mask=None, *, scale=None, dropout_p=0.0)``
     ``-> (out [..., T_q, d_v], weights [..., T_q, T_k])``."""
     q, k, v = _randn64(2, 4, 3, seed=10), _randn64(2, 6, 3, seed=11), _randn64(2, 6, 5, seed=12)
-    result = fn(q, k, v)
-    expect(isinstance(result, tuple) and len(result) == 2, "return a pair (out, weights), not just the output")
-    out, weights = result
+    out, weights = expect_items(fn(q, k, v), 2, "return a pair (out, weights), not just the output")
     ref_out, ref_w = scaled_dot_product_attention(q, k, v)
     expect(isinstance(weights, torch.Tensor) and weights.shape == (2, 4, 6), "weights should be "
            f"[..., T_q, T_k] = (2, 4, 6), got {getattr(weights, 'shape', weights)}")
@@ -236,8 +220,8 @@ def _expect_alibi_values(got: torch.Tensor, T: int, slope: float) -> None:
         (f"multiply the distance by `slope` (here {slope}): -slope * (i - j)", (-dist)[past]),
     ], want=want[past], atol=1e-6)
     i, j = ((got - want).abs() > 1e-6).logical_and(past).nonzero()[0].tolist()
-    raise CheckFailed(named or f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * "
-                               f"(i - j) = {want[i, j].item():g}, yours is {got[i, j].item():g}")
+    expect(False, named or f"entry [{i}, {j}] (T={T}, slope={slope}) should be -slope * (i - j) = "
+                           f"{want[i, j].item():g}, yours is {got[i, j].item():g}")
 
 
 # ---------------------------------------------------------------- 3.6 attention tile by tile

@@ -1,14 +1,8 @@
 """Checks for chapter 05's exercises (the transformer block). Hand-written.
 
-Each check runs the learner's code against ``transformer_course.block`` (or PyTorch) on ordinary and edge inputs, and
-when the answer is wrong, tries the usual mistakes one by one (the tables of (hint, what the mistake gives) below) to
+When an answer is wrong, the usual mistakes are tried one by one (the tables of (hint, what the mistake gives) below) to
 name the likely one. Checks build their own small modules under :func:`fresh_rng`, so they never disturb the notebook's
-random numbers. The build exercises (5.1 ``LayerNorm``, 5.3 ``TransformerBlock``, 5.5 ``input_gradient_norms``) are
-declared with the package's version as ``reference``; 5.2 (debug) and 5.6 (extend) with the small references below
-(:func:`gelu_tanh`, :class:`ParallelBlock`), so ``check_x(x).use`` is what the chapter runs next.
-"""
-
-from __future__ import annotations
+random numbers. 5.2 (debug) and 5.6 (extend) have the small references :func:`gelu_tanh` and :class:`ParallelBlock`."""
 
 import contextlib
 import math
@@ -25,14 +19,16 @@ __all__ = ["ParallelBlock", "check_gelu_tanh", "check_input_gradient_norms", "ch
 
 _WIDE = "a [4, 64] input is normalised wrongly: work over the last dimension for any shape"
 _BY_C = "normalise over the last dimension (dim=-1, one token's C numbers), not over the"
+_generator = lambda seed: torch.Generator().manual_seed(seed)
 
 
-def _generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _expect_shape_kept(got: torch.Tensor, x: torch.Tensor, what: str = "the input's shape") -> None:
-    expect(tuple(got.shape) == tuple(x.shape), f"keep {what} {tuple(x.shape)}, got {tuple(got.shape)}")
+def _output(module, x, what: str, before=None, in_place=None, shape: str = "the input's shape") -> torch.Tensor:
+    """``module(x)``, a tensor of x's shape; x left as it was (``before``, or as it is now) or the hint ``in_place``."""
+    before = x.clone() if before is None else before
+    got = expect_tensor(module(x), what=what)
+    expect_unchanged(x, before, in_place)
+    expect(tuple(got.shape) == tuple(x.shape), f"keep {shape} {tuple(x.shape)}, got {tuple(got.shape)}")
+    return got
 
 
 # ---------------------------------------------------------------- 5.1 layer normalisation (build: LayerNorm.forward)
@@ -88,11 +84,8 @@ def check_layer_norm(cls):
     x = 1.0 + 2.0 * torch.randn(3, 5, 8, generator=g)
     ln = _layer_norm(cls, 8, seed=51)
     weight, bias = ln.weight.detach(), None if ln.bias is None else ln.bias.detach()
-    x_before = x.clone()
     with torch.no_grad():
-        got = expect_tensor(ln(x), what=what)
-    expect_unchanged(x, x_before)
-    _expect_shape_kept(got, x)
+        got = _output(ln, x, what)
     _expect_layer_norm(got, x, weight, bias, 1e-5)
     flat = torch.full((2, 8), 3.0)  # a token whose numbers are all equal: the variance is 0, eps keeps it finite
     with torch.no_grad():
@@ -173,9 +166,7 @@ def check_gelu_tanh(fn):
     except _GeluCalled:
         expect(False, "my_gelu_tanh calls PyTorch's GELU (F.gelu or nn.GELU): write the formula of the cell above "
                       "with torch.tanh, fixed, so you know what GPT-2 computes")
-    got = expect_tensor(fn(x), what=what)
-    expect_unchanged(x, x_before)
-    _expect_shape_kept(got, x)
+    got = _output(fn, x, what, before=x_before)
     expect_close(got, F.gelu(x, approximate="tanh"), "the values differ from 0.5 x (1 + tanh(sqrt(2/pi) (x + "
                  "0.044715 x³)))", mistakes=_gelu_mistakes(x))
     x64 = torch.linspace(-6.0, 6.0, 101, dtype=torch.float64)
@@ -254,10 +245,8 @@ def check_transformer_block(cls):
 def _expect_forward(block, x, want, what: str, in_place: str, hint: str, mistakes) -> torch.Tensor:
     """The shared first steps of 5.3 and 5.6: x left as it was, its shape kept, ``want`` (a tensor, or the reference
     block to run on x) matched or the mistake named; returns the right output."""
-    x_before = x.clone()
-    got = expect_tensor(block(x), what=what)
-    expect_unchanged(x, x_before, f"do not change x in place (x += ...): {in_place}")
-    _expect_shape_kept(got, x, what="the shape [B, T, C] =")
+    got = _output(block, x, what, in_place=f"do not change x in place (x += ...): {in_place}",
+                  shape="the shape [B, T, C] =")
     want = want if isinstance(want, torch.Tensor) else want(x)
     expect_close(got, want, hint, mistakes=mistakes)
     return want

@@ -1,8 +1,5 @@
-"""Checks for chapter 09's exercises (encoder-decoder and cross-attention). Hand-written.
-
-Exercise 9.2's reference is the package's ``CrossAttention``; the references of 9.3
-(``_memory_mask``) and 9.4 (``_beam_search``) live here: they are not part of the package's API.
-"""
+"""Checks for chapter 09's exercises (encoder-decoder and cross-attention). Hand-written; the references of 9.3
+(``_memory_mask``) and 9.4 (``_beam_search``) live here: they are not part of the package's API."""
 
 import math
 
@@ -223,10 +220,7 @@ BEAM_CASES = ((15, [[5, 5, 6, 7, 4, 2]]), (0, [[7, 3, 2]]), (5, [[3, 4, 5, 6, 2]
 # extensions by their last token's log-probability gives another
 # (tests/test_checks_encoder_decoder.py)
 BEAM_NARROW = ((6, [[3, 4, 5, 6, 2]]), (15, [[3, 4, 5, 6, 2]]))
-
-
-def _ids(ids) -> list:
-    return ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
+_ids = lambda ids: ids.flatten().tolist() if isinstance(ids, torch.Tensor) else list(ids)
 
 
 @check("9.4", "my_beam_search", reference=_beam_search)

@@ -1,10 +1,5 @@
-"""Checks for chapter 07's exercises (generation, sampling and the KV cache). Hand-written.
-
-Each check runs the learner's function against ``transformer_course.generation`` (or, for the debug and extend
-exercises, against a reference kept here) on ordinary and edge inputs and names the likely mistake.
-"""
-
-from __future__ import annotations
+"""Checks for chapter 07's exercises (generation, sampling and the KV cache), against
+``transformer_course.generation`` or, for the debug and extend exercises, a reference kept here. Hand-written."""
 
 import torch
 
@@ -15,23 +10,11 @@ _NOT_ZERO = ("removed tokens must become -inf (softmax turns -inf into probabili
              "be likely")
 
 
-def _logits(rows: int = 3, vocab: int = 11, seed: int = 0) -> torch.Tensor:
-    return torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
-
-
-def _row() -> torch.Tensor:
-    """One row [V] of logits, as the chapter calls the functions."""
-    return torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-
-
-def _kept(filtered: torch.Tensor) -> torch.Tensor:
-    """Bool mask of the tokens a filter kept (finite logits)."""
-    return torch.isfinite(filtered)
-
-
-def _call_filter(fn, logits: torch.Tensor, knob) -> torch.Tensor:
-    """Run a learner's filter on a copy; it must return a tensor of the logits' shape."""
-    return expect_tensor(fn(logits.clone(), knob), logits.shape, "a tensor of logits")
+_logits = lambda rows=3, vocab=11, seed=0: torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 2
+_row = lambda: torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])  # one row [V] of logits, as the chapter calls the functions
+_kept = torch.isfinite  # bool mask of the tokens a filter kept (finite logits)
+# a learner's filter run on a copy: it must return a tensor of the logits' shape
+_call_filter = lambda fn, logits, knob: expect_tensor(fn(logits.clone(), knob), logits.shape, "a tensor of logits")
 
 
 def _expect_kept(got: torch.Tensor, logits: torch.Tensor, want: torch.Tensor, hint: str, mistakes=()) -> None:
@@ -199,8 +182,8 @@ def _tiny_gpt(seed: int = 2):
     return model.eval()
 
 
-def _prompts(batch: int = 2, length: int = 3, seed: int = 1) -> torch.Tensor:
-    return torch.randint(0, 13, (batch, length), generator=torch.Generator().manual_seed(seed))
+_prompts = lambda batch=2, length=3, seed=1: torch.randint(0, 13, (batch, length),
+                                                           generator=torch.Generator().manual_seed(seed))
 
 
 def _record_calls(model, fed: list, caches: list):
@@ -213,13 +196,9 @@ def _record_calls(model, fed: list, caches: list):
     return model.register_forward_pre_hook(hook, with_kwargs=True)
 
 
-def _greedy(logits: torch.Tensor) -> torch.Tensor:
-    return logits.argmax(-1)
-
-
-def _second_best(logits: torch.Tensor) -> torch.Tensor:
-    """A rule no loop would pick by itself: proves the loop feeds back what ``choose`` returned."""
-    return logits.topk(2, dim=-1).indices[..., 1]
+_greedy = lambda logits: logits.argmax(-1)
+# a rule no loop would pick by itself: proves the loop feeds back what ``choose`` returned
+_second_best = lambda logits: logits.topk(2, dim=-1).indices[..., 1]
 
 
 def _expected(model, window: torch.Tensor, n: int, rule) -> torch.Tensor:

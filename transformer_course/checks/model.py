@@ -1,10 +1,4 @@
-"""Checks for chapter 06's exercises (the GPT model and its training).
-
-Each check runs the learner's code next to the package's reference on ordinary and edge cases and,
-when they disagree, names the likely mistake.
-"""
-
-from __future__ import annotations
+"""Checks for chapter 06's exercises (the GPT model and its training), against the package's references."""
 
 import contextlib
 import math
@@ -17,7 +11,7 @@ import torch.nn.functional as F
 from .. import model as _lib
 from ..data import get_batch
 from ..training import lr_at, param_groups, train_step
-from ._core import CheckFailed, check, close, expect, expect_close, expect_runs, expect_tensor, fresh_rng
+from ._core import CheckFailed, check, close, expect, expect_close, expect_items, expect_runs, expect_tensor, fresh_rng
 
 
 def _small_config(**overrides):
@@ -55,9 +49,7 @@ def check_gpt_forward(cls):
         stream = model.embed(idx)
         for block in model.blocks:
             stream = block(stream)
-        out = forward(idx)
-        expect(isinstance(out, tuple) and len(out) == 2, "return a pair (logits, loss): (logits, None) without targets")
-        logits, loss = out
+        logits, loss = expect_items(forward(idx), 2, "return a pair (logits, loss): (logits, None) without targets")
         expect_tensor(logits, what="the logits tensor as the pair's first element")
         expect(loss is None, "without targets the loss must be None: return (logits, None)")
         expect(tuple(logits.shape) != (3, 6, C), "you returned the residual stream [B, T, C]: "
@@ -151,8 +143,7 @@ def check_predict_initial_loss(fn):
 class _Recorder:
     """A context manager that remembers whether the model's forward pass ran inside it."""
 
-    def __init__(self):
-        self.inside, self.forward_inside = False, None
+    inside, forward_inside = False, None
 
     def __enter__(self):
         self.inside = True
@@ -160,7 +151,6 @@ class _Recorder:
 
     def __exit__(self, *exc):
         self.inside = False
-        return False
 
 
 def _fresh_sgd():
@@ -258,8 +248,7 @@ def check_lr_at(fn):
            "warmup_iters gets learning_rate * (s + 1) / warmup_iters")
     expect(fn(999, cfg) > 0.5 * cfg.min_lr, "the cosine must end at min_lr, not at 0: lr = "
            "min_lr + (peak - min_lr) * (1 + cos(pi * progress)) / 2")
-    expect(math.isclose(fn(1000, cfg), 1e-4, rel_tol=1e-6)
-           and math.isclose(fn(1500, cfg), 1e-4, rel_tol=1e-6),
+    expect(math.isclose(fn(1000, cfg), 1e-4, rel_tol=1e-6) and math.isclose(fn(1500, cfg), 1e-4, rel_tol=1e-6),
            "after lr_decay_iters (default: max_iters) the rate stays flat at min_lr; the cosine must not come back up")
     for step in (250, 550, 900):
         expect(math.isclose(fn(step, cfg), lr_at(step, cfg), rel_tol=1e-6),

@@ -1,11 +1,8 @@
 """Checks for chapter 10's exercises (the modern decoder: RMSNorm, RoPE, grouped-query attention). Hand-written.
 
-The build exercises (10.1 ``RMSNorm``, 10.3 ``rotate_halves``, 10.5 ``modern_parts``) and the debug exercise (10.2
-``rope_frequencies``) have the package's ``modern.py`` as their reference; 10.1 and 10.3 compute the expected result
-their own way (a float32 computation, complex numbers), 10.5 compares parameter names, shapes and logits with the
-package's assembly. The references of the extend exercises 10.6 (``_sliding_window_mask``) and 10.7
-(``_RollingKVCache``) live here: they are not part of the package's API.
-"""
+10.1 and 10.3 compute the expected result their own way (a float32 computation, complex numbers), 10.5 compares
+parameter names, shapes and logits with the package's assembly. The references of the extend exercises 10.6
+(``_sliding_window_mask``) and 10.7 (``_RollingKVCache``) live here: they are not part of the package's API."""
 
 import torch
 
@@ -255,10 +252,9 @@ def check_sliding_window_mask(fn):
              _sliding_window_mask(T, window + 1, past)),
             ("one key too few: a query sees itself and the window - 1 keys before it",
              _sliding_window_mask(T, window - 1, past)),
-            ("the new queries sit at positions past .. past + T - 1, after the cached keys: shift "
-             "the query positions by past", _sliding_window_mask(past + T, window, 0)[:T]),
-        ], want=want, atol=0, rtol=0)
-            or f"the mask differs from the reference for T={T}, window={window}, past={past}")
+            ("the new queries sit at positions past .. past + T - 1, after the cached keys: shift the query positions "
+             "by past", _sliding_window_mask(past + T, window, 0)[:T]),
+        ], want=want, atol=0, rtol=0) or f"the mask differs from the reference for T={T}, window={window}, past={past}")
 
 
 # ---------------------------------------------------------------- 10.7 extend: a rolling KV cache
@@ -316,8 +312,7 @@ def _expect_window_kept(cache, window: int, steps: int = 13) -> None:
     for p in range(steps):
         key = _key_at(p)
         got = cache.update(key, -key)
-        expect(isinstance(got, tuple) and len(got) == 2
-               and all(isinstance(t, torch.Tensor) for t in got),
+        expect(isinstance(got, tuple) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
                "update(k, v) returns two tensors: the keys and the values the new query may attend")
         keys, values = got
         expect(keys.ndim == 4 and keys.shape[:2] == key.shape[:2] and keys.shape[3] == key.shape[3]

@@ -1,10 +1,5 @@
-"""Checks for chapter 04's exercises (multi-head attention). Hand-written.
-
-Each check runs the learner's function next to the package's reference on ordinary and edge inputs and names the likely
-mistake in words. See ``transformer_course.checks`` for how checks report. The build exercises (4.1 split_heads, 4.3
-merge_heads, 4.4 causal_mask_with_past) are declared with the package's version as ``reference``, so ``check_x(x).use``
-is what the chapter runs; 4.5 (pack_heads, which serves the chapter's proof only) has its reference here.
-"""
+"""Checks for chapter 04's exercises (multi-head attention). Hand-written; 4.5's reference (``pack_heads``, which
+serves the chapter's proof only) lives here, the others are the package's."""
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +13,7 @@ from ._core import (
     expect,
     expect_answer,
     expect_close,
+    expect_known_crash,
     expect_mask,
     expect_runs,
     expect_tensor,
@@ -31,15 +27,10 @@ __all__ = ["check_causal_mask_with_past", "check_grouped_query_attention", "chec
            "check_split_heads", "grouped_query_attention_reference", "pack_heads"]
 
 
-def _call(fn, *args, what: str):
-    """Run the learner's ``fn``; turn the usual "view on a non-contiguous tensor" crash into a hint."""
-    try:
-        return fn(*args)
-    except RuntimeError as error:
-        if "view size is not compatible" in str(error):
-            raise CheckFailed(f"{what}: .view failed because after transpose the tensor is not contiguous (its memory "
-                              "is not in the new order); use .reshape(...) or .contiguous().view(...)") from None
-        raise
+def _view_crash(what: str) -> list:
+    """The usual "view on a non-contiguous tensor" crash, as ``expect_known_crash`` names it."""
+    return [("view size is not compatible", f"{what}: .view failed because after transpose the tensor is not "
+             "contiguous (its memory is not in the new order); use .reshape(...) or .contiguous().view(...)")]
 
 
 def _expect_same(got, want: torch.Tensor, hint: str, mistakes=()) -> None:
@@ -64,7 +55,7 @@ def _expect_other_sizes(fn, args, want, hint: str, seed: int) -> None:
 def check_split_heads(fn):
     """``fn(x [B, T, C], n_head) -> [B, nh, T, hs]``, head h holding channels h*hs .. (h+1)*hs - 1."""
     x = torch.arange(12.0).view(1, 3, 4)  # B=1, T=3, C=4: token t holds 4t .. 4t+3
-    got = expect_tensor(_call(fn, x, 2, what="split_heads"))
+    got = expect_tensor(expect_known_crash(fn, x, 2, known=_view_crash("split_heads")))
     expect(got.shape != (1, 3, 2, 2) or not torch.equal(got, x.view(1, 3, 2, 2)),
            "you returned [B, T, nh, hs]: the head axis must come before the time axis, [B, nh, T, hs]")
     expect(got.shape == (1, 2, 3, 2), f"[B, T, C] = [1, 3, 4] with 2 heads should give [1, 2, 3, 2], got "
@@ -106,7 +97,7 @@ def check_predict_scores_shape(fn):
 def check_merge_heads(fn):
     """``fn(y [B, nh, T, hs]) -> [B, T, C]``, the inverse of split_heads."""
     y = torch.arange(12.0).view(1, 2, 3, 2)  # B=1, nh=2, T=3, hs=2
-    got = expect_tensor(_call(fn, y, what="merge_heads"))
+    got = expect_tensor(expect_known_crash(fn, y, known=_view_crash("merge_heads")))
     expect(got.shape == (1, 3, 4), f"[B, nh, T, hs] = [1, 2, 3, 2] should merge to [B, T, C] = [1, 3, 4], got "
                                    f"{tuple(got.shape)}")
     expect(torch.equal(got, merge_heads(y)), name_mistake(got, [

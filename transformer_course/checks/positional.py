@@ -1,13 +1,8 @@
-"""Checks for chapter 02's exercises: embeddings and positional encoding (hand-written).
+"""Checks for chapter 02's exercises (embeddings and positional encoding). Hand-written.
 
-Each check runs the learner's function against a reference on ordinary and edge inputs and, when the answer is wrong,
-recognises the usual slips (one-hot vectors of the wrong length, positions counted from 1, sine and cosine swapped, all
-the sines first, a rotation the wrong way round, ...) and names them. The build exercises (2.3, 2.5) are checked against
-the package's functions; the debug and extend exercises against the private references below (``_one_hot_embedding``,
-``_grid_positional_encoding``), which are not part of the package's API.
-"""
-
-from __future__ import annotations
+Each names the usual slips (one-hot vectors of the wrong length, positions counted from 1, sine and cosine swapped, all
+the sines first, a rotation the wrong way round, ...); the private references ``_one_hot_embedding`` and
+``_grid_positional_encoding`` (2.1, 2.6) are not part of the package's API."""
 
 import math
 
@@ -15,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..positional import position_shift_matrix, sinusoidal_positional_encoding
-from ._core import CheckFailed, check, close, expect, expect_close, expect_tensor, name_mistake
+from ._core import check, close, expect, expect_close, expect_known_crash, expect_match, expect_numbers, expect_tensor
 
 __all__ = ["check_grid_code", "check_one_hot_embedding", "check_predict_embedding_grad",
            "check_predict_row_length", "check_shift_matrix", "check_sinusoidal"]
@@ -30,42 +25,18 @@ def _real64(out, what: str) -> torch.Tensor:
     return out.detach().to(_F64)
 
 
-def _first_mismatch(got: torch.Tensor, want: torch.Tensor, atol: float = 1e-5) -> tuple[int, ...]:
-    bad = ((got - want).abs() > atol).nonzero()
-    return tuple(bad[0].tolist())
-
-
-def _numbers(answer, n: int, what: str) -> list[float]:
-    """A prediction of ``n`` numbers (tuple, list or tensor) as floats."""
-    if isinstance(answer, torch.Tensor):
-        answer = answer.flatten().tolist()
-    expect(isinstance(answer, (list, tuple)), f"return {n} numbers ({what}), got {type(answer).__name__}")
-    expect(len(answer) == n, f"return {n} numbers ({what}), got {len(answer)}")
-    try:
-        return [float(x) for x in answer]
-    except (TypeError, ValueError):
-        raise CheckFailed(f"return {n} numbers ({what}), got {answer!r}") from None
-
-
 # --- Exercise 2.1 (debug) -------------------------------------------------------------------------
 def _one_hot_embedding(ids: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Reference for 2.1: ids [B, T] -> one_hot(ids, V) @ table [V, C] = [B, T, C]."""
     return F.one_hot(ids, num_classes=table.shape[0]).to(table.dtype) @ table
 
 
-def _one_hot_call(fn, ids, table, *, has_last: bool):
-    """``fn(ids, table)``; its usual crashes (integer one-hots, a length guessed from the ids) named."""
-    try:
-        return fn(ids, table)
-    except RuntimeError as error:
-        if "dtype" in str(error):
-            raise CheckFailed("F.one_hot returns integers (torch.long) but the table holds floats: convert the one-hot "
-                              "vectors with .to(table.dtype) (or .float()) before multiplying") from None
-        if not has_last:
-            raise CheckFailed("it works when the ids include the largest one (V - 1) and fails when they do not: "
-                              "F.one_hot guesses the vector length from the largest id it sees; pass "
-                              "num_classes=table.shape[0]") from None
-        raise
+_ONE_HOT_CRASHES = [  # 2.1's usual crashes: integer one-hots; a length guessed from the ids (when they lack V - 1)
+    ("dtype", "F.one_hot returns integers (torch.long) but the table holds floats: convert the one-hot vectors with "
+     ".to(table.dtype) (or .float()) before multiplying"),
+    ("", "it works when the ids include the largest one (V - 1) and fails when they do not: F.one_hot guesses the "
+     "vector length from the largest id it sees; pass num_classes=table.shape[0]"),
+]
 
 
 @check("2.1", "fixed_one_hot_embedding", reference=_one_hot_embedding)
@@ -76,23 +47,21 @@ def check_one_hot_embedding(fn) -> None:
     without_last = torch.tensor([[1, 4, 2, 0, 4]])  # largest id 4 < V - 1
     single = torch.tensor([[0]])  # one token, id 0: F.one_hot alone would make vectors of length 1
     for ids in (with_last, without_last, single):
-        got = _real64(_one_hot_call(fn, ids, table, has_last=ids is with_last), "[B, T, C]")
+        crashes = _ONE_HOT_CRASHES[:1] if ids is with_last else _ONE_HOT_CRASHES
+        got = _real64(expect_known_crash(fn, ids, table, known=crashes), "[B, T, C]")
         (B, T), (V, C) = ids.shape, table.shape
         expect(tuple(got.shape) != (B, T, V), f"you returned the one-hot vectors [B, T, V] = {[B, T, V]}: multiply "
                                               f"them by the table [V, C] to get [B, T, C] = {[B, T, C]}")
         expect(tuple(got.shape) == (B, T, C), f"expected shape [B, T, C] = {[B, T, C]}, got {list(got.shape)}")
-        want = table[ids].to(_F64)
-        if not close(got, want, rtol=0):
-            b, t, _ = _first_mismatch(got, want)
-            raise CheckFailed(f"out[{b}, {t}] should be row {ids[b, t].item()} of the table (the id at that place), "
-                              "but it is not")
+        expect_match(got, table[ids].to(_F64), rtol=0, otherwise=lambda b, t, _: f"out[{b}, {t}] should be row "
+                     f"{ids[b, t].item()} of the table (the id at that place), but it is not")  # noqa: B023
 
 
 # --- Exercise 2.2 (predict) -----------------------------------------------------------------------
 @check("2.2", "embedding gradient")
 def check_predict_embedding_grad(fn) -> None:
     """``fn() -> (g1, g4, g0)``: the entries of rows 1, 4 and 0 of the table's gradient."""
-    g1, g4, g0 = _numbers(fn(), 3, "the gradient entries of rows 1, 4 and 0")
+    g1, g4, g0 = expect_numbers(fn(), 3, "return 3 numbers (the gradient entries of rows 1, 4 and 0)")
     expect(abs(g0) < 1e-9, "id 0 is not in the batch, so row 0 takes no part in the sum: its gradient is exactly 0")
     expect(abs(g4 - 1) < 1e-6, "row 4 is looked up once and each of its entries is added once into the sum, so each "
                                f"entry's gradient is 1 (you said {g4:g})")
@@ -117,10 +86,8 @@ def _sines_first(pe: torch.Tensor) -> torch.Tensor:
 def _expect_table(got: torch.Tensor, n: int, d: int) -> None:
     """2.3's table for n positions of width d, its usual slips named."""
     want = sinusoidal_positional_encoding(n, d, dtype=_F64)
-    if close(got, want, rtol=0):
-        return
     swap = torch.arange(d).view(-1, 2).flip(1).flatten()  # 1, 0, 3, 2, ...
-    named = name_mistake(got, [
+    expect_match(got, want, lambda: [
         ("your row 0 is position 1: count positions from 0, so the first row is [0, 1, 0, 1, ...] (sin 0 = 0, "
          "cos 0 = 1); source 4 counts from 1", sinusoidal_positional_encoding(n + 1, d, dtype=_F64)[1:]),
         ("sine and cosine are swapped: even columns (0, 2, ...) take the sine and odd columns the cosine, so row 0 "
@@ -131,10 +98,8 @@ def _expect_table(got: torch.Tensor, n: int, d: int) -> None:
         ("columns 2i and 2i+1 must share one frequency, 10000^(-2i/d_model); you put the column index j in place of "
          "2i (exponent 2j/d_model), as source 1's formula reads. PE[1, 2] "
          f"should be {want[1, 2].item():.6f}, yours is {got[1, 2].item():.6f}", _literal_seed_001(n, d)),
-    ], rtol=0)
-    p, j = _first_mismatch(got, want)
-    raise CheckFailed(named or f"PE[{p}, {j}] (n_positions={n}, d_model={d}) should be {want[p, j].item():.6f}, yours "
-                      f"is {got[p, j].item():.6f}: {'sin' if j % 2 == 0 else 'cos'}({p} * 10000^(-{j - j % 2}/{d}))")
+    ], lambda p, j: f"PE[{p}, {j}] (n_positions={n}, d_model={d}) should be {want[p, j].item():.6f}, yours is "
+       f"{got[p, j].item():.6f}: {'sin' if j % 2 == 0 else 'cos'}({p} * 10000^(-{j - j % 2}/{d}))", rtol=0)
 
 
 @check("2.3", "sinusoidal_positional_encoding", reference=sinusoidal_positional_encoding)
@@ -167,7 +132,7 @@ def check_sinusoidal(fn) -> None:
 @check("2.4", "row length")
 def check_predict_row_length(fn) -> None:
     """``fn() -> float``: the length of a row of the C = 64 table (the same for every position)."""
-    (got,) = _numbers([fn()], 1, "one length")
+    (got,) = expect_numbers([fn()], 1, "return 1 numbers (one length)")
     if abs(got - math.sqrt(32)) < 0.01:
         return
     expect(abs(got - 32) > 0.01, "32 is the squared length (one per pair); the length is its square root, √32")
@@ -176,8 +141,7 @@ def check_predict_row_length(fn) -> None:
     expect(abs(got - 1) > 0.01, "each pair contributes 1 to the *squared* length (sin² + cos² = 1), and there are 32 "
                                 "pairs")
     expect(got < 100, "the entries stay within [-1, 1] however large p is: the length does not grow with the position")
-    raise CheckFailed(f"not {got:g}: add up sin² + cos² over the 32 (sin, cos) pairs of one row, "
-                      "then take the square root")
+    expect(False, f"not {got:g}: add up sin² + cos² over the 32 (sin, cos) pairs of one row, then take the square root")
 
 
 # --- Exercise 2.5 (build) -------------------------------------------------------------------------
@@ -196,8 +160,8 @@ def _expect_shift(got: torch.Tensor, offset: int, d: int) -> None:
     expect_close(pe[lo:hi] @ got.T, pe[lo + offset : hi + offset],  # row p -> M @ PE[p]
                  f"M @ PE[p] should equal PE[p + {offset}] (d_model={d}); each pair (2i, 2i+1) turns by {offset} * "
                  "10000^(-2i/d_model) radians", atol=1e-5)
-    raise CheckFailed(f"M @ PE[p] matches PE[p + {offset}] on the positions tried, but M (d_model={d}) is not the "
-                      "block-diagonal rotation: 2x2 blocks [[cos, sin], [-sin, cos]] on the diagonal, zeros elsewhere")
+    expect(False, f"M @ PE[p] matches PE[p + {offset}] on the positions tried, but M (d_model={d}) is not the "
+           "block-diagonal rotation: 2x2 blocks [[cos, sin], [-sin, cos]] on the diagonal, zeros elsewhere")
 
 
 @check("2.5", "position_shift_matrix", reference=position_shift_matrix)
@@ -261,12 +225,14 @@ def check_grid_code(fn) -> None:
         expect(tuple(got.shape) == (H * W, d),
                f"expected shape [height * width, d_model] = {[H * W, d]}, got {list(got.shape)}")
         want = _grid_positional_encoding(H, W, d).to(_F64)
-        if close(got, want, rtol=0):
-            continue
-        named = name_mistake(got, _grid_mistakes(want, H, W, d), rtol=0)
-        i, j = _first_mismatch(got, want)
-        r, c = divmod(i, W)
-        part = f"the row r = {r}" if j < d // 2 else f"the column c = {c}"
-        raise CheckFailed(named or f"row {i} of the result is patch (r, c) = ({r}, {c}) with height={H}, width={W}, "
-                          f"d_model={d}: column {j} encodes {part}, with the 1-D code of width d_model/2 = {d // 2}; "
-                          f"entry [{i}, {j}] should be {want[i, j].item():.4f}, yours is {got[i, j].item():.4f}")
+        expect_match(got, want, lambda: _grid_mistakes(want, H, W, d), rtol=0,  # noqa: B023
+                     otherwise=lambda i, j: _grid_miss(got, want, H, W, d, i, j))  # noqa: B023
+
+
+def _grid_miss(got, want, H: int, W: int, d: int, i: int, j: int) -> str:
+    """2.6's hint for the first wrong entry [i, j]: the patch it belongs to, and the code it should hold."""
+    r, c = divmod(i, W)
+    part = f"the row r = {r}" if j < d // 2 else f"the column c = {c}"
+    return (f"row {i} of the result is patch (r, c) = ({r}, {c}) with height={H}, width={W}, d_model={d}: column {j} "
+            f"encodes {part}, with the 1-D code of width d_model/2 = {d // 2}; entry [{i}, {j}] should be "
+            f"{want[i, j].item():.4f}, yours is {got[i, j].item():.4f}")

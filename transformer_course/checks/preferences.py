@@ -1,11 +1,7 @@
 """Checks for chapter 12's exercises (preferences and rewards: DPO, GRPO, pass@k). Hand-written.
 
-The build exercises (12.1 ``dpo_loss``, 12.4 ``pair_logprobs``, 12.5 ``group_advantages``, 12.6 ``clipped_objective``)
-and the debug exercise (12.3 ``reply_logprobs``) have the package as their reference; each check computes what it
-expects its own way (by hand-worked numbers, or by loops over plain Python floats), and the planted mistakes are tables
-of (hint, what the mistake gives). The reference of the extend exercise 12.7 (``_pass_at_k``) lives here: it is not
-part of the package's API.
-"""
+Each check computes what it expects its own way (by hand-worked numbers, or by loops over plain Python floats); the
+planted mistakes are tables of (hint, what the mistake gives). 12.7's reference (``_pass_at_k``) lives here."""
 
 import itertools
 import math
@@ -19,6 +15,7 @@ from ._core import (
     expect,
     expect_answer,
     expect_close,
+    expect_items,
     expect_number,
     expect_tensor,
     fresh_rng,
@@ -26,17 +23,14 @@ from ._core import (
     planted,
 )
 
+_logsig = lambda z: -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))  # log σ(z), computed stably
+
 
 def _named(got, mistakes, atol: float = 1e-5):
     """name_mistake for numbers (or nested lists of them): compared as tensors, within atol."""
     as_tensor = lambda v: torch.as_tensor(v, dtype=torch.float64)  # noqa: E731
     mistakes = [(hint, as_tensor(wrong() if callable(wrong) else wrong)) for hint, wrong in mistakes]
     return name_mistake(as_tensor(got), mistakes, atol=atol)
-
-
-def _logsig(z: float) -> float:
-    """log σ(z), computed stably in plain Python."""
-    return -math.log1p(math.exp(-z)) if z >= 0 else z - math.log1p(math.exp(z))
 
 
 # ---------------------------------------------------------------- 12.1 build: dpo_loss
@@ -54,8 +48,7 @@ def _expect_dpo_hand_worked(fn):
     """One pair worked by hand (β = 0.5): ``fn`` returns (loss, margins), the margin 0.75 and the loss
     log(1 + e^-0.75), or the hint naming the slip."""
     out = fn(*[torch.tensor([v]) for v in (-2.0, -3.0, -2.5, -2.0)], 0.5)
-    expect(isinstance(out, tuple) and len(out) == 2, "return two things: (the mean loss, the margins [B])")
-    loss, margins = out
+    loss, margins = expect_items(out, 2, "return two things: (the mean loss, the margins [B])")
     margin = float(expect_tensor(margins, what="the margins").reshape(-1)[0])
     expect_answer(margin, 0.75, [
         ("the margin leaves out the reference: subtract ref_chosen and ref_rejected", 0.5),
@@ -111,8 +104,7 @@ def _expect_dpo_gradient(fn):
 @check("12.2", "my_prediction")
 def check_predict_first_dpo_loss(fn):
     """``fn() -> float``: the DPO loss when the policy equals the reference."""
-    got = fn()
-    expect(isinstance(got, int | float) and not isinstance(got, bool), f"return a number, got {got!r}")
+    got = expect_number(fn())
     expect_answer(got, math.log(2), [
         ("every margin is 0, but the loss is −log σ(0), not 0", 0.0),
         ("σ(0) = 0.5 is the probability the model gives the preference; the loss is −log of it", 0.5),
@@ -215,9 +207,8 @@ def _pair_case(fn, policy, reference, chosen, rejected):
     """Run ``fn`` on one batch and check the four numbers' shapes and values; return them."""
     x, y = _pair_batch(chosen, rejected)
     b, t = len(chosen), x.shape[1]
-    out = fn(policy, reference, x.clone(), y.clone())
-    expect(isinstance(out, tuple | list) and len(out) == 4,
-           "return four things: (policy_chosen, policy_rejected, ref_chosen, ref_rejected)")
+    out = expect_items(fn(policy, reference, x.clone(), y.clone()), 4, "return four things: (policy_chosen, "
+                       "policy_rejected, ref_chosen, ref_rejected)", tuple | list)
     for name, got in zip(_PAIR_NAMES, out, strict=True):
         shape = tuple(expect_tensor(got, what=name).shape)
         expect(shape != (2 * b,), f"{name} has shape {shape}: one number per pair, [B] = ({b},). {_ROWS_FIRST}: "
@@ -371,8 +362,7 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 @check("12.7", "pass_at_k", reference=_pass_at_k)
 def check_pass_at_k(fn):
     """``fn(n, c, k) -> float``: the chance that k of the n samples, drawn without replacement, hold a right one."""
-    got = fn(5, 2, 2)
-    expect(isinstance(got, int | float) and not isinstance(got, bool), f"return a number, got {got!r}")
+    got = expect_number(fn(5, 2, 2))
     expect_answer(got, 0.7, [
         ("that is pass@1 (c / n); pass@k asks whether any of k samples is right", 0.4),
         ("draw without replacement: 1 − (1 − c/n)^k counts one sample twice", 1 - (1 - 2 / 5) ** 2),
@@ -393,8 +383,7 @@ def check_predict_group_baseline(fn):
     """``fn() -> (fraction, "larger" | "smaller" | "same")``: the average REINFORCE gradient with the
     group-mean baseline as a fraction of the average without it (G = 8), and the spread of its estimates."""
     got = fn()
-    expect(isinstance(got, tuple) and len(got) == 2, f"return a pair (a number, a word), got {got!r}")
-    share, spread = got
+    share, spread = expect_items(got, 2, f"return a pair (a number, a word), got {got!r}")
     expect_number(share, "a number as the first item")
     expect_answer(share, 7 / 8, [
         ("a baseline that does not depend on the reply changes nothing on average, but the group's mean holds "
@@ -416,8 +405,7 @@ def check_predict_hasty_toy(fn):
     gradient against a checker that also accepts a piece of the answer, and the right reply's share of the
     accepted probability, against its share at the start (the piece starts ahead)."""
     got = fn()
-    expect(isinstance(got, tuple) and len(got) == 2, f"return a pair of words, got {got!r}")
-    top, share = got
+    top, share = expect_items(got, 2, f"return a pair of words, got {got!r}")
     expect(top in ("right", "piece"), f'the first item is "right" or "piece", got {top!r}')
     expect(share in ("larger", "smaller", "same"), f'the second item is "larger", "smaller" or "same", got {share!r}')
     expect(top == "piece", "both replies earn the same reward, so the objective cannot prefer the right one; each "

@@ -1,10 +1,6 @@
-"""Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written.
-
-Each check runs the learner's function next to a reference on ordinary and edge inputs and names the likely mistake in
-words. See ``transformer_course.checks`` for how checks report. Exercise 8.2's reference is the package's
-``hf_key_map``; 8.3's and 8.4's live here (``_split_qkv``, ``_to_hf_state_dict``). Exercise 8.4 also runs the exported
-tensors in Hugging Face's own GPT-2 when ``transformers`` is installed.
-"""
+"""Checks for chapter 08's exercises (loading GPT-2 weights). Hand-written; the references of 8.3 and 8.4 live here
+(``_split_qkv``, ``_to_hf_state_dict``), and 8.4 also runs the exported tensors in Hugging Face's own GPT-2 when
+``transformers`` is installed."""
 
 from collections.abc import Mapping
 
@@ -31,8 +27,7 @@ def check_predict_silent_transpose(fn):
     """``fn() -> set`` of the Conv1D weight names that load untransposed without an error."""
     got = fn()
     expect(isinstance(got, set | frozenset | list | tuple),
-           'return a set of names such as {"mlp.c_fc.weight"} (an empty set if none), got '
-           f"{type(got).__name__}")
+           'return a set of names such as {"mlp.c_fc.weight"} (an empty set if none), got ' f"{type(got).__name__}")
     names = {str(n).removeprefix("transformer.").removeprefix("h.0.") for n in got}
     unknown = sorted(names - set(_CONV1D))
     expect(not unknown, f"{', '.join(unknown)}: not one of the four Conv1D weights; choose among {', '.join(_CONV1D)}")

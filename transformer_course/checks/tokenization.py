@@ -1,10 +1,5 @@
-"""Checks for chapter 01's exercises (tokenization). Hand-written.
-
-Each check runs the learner's function against ``transformer_course.bpe`` (or, for the
-extend exercise, a reference kept here) on ordinary and edge inputs and names the likely mistake.
-"""
-
-from __future__ import annotations
+"""Checks for chapter 01's exercises (tokenization), against ``transformer_course.bpe`` or, for the extend exercise,
+``_stream_decode`` here. Hand-written; how checks report: ``transformer_course.checks``."""
 
 import codecs
 import random
@@ -155,29 +150,21 @@ def check_train_merges_simple(fn):
 
 
 # ---------------------------------------------------------------- 1.5 apply_merges (debug)
+def _noted(name: str):
+    """dict's method ``name``, noting that it walked the table."""
+
+    def walk(self):
+        self.walked = True
+        return getattr(dict, name)(self)
+
+    return walk
+
+
 class _LookupOnlyMerges(dict):
     """A merge table that notes any attempt to walk through all of it (100,000 merges for cl100k)."""
 
     walked = False
-
-    def _walk(self):
-        self.walked = True
-
-    def __iter__(self):
-        self._walk()
-        return super().__iter__()
-
-    def keys(self):
-        self._walk()
-        return super().keys()
-
-    def values(self):
-        self._walk()
-        return super().values()
-
-    def items(self):
-        self._walk()
-        return super().items()
+    __iter__, keys, values, items = (_noted(name) for name in ("__iter__", "keys", "values", "items"))
 
 
 @check("1.5", "apply_merges", reference=apply_merges)
