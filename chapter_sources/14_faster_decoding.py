@@ -782,6 +782,9 @@ def _check_draft(draft, target) -> None:
     if small is not None and small.cfg.vocab_size != target.cfg.vocab_size:
         raise ValueError(f"the draft's vocabulary ({small.cfg.vocab_size} ids) is not the target's "
                          f"({target.cfg.vocab_size}): a draft must use the target's tokenizer")
+    if small is not None and small.cfg.block_size < target.cfg.block_size:  # its cache would overflow mid-text
+        raise ValueError(f"the draft reads at most {small.cfg.block_size} tokens and the target "
+                         f"{target.cfg.block_size}: a draft needs a context at least as long as the target's")
 
 
 # %%
@@ -1005,7 +1008,8 @@ def decoding_setup(model: nn.Module, quantize: str | None = None, draft: str | N
     """The command line's `--quantize` and `--draft` -> (the model to decode with, a draft or None).
     quantize: None or "int8" (`quantization.quantize_model(model, 8, kernel=True)`); draft: None,
     "prompt-lookup", or the path of a smaller model with the same vocabulary, read by `load(path) -> model`
-    (default: chapter 06's `load_checkpoint`; the chat command passes its chat-model loader). CPU only."""
+    (default: chapter 06's `load_checkpoint`, of a chapter 06 or 10 model; the chat command passes its chat-model
+    loader). CPU only."""
     from transformer_course.quantization import quantize_model
 
     if quantize not in (None, "int8"):
@@ -1026,11 +1030,15 @@ def _load_draft(path: str, load) -> nn.Module:
 
     if not Path(path).is_file():
         raise ValueError(f"--draft {path}: no such file; give a smaller model's file, or --draft prompt-lookup")
-    if load is None:
-        from transformer_course.checkpoint import load_checkpoint
+    try:
+        if load is None:
+            from transformer_course.checkpoint import load_checkpoint
+            from transformer_course.modern import build_gpt
 
-        return load_checkpoint(path, map_location="cpu").model
-    return load(path)
+            return load_checkpoint(path, build_gpt, map_location="cpu").model  # chapter 06's GPT or chapter 10's
+        return load(path)
+    except (ValueError, OSError) as error:  # said of --draft, not of the model's own --checkpoint
+        raise ValueError(f"--draft {path}: {error}") from None
 
 
 def speculative_reply_stream(model: nn.Module, tok, messages: list[dict], draft, max_new_tokens: int = 24,

@@ -156,3 +156,184 @@ def test_the_harness_through_serve_agrees_with_the_report_card(tmp_path, monkeyp
         kind = task.removeprefix("course_")
         row = "strange words (chapter 12)" if kind == "strange" else f"{kind} (chapter 11)"
         assert results[task]["exact_match,none"] == pytest.approx(stored[f"SFT/{row}/exact_match"], abs=1e-9), task
+
+
+# ---------------------------------------------------------------- --out: the user's folder (issue 55, round 2)
+@pytest.fixture
+def tiny_checkpoint(tmp_path):
+    return save_checkpoint(tmp_path / "checkpoint.pt", _tiny_gpt(), tokenizer=load_course_model().tokenizer)
+
+
+def _refused(args, capsys, words) -> str:
+    capsys.readouterr()  # what came before
+    assert main(["report", *args, "--threads", "1"]) == 2
+    err = capsys.readouterr().err.strip()  # the progress bar's lines, if measured, then the error
+    said = [line for line in err.splitlines() if line.startswith("transformer-course")]
+    assert said == err.splitlines()[-1:] and words in said[0], err
+    return said[0]
+
+
+def test_out_a_file_or_a_dangling_link_is_one_line_before_anything_is_measured(tmp_path, capsys, monkeypatch,
+                                                                               tiny_checkpoint):
+    """--out naming a file said "[Errno 17] File exists" (a dangling link too), after the whole measurement."""
+    monkeypatch.setattr(report_card, "measure", lambda *a: pytest.fail("measured before --out was checked"))
+    mine = tmp_path / "notes.txt"
+    mine.write_text("mine")
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(mine)], capsys, "is a file, not a folder")
+    assert mine.read_text() == "mine"
+    (tmp_path / "gone").symlink_to(tmp_path / "nowhere")
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "gone")], capsys, "which does not exist")
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", ""], capsys, "--out is empty")
+
+
+@pytest.mark.parametrize("name", ["report.md", "report.json", "reliability_checkpoint.png"])
+def test_a_file_of_the_user_is_never_overwritten(tmp_path, capsys, monkeypatch, tiny_checkpoint, name):
+    """A folder holding the user's report.md (or any name the card writes) had it overwritten silently."""
+    monkeypatch.setattr(report_card, "measure", lambda *a: pytest.fail("measured before --out was checked"))
+    out = tmp_path / "card"
+    out.mkdir()
+    (out / name).write_text("the user's own")
+    (out / "other.txt").write_text("kept")
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(out)], capsys,
+             f"already holds {name}, a file this command did not write")
+    assert (out / name).read_text() == "the user's own" and sorted(p.name for p in out.iterdir()) == sorted(
+        [name, "other.txt"])
+
+
+def test_a_link_in_the_folder_is_not_written_through(tmp_path, capsys, tiny_checkpoint):
+    """report.json a symbolic link to the user's file: the card's JSON was written into that file."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("precious")
+    out = tmp_path / "card"
+    out.mkdir()
+    (out / "report.json").symlink_to(precious)
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(out)], capsys, "report.json, a symbolic link")
+    assert precious.read_text() == "precious"
+
+
+def test_an_earlier_card_is_replaced_unless_it_was_edited(tmp_path, capsys, tiny_checkpoint):
+    out = tmp_path / "card"
+    (out / "other.txt").parent.mkdir()
+    (out / "other.txt").write_text("kept")
+    for _ in range(2):  # the second run replaces the first run's files
+        _report(tmp_path, tiny_checkpoint)
+    assert (out / "other.txt").read_text() == "kept"
+    edited = (out / "report.md").read_text() + "\nmy notes on this card\n"
+    (out / "report.md").write_text(edited)
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(out)], capsys, "report.md, a file this command "
+             "wrote, changed since")
+    assert (out / "report.md").read_text() == edited
+
+
+def test_a_card_stored_before_the_hashes_were_kept_is_replaced(tmp_path):
+    """benchmarks/results/report_card/report.json has no "files": its own names are known from its cards."""
+    import shutil
+
+    out = tmp_path / "stored"
+    shutil.copytree(STORED.parent, out)
+    cards = json.loads((out / "report.json").read_text())["cards"][:1]
+    report_card.write_report(cards, out, where="a test")
+    assert "a test" in (out / "report.md").read_text()
+    assert set(json.loads((out / "report.json").read_text())["files"]) == {
+        "report.md", "report.html", f"reliability_{cards[0]['name']}.png"}
+
+
+def test_a_full_disk_leaves_the_earlier_card_whole(tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    """A full disk wrote part of the card: a report.html cut at 8,192 bytes beside a new report.md. Every file
+    is now written beside its name first, then moved over it."""
+    import errno
+    import os
+
+    _report(tmp_path, tiny_checkpoint)
+    out = tmp_path / "card"
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = os.fdopen
+
+    class Full:
+        def __init__(self, handle, mode):
+            self.file = real(handle, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+        def write(self, data):
+            if len(data) > 8192:
+                self.file.write(data[:8192])
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return self.file.write(data)
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    monkeypatch.setattr(report_card.os, "fdopen", Full)
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(out)], capsys,
+             "(No space left on device): no file in it was changed")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no .partial file left either
+
+
+def test_a_read_only_folder_is_said_before_anything_is_measured(tmp_path, capsys, monkeypatch, tiny_checkpoint):
+    """Root writes into a chmod 555 folder, so a read-only disk is imitated: the probe's file is refused."""
+    import errno
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(report_card, "measure", lambda *a: pytest.fail("measured before --out was checked"))
+    monkeypatch.setattr(report_card.tempfile, "TemporaryFile", read_only)
+    _refused(["--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "card")], capsys,
+             f"cannot write into --out {tmp_path / 'card'} (Read-only file system)")
+
+
+def test_ctrl_c_while_measuring_is_one_line_status_130_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                                         tiny_checkpoint):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report_card, "measure", interrupted)
+    assert main(["report", "--checkpoint", str(tiny_checkpoint), "--out", str(tmp_path / "card")]) == 130
+    said = [line for line in capsys.readouterr().err.splitlines() if "transformer-course" in line]
+    assert said == ["transformer-course report: stopped (Ctrl-C); nothing was written"]
+    assert not (tmp_path / "card").exists()
+
+
+def test_harness_tasks_leave_the_users_files_alone(tmp_path):
+    data = report_card.load_data()
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "course_upper.yaml").write_text("the user's own task")
+    with pytest.raises(ValueError, match="--harness-tasks .* already holds course_upper.yaml, a file this command"):
+        report_card.harness_tasks(folder, data)
+    assert [p.name for p in folder.iterdir()] == ["course_upper.yaml"]
+    (folder / "course_upper.yaml").unlink()
+    names = report_card.harness_tasks(folder, data)
+    assert report_card.harness_tasks(folder, data) == names  # its own files: replaced
+    with pytest.raises(ValueError, match="is a file, not a folder"):
+        report_card.harness_tasks(folder / "course_upper.yaml", data)
+
+
+def test_harness_tasks_in_a_folder_whose_name_yaml_would_misread(tmp_path):
+    """A folder named "runs: #2" wrote `test: /.../runs: #2/course_upper.jsonl`, which YAML cannot read (or reads
+    as another path): each path is a quoted scalar now."""
+    yaml = pytest.importorskip("yaml")
+    folder = tmp_path / "runs: #2 'x'"
+    for name in report_card.harness_tasks(folder, report_card.load_data()):
+        task = yaml.safe_load((folder / f"{name}.yaml").read_text())
+        path = Path(task["dataset_kwargs"]["data_files"]["test"])
+        assert path == folder.resolve() / f"{name}.jsonl" and path.is_file(), task
+
+
+def test_a_chat_model_whose_context_is_too_short_is_said_so(tmp_path, capsys):
+    """A chat model of context 8 failed with "sequence of length 31 is longer than block_size 8: crop it to its
+    last 8 tokens", which the user of `report` cannot do."""
+    torch.manual_seed(0)
+    base = load_course_model()
+    short = add_chat_tokens(GPT(GPTConfig(vocab_size=base.tokenizer.vocab_size, block_size=8, n_layer=1, n_head=2,
+                                          d_model=16)).eval())
+    path = save_chat_model(tmp_path / "short.pt", short, ChatTokenizer(base.tokenizer))
+    err = _refused(["--checkpoint", str(path), "--out", str(tmp_path / "card")], capsys, "short.pt: its context of "
+                   "8 tokens cannot hold the card's longest question")
+    assert "needs a context of at least" in err
+    assert not (tmp_path / "card").exists()  # the folder made for it is gone again

@@ -507,3 +507,197 @@ def test_the_command_stopped_with_a_generation_in_flight_says_one_line():
     assert process.returncode in (0, 130), (process.returncode, out, err)
     assert out.splitlines() == ["transformer-course serve: stopped"] and err == "", (out, err)
     assert "error" in result or result["reply"].status_code == 503, result
+
+
+# ---------------------------------------------------------------- 5. the engine's line and memory (issue 55, round 2)
+def status_of(sock: socket.socket) -> int:
+    """The status of the reply on `sock`, read as soon as its status line has come (a stream's body need not)."""
+    data = b""
+    while b"\r\n" not in data and (chunk := sock.recv(1)):
+        data += chunk
+    found = re.match(rb"HTTP/1\.1 (\d{3}) ", data)
+    return int(found.group(1)) if found else 0
+
+
+def held_text_model(holds: dict[int, threading.Event]):
+    """The text checkpoint served, its forward pass number N waiting at `holds[N]` (once set, free): the test
+    decides when each step happens. Returns the Served and the events set as each held pass starts."""
+    served = serve.load_served(ASSETS / f"{TEXT}.pt")
+    calls, reached = [0], {n: threading.Event() for n in holds}
+
+    def forward(*_):
+        calls[0] += 1
+        if calls[0] in holds:
+            reached[calls[0]].set()
+            holds[calls[0]].wait(BACKSTOP)
+
+    served.model.register_forward_pre_hook(forward)
+    return served, reached
+
+
+def test_clients_that_left_while_waiting_stop_counting_against_max_waiting():
+    """With --max-batch 1, two requests wait behind a long one, then their clients go away. They stayed in the
+    engine's line until they reached its head (after the 4,096 tokens of the first), so every new client got
+    429 "2 requests are waiting" though no one waited; they now leave the line at the next step."""
+    holds = {2: threading.Event(), 3: threading.Event(), 4: threading.Event()}
+    served, reached = held_text_model(holds)
+    body = json.dumps({"model": TEXT, "prompt": "ROMEO:", "max_tokens": 4096}).encode()
+    with running(served, max_batch=1, max_waiting=2) as server:
+        first = raw_request(server.port, "/v1/completions", body)
+        try:
+            assert reached[2].wait(BACKSTOP), "the first request did not start generating"
+            waiters = [raw_request(server.port, "/v1/completions", body) for _ in range(2)]
+            assert poll(lambda: len(server.worker._inbox) == 2), "the two requests did not wait their turn"
+            holds[2].set()  # the next step takes them into the engine's line, behind the first
+            assert reached[3].wait(BACKSTOP) and len(server.worker.engine.waiting) == 2
+            for sock in waiters:
+                sock.close()
+            assert poll(lambda: sum(c.is_set() for c in list(server.worker._cancels)) == 2), "the leaving went unseen"
+            holds[3].set()
+            assert reached[4].wait(BACKSTOP), "the first request stopped generating"
+            assert server.worker.waiting == 0, f"{server.worker.waiting} clients that left still count as waiting"
+            server.worker.check_room().release()  # a new client would be let in (no 429)
+            assert "transformer_course_requests_waiting 0" in server.worker.metrics()
+        finally:
+            for hold in holds.values():
+                hold.set()
+            first.close()
+
+
+def test_a_burst_of_streamed_requests_is_held_to_max_waiting():
+    """A streamed request was counted as waiting only once its stream started, after the 429 check: a burst of
+    them all passed it (10 sent at once at --max-waiting 2 were all let in). Each is counted from the check on now,
+    so exactly two are let in, whatever the order the server reads them in."""
+    holds = {1: threading.Event()}
+    served, reached = held_text_model(holds)
+    body = json.dumps({"model": TEXT, "prompt": "ROMEO:", "max_tokens": 4, "stream": True}).encode()
+    with running(served, max_batch=1, max_waiting=2) as server:
+        socks = [raw_request(server.port, "/v1/completions", body)]
+        try:
+            assert reached[1].wait(BACKSTOP), "the first request did not start generating"
+            socks += [raw_request(server.port, "/v1/completions", body) for _ in range(10)]  # all at once
+            statuses = sorted(status_of(sock) for sock in socks[1:])
+            assert statuses == [200] * 2 + [429] * 8, statuses
+        finally:
+            holds[1].set()
+            for sock in socks:
+                sock.close()
+        assert poll(lambda: server.worker.waiting == 0 and not server.worker.engine.running)
+
+
+def test_a_stop_string_too_long_is_refused(http):
+    """`Stops.feed` costs a stop string's length squared at each token, on the event loop: one stop string of a
+    million characters froze every client for seconds per token. The longest is STOP_LENGTH_LIMIT now."""
+    limit = serve.STOP_LENGTH_LIMIT
+    for stop in ("x" * (limit + 1), ["ok", "y" * 1_000_000]):
+        error = error_of(http.post("/v1/completions", json={"model": NAME, "prompt": "a", "stop": stop}), 400)
+        assert error["param"] == "stop" and f"at most {limit:,}" in error["message"], error
+    reply = http.post("/v1/completions", json={"model": NAME, "prompt": "a", "max_tokens": 2, "stop": "x" * limit})
+    assert reply.status_code == 200, reply.text
+
+
+def test_a_kv_cache_larger_than_memory_is_refused_naming_the_option(chat, monkeypatch, capsys):
+    """--kv-cache-mb 1e9 ended in a MemoryError traceback, 100000 in PyTorch's "DefaultCPUAllocator: can't
+    allocate memory" naming no option; both are refused before the socket opens now, saying what is ever used."""
+    served = serve.chat_served(chat, NAME, "the shipped chat model")
+    monkeypatch.setattr(serve, "load_served", lambda *args: served)
+    monkeypatch.setattr(serve, "_available_bytes", lambda: 2**30)  # this machine: 1 GiB available
+    monkeypatch.setattr(serve, "server", lambda *a, **k: pytest.fail("the server was built"))
+    for size in ("1e9", "100000", "2048"):
+        assert cli.main(["serve", "--port", "0", "--kv-cache-mb", size, "--max-batch", "2"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"--kv-cache-mb {float(size):g} is more than" in err, err
+        assert "1,024 MB" in err and "at --max-batch 2" in err, err
+    with pytest.raises(ValueError, match="--kv-cache-mb"):
+        serve.create_app(served, kv_cache_mb=1e9)
+
+
+def test_a_kv_cache_that_cannot_be_allocated_is_said_of_the_option(chat, monkeypatch):
+    def refuse(*args):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory")
+
+    monkeypatch.setattr(serve, "_available_bytes", lambda: None)  # a machine that does not say
+    monkeypatch.setattr(serve.PagedKVCache, "from_megabytes", refuse)
+    with pytest.raises(ValueError, match=r"--kv-cache-mb 8: the KV cache could not be allocated .*give less"):
+        serve.create_app(serve.chat_served(chat, NAME, "the shipped chat model"), kv_cache_mb=8)
+
+
+def test_a_temperature_that_overflows_is_refused_and_fails_no_one_else():
+    """temperature 1e-300 passed the check (0 to 2), then its logits / temperature overflowed inside the engine's
+    step: the step failed, and every request decoded with it was answered 500 with that request's error."""
+    holds = {2: threading.Event()}
+    served, reached = held_text_model(holds)
+    with running(served) as server:
+        result = {}
+        asking = threading.Thread(target=lambda: result.update(reply=post(
+            server.url, "/v1/completions", {"model": TEXT, "prompt": "ROMEO:", "max_tokens": 6, "temperature": 1})))
+        asking.start()
+        try:
+            assert reached[2].wait(BACKSTOP), "the first request did not start generating"
+            hostile = {"model": TEXT, "prompt": "ROMEO:", "max_tokens": 6, "temperature": 1e-300}
+            sock = raw_request(server.port, "/v1/completions", json.dumps(hostile).encode())
+            with sock:  # refused at once, or (before) waiting to join the first request's next step
+                assert poll(lambda: server.worker.waiting == 1 or _readable(sock))
+                holds[2].set()
+                status, reply = read_reply(sock)
+        finally:
+            holds[2].set()
+            asking.join(BACKSTOP)
+    assert result["reply"].status_code == 200, result["reply"].text  # the neighbour first: it was answered 500
+    assert result["reply"].json()["usage"]["completion_tokens"] == 6
+    assert status == 400, reply[-300:]
+    error = json.loads(reply.partition(b"\r\n\r\n")[2])["error"]
+    assert error["param"] == "temperature" and "at least 0.0001" in error["message"], error
+
+
+def _readable(sock: socket.socket) -> bool:
+    import select
+
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_stream_options_of_another_kind_are_refused(http):
+    """include_usage "yes" (or stream_options a list) left the usage out without a word."""
+    base = {"model": NAME, "prompt": "a", "max_tokens": 2, "stream": True}
+    for options, param in (({"include_usage": "yes"}, "stream_options.include_usage"), ([1], "stream_options")):
+        error = error_of(http.post("/v1/completions", json={**base, "stream_options": options}), 400)
+        assert error["param"] == param, error
+
+
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--max-batch", "0", "argument --max-batch: must be a number of requests, from 1 to 4096, got 0"),
+    ("--max-waiting", "-1", "argument --max-waiting: must be a number of requests, from 1 to 1000000, got -1"),
+])
+def test_engine_options_out_of_range_say_what_they_count(monkeypatch, capsys, option, value, words):
+    """The refusal read "argument --max-batch: must be --max-batch, from 1 to 4096", naming no unit."""
+    monkeypatch.setattr(serve, "run", lambda *args, **kw: pytest.fail("the server started"))
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["serve", option, value])
+    assert refused.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_the_command_raises_its_open_files_limit_to_the_most_it_may_have(chat, monkeypatch):
+    """1,100 clients that each sent half a request (at a soft limit of 1,024 open files) left the server answering
+    no one until they went, asyncio logging a traceback at each accept that failed (478,000 lines in 20 s). The
+    command now takes the hard limit (this does not bound connections: it moves the wall to the system's)."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip(f"no finite hard limit above 256 to raise to (hard limit {hard})")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        assert serve.more_open_files() == hard == resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    seen = []
+
+    class Stub:
+        def run(self, sockets):
+            seen.append(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+            sockets[0].close()
+
+    monkeypatch.setattr(serve, "more_open_files", lambda: seen.append("raised"))
+    monkeypatch.setattr(serve, "server", lambda *args, **kwargs: Stub())
+    monkeypatch.setattr(sys, "setswitchinterval", lambda interval: None)
+    serve.run(serve.chat_served(chat, NAME, "the shipped chat model"), "127.0.0.1", 0, say=lambda line: None)
+    assert seen[0] == "raised" and len(seen) == 2, seen

@@ -160,6 +160,17 @@ def _whole_number(what: str, low: int, high: int):
     return parse
 
 
+def _check_threads(threads: int | None) -> None:
+    """--threads at most 4 per CPU of this machine: more only wait for each other, and 100,000 crashed OpenMP
+    (a segmentation fault). Below 1: `runtime.set_threads` says so."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    if threads is not None and threads > 4 * cpus:
+        raise ValueError(f"--threads {threads}: this machine has {cpus} CPUs, and more than 4 threads per CPU only "
+                         f"wait for each other: give at most {4 * cpus}")
+
+
 def _check_out_folder(out, needed_bytes: int) -> None:
     """Fail now, before any data is loaded, if checkpoints cannot be written into folder `out`."""
     import os
@@ -344,11 +355,15 @@ def _add_generate(sub) -> None:
 
 def _cmd_generate(args) -> int:
     """Stream the text to stdout; a reader that stops early (`... | head`) ends it quietly, as Unix tools
-    end: no traceback, exit status 141 (128 + SIGPIPE), what a shell reports for `yes | head`."""
+    end: no traceback, exit status 141 (128 + SIGPIPE), what a shell reports for `yes | head`; Ctrl-C too
+    (status 130)."""
     import os
 
     try:
         return _run_generate(args)
+    except KeyboardInterrupt:  # Ctrl-C: one line, status 130 (128 + SIGINT), as chat, train and serve
+        print("\ntransformer-course generate: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         # stdout's buffer still holds text for the closed pipe: point stdout at /dev/null so that the
         # interpreter's final flush does not fail again (the recipe of Python's `signal` documentation)
@@ -374,7 +389,9 @@ def _run_generate(args) -> int:
 
         ckpt, args.checkpoint = load_course_model(map_location=device), "the course's shipped model"
     else:
-        ckpt = load_checkpoint(args.checkpoint, map_location=device)
+        from .modern import build_gpt
+
+        ckpt = load_checkpoint(args.checkpoint, build_gpt, map_location=device)  # chapter 06's GPT or chapter 10's
     tok, vocab = ckpt.tokenizer, ckpt.model.cfg.vocab_size
     if tok is None:
         raise ValueError(f"checkpoint {args.checkpoint} has no tokenizer: "
@@ -542,9 +559,9 @@ def _add_serve(sub) -> None:
                    help="largest request body read, in megabytes (MiB); a larger one is refused with 413 (default 4)")
     p.add_argument("--kv-cache-mb", type=_positive_number("a number of megabytes"), default=32.0, metavar="MB",
                    help="memory of the paged KV cache (chapter 15), in MiB: new requests wait while it is full")
-    p.add_argument("--max-batch", type=_whole_number("--max-batch", 1, 4096), default=64, metavar="N",
+    p.add_argument("--max-batch", type=_whole_number("a number of requests", 1, 4096), default=64, metavar="N",
                    help="the most requests decoded together (continuous batching); 1: one at a time")
-    p.add_argument("--max-waiting", type=_whole_number("--max-waiting", 1, 10**6), default=256, metavar="N",
+    p.add_argument("--max-waiting", type=_whole_number("a number of requests", 1, 10**6), default=256, metavar="N",
                    help="the most requests waiting their turn; one more is refused with 429 and Retry-After")
     p.set_defaults(handler=_cmd_serve)
 
@@ -631,14 +648,22 @@ def _add_report(sub) -> None:
 
 
 def _cmd_report(args) -> int:
+    """Ctrl-C stops it with one line and exit status 130; nothing is written (the files are written last)."""
     from .report_card import harness_tasks, run_report
 
-    if args.harness_tasks:
-        names = harness_tasks(args.harness_tasks)
-        print(f"wrote {len(names)} tasks into {args.harness_tasks}: lm_eval run --model hf --model_args "
-              f"pretrained=EXPORT,dtype=float32 --include_path {args.harness_tasks} --tasks {' '.join(names)}")
-        return 0
-    page, twin = run_report(args.checkpoint, args.out)
+    for flag, folder in (("--out", args.out), ("--harness-tasks", args.harness_tasks)):
+        if folder is not None and not folder.strip():  # "$DIR" with DIR unset: not the current folder
+            raise ValueError(f"{flag} is empty: give a folder")
+    try:
+        if args.harness_tasks:
+            names = harness_tasks(args.harness_tasks)
+            print(f"wrote {len(names)} tasks into {args.harness_tasks}: lm_eval run --model hf --model_args "
+                  f"pretrained=EXPORT,dtype=float32 --include_path {args.harness_tasks} --tasks {' '.join(names)}")
+            return 0
+        page, twin = run_report(args.checkpoint, args.out)
+    except KeyboardInterrupt:
+        print("\ntransformer-course report: stopped (Ctrl-C); nothing was written", file=sys.stderr)
+        return 130
     print(f"wrote {page} and {twin}")
     return 0
 
@@ -752,6 +777,7 @@ def main(argv: list[str] | None = None) -> int:
         if "threads" in args:
             from .runtime import set_threads
 
+            _check_threads(args.threads)
             set_threads(args.threads)
         return int(args.handler(args) or 0)
     except (ValueError, OSError, RuntimeError) as error:  # OSError: unreadable or unwritable files, full disks

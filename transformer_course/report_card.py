@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import base64
 import collections
+import hashlib
 import html
 import io
 import json
 import os
 import platform
+import re
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,9 +184,25 @@ def _decode_speed(subject: Subject) -> float:
     return DECODE_TOKENS / (time.perf_counter() - began)
 
 
+def _check_chat_context(subject: Subject, data: dict) -> None:
+    """A ValueError, before anything is measured, when a chat model's context cannot hold the card's longest
+    question with its turn markers (the model itself would fail on it, naming no fix)."""
+    from .assistant import render_chat
+
+    prompts = [e.prompt for examples in data["tasks"].held.values() for e in examples]
+    prompts += [e.prompt for e in data["strange"]] + list(PROMPTS)
+    need = max(len(render_chat([{"role": "user", "content": p}], subject.tokenizer, True)[0]) for p in prompts)
+    if subject.model.cfg.block_size < need:
+        raise ValueError(f"{subject.source}: its context of {subject.model.cfg.block_size} tokens cannot hold the "
+                         f"card's longest question ({need} tokens with its turn markers; chapter 11's tasks and "
+                         f"chapter 12's strange words): a chat model's card needs a context of at least {need}")
+
+
 def measure(subject: Subject, data: dict, progress=None) -> dict:
     """Every figure of `subject`'s card. `data`: the texts and task sets (`load_data`)."""
     step = progress.update if progress is not None else (lambda n=1: None)
+    if subject.kind == "chat":
+        _check_chat_context(subject, data)
     ids = _held_ids(subject, data["held_text"])
     cfg = subject.model.cfg
     card = {"name": subject.name, "kind": subject.kind, "source": subject.source, "recipe": subject.recipe,
@@ -335,32 +354,133 @@ def _html_from_markdown(text: str, pngs: dict[str, bytes]) -> str:
             f"</head><body>\n" + "\n".join(body) + "\n</body></html>\n")
 
 
-def write_report(cards: list[dict], out, where: str | None = None) -> tuple[Path, Path]:
-    """Write report.html, report.md, report.json and the PNGs into the folder `out`; (html, md) paths."""
+# ---------------------------------------------------------------- writing into the user's folder
+def _image_name(card_name: str) -> str:
+    """The reliability diagram's file name: the card's name, each character but letters, digits, '.', '_' and
+    '-' made '_' (a file name read back from Markdown, whatever the checkpoint's file was called)."""
+    return f"reliability_{re.sub(r'[^A-Za-z0-9._-]', '_', card_name)}.png"
+
+
+def report_files(names: list[str]) -> list[str]:
+    """The files a report card of the cards `names` writes."""
+    return ["report.html", "report.md", "report.json", *(_image_name(n) for n in names)]
+
+
+def _earlier_files(out: Path, manifest: str) -> dict[str, str | None]:
+    """The files an earlier run wrote into `out`, name -> SHA-256 of what it wrote, from its `manifest` (None:
+    known by name only, a card written before the hashes were kept); {} when there is no such run."""
+    path = out / manifest
+    try:
+        data = None if path.is_symlink() or not path.is_file() else json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        data = None
+    if not isinstance(data, dict):
+        return {}
+    if isinstance(data.get("files"), dict):
+        return {**{str(k): v for k, v in data["files"].items()}, manifest: None}
+    if manifest == "report.json" and isinstance(data.get("cards"), list) and "figures" in data:
+        return dict.fromkeys(report_files([str(c.get("name")) for c in data["cards"] if isinstance(c, dict)]))
+    return {}
+
+
+def check_out(out, names: list[str], manifest: str, flag: str = "--out") -> Path:
+    """The folder `out` (made if need be), once it is known that the files `names` can be written into it
+    without losing anything this command did not write: a name already there must be a file of an earlier run
+    (`manifest` lists it), unchanged since. A ValueError or OSError naming `flag` and the fix otherwise."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_symlink() and not out.exists():
+        raise ValueError(f"{flag} {out} is a symbolic link to {os.readlink(out)}, which does not exist: give a folder")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out} is a file, not a folder: give a folder (it will hold {', '.join(names)})")
+    earlier = _earlier_files(out, manifest) if out.is_dir() else {}
+    for name in names:
+        path = out / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if path.is_symlink() or not path.is_file():
+            why = "a symbolic link" if path.is_symlink() else "a folder"
+        elif name not in earlier:
+            why = "a file this command did not write"
+        elif earlier[name] is not None and hashlib.sha256(path.read_bytes()).hexdigest() != earlier[name]:
+            why = "a file this command wrote, changed since"
+        else:
+            continue
+        raise ValueError(f"{flag} {out} already holds {name}, {why}: it is left as it is, and nothing was written; "
+                         "give a new or empty folder, or an earlier run's, or move that file away")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):  # a real file: permissions, read-only disks
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write into {flag} {out} ({error.strerror or error}): choose a folder you can write "
+                      "to") from None
+    return out
+
+
+def write_files(out: Path, files: dict[str, bytes], flag: str = "--out") -> None:
+    """Write `files` (name -> contents) into the folder `out`, each whole: all are written beside their names
+    first, then each moved over its name, so a full disk leaves no half-written file (nor any new one)."""
+    temps: dict[str, str] = {}
+    replaced: list[str] = []
+    try:
+        for name, data in files.items():
+            handle, temps[name] = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".partial")
+            with os.fdopen(handle, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+        for name in list(temps):
+            os.replace(temps.pop(name), out / name)
+            replaced.append(name)
+    except OSError as error:
+        done = f"only {', '.join(replaced)} replaced" if replaced else "no file in it was changed"
+        raise OSError(f"cannot write into {flag} {out} ({error.strerror or error}): {done}; free some space or "
+                      "choose another folder") from None
+    finally:
+        for temp in temps.values():
+            try:
+                os.unlink(temp)
+            except OSError:
+                pass
+
+
+def write_report(cards: list[dict], out, where: str | None = None) -> tuple[Path, Path]:
+    """Write report.html, report.md, report.json and the PNGs into the folder `out` (`check_out`: nothing this
+    command did not write is replaced); (html, md) paths. report.json keeps the SHA-256 of the others."""
+    out = check_out(out, report_files([card["name"] for card in cards]), "report.json")
     where = where or machine()
-    pngs = {f"reliability_{card['name']}.png": reliability_png(card) for card in cards}
+    pngs = {_image_name(card["name"]): reliability_png(card) for card in cards}
     text = markdown(cards, where, list(pngs))
-    for name, data in pngs.items():
-        (out / name).write_bytes(data)
-    (out / "report.md").write_text(text)
-    (out / "report.html").write_text(_html_from_markdown(text, pngs))
-    (out / "report.json").write_text(json.dumps({"machine": where, "figures": figures(cards), "cards": cards},
-                                                indent=1))
+    files = {**pngs, "report.md": text.encode("utf-8"),
+             "report.html": _html_from_markdown(text, pngs).encode("utf-8")}
+    digests = {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}
+    files["report.json"] = json.dumps({"machine": where, "figures": figures(cards), "cards": cards,
+                                       "files": digests}, indent=1).encode("utf-8")
+    write_files(out, files)
     return out / "report.html", out / "report.md"
 
 
 def run_report(checkpoint=None, out="report_card", progress: bool = True) -> tuple[Path, Path]:
     """Measure the shipped models (`checkpoint` None) or the model in `checkpoint`, with a progress bar,
-    and write their report card into `out`."""
+    and write their report card into `out` (checked before anything is measured; a folder made for it and
+    left empty, by Ctrl-C say, is removed)."""
     from tqdm.auto import tqdm
 
     subjects = shipped_subjects() if checkpoint is None else [subject_from(checkpoint)]
-    data = load_data()
-    with tqdm(total=3 * len(subjects), desc="report card", unit="step", disable=not progress) as bar:
-        cards = [measure(subject, data, bar) for subject in subjects]
-    return write_report(cards, out)
+    made = not os.path.lexists(out)
+    folder = check_out(out, report_files([subject.name for subject in subjects]), "report.json")
+    try:
+        data = load_data()
+        with tqdm(total=3 * len(subjects), desc="report card", unit="step", disable=not progress) as bar:
+            cards = [measure(subject, data, bar) for subject in subjects]
+        return write_report(cards, folder)
+    except BaseException:
+        if made:
+            try:
+                folder.rmdir()  # only if still empty
+            except OSError:
+                pass
+        raise
 
 
 # ---------------------------------------------------------------- the field's harness as a second opinion
@@ -382,6 +502,7 @@ metric_list:
     aggregation: mean
     higher_is_better: true
 """
+TASKS_MANIFEST = "course_tasks.json"  # what `harness_tasks` wrote, with each file's SHA-256
 _ROLLING = """task: course_plays
 dataset_path: json
 dataset_kwargs:
@@ -398,9 +519,15 @@ metric_list:
 """
 
 
+def _yaml_path(path: Path) -> str:
+    """`path` as a YAML scalar whatever its characters (": ", "#", quotes): a JSON string is YAML's double-quoted."""
+    return json.dumps(str(path))
+
+
 def harness_tasks(folder, data: dict | None = None) -> list[str]:
     """Write the card's tasks into `folder` as an offline custom task set of EleutherAI's
-    lm-evaluation-harness (a YAML and a JSONL per task; nothing is downloaded), and return the task names.
+    lm-evaluation-harness (a YAML and a JSONL per task, and TASKS_MANIFEST: what was written, so that a
+    second run replaces its own files only; nothing is downloaded), and return the task names.
 
     course_upper, course_reverse, course_count, course_speaker (chapter 11's held-out examples) and
     course_strange (chapter 12's strange words) are greedy exact match on prompts written in the chat
@@ -417,18 +544,23 @@ def harness_tasks(folder, data: dict | None = None) -> list[str]:
     """
     from .assistant import SPECIALS
 
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     data = data or load_data()
     user, assistant, end = SPECIALS
     sets = {f"course_{kind}": (examples, 16) for kind, examples in data["tasks"].held.items()}
     sets["course_strange"] = (data["strange"], 12)
+    names = [*sets, "course_plays"]
+    folder = check_out(folder, [f"{n}.{e}" for n in names for e in ("yaml", "jsonl")] + [TASKS_MANIFEST],
+                       TASKS_MANIFEST, "--harness-tasks").resolve()
+    files = {}
     for name, (examples, tokens) in sets.items():
         rows = [{"prompt": f"{user}{e.prompt}{end}{assistant}", "answer": e.answer} for e in examples]
-        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (folder / f"{name}.yaml").write_text(_GENERATE.format(name=name, data=folder.resolve() / f"{name}.jsonl",
-                                                              tokens=tokens))
+        files[f"{name}.jsonl"] = "".join(json.dumps(r) + "\n" for r in rows)
+        files[f"{name}.yaml"] = _GENERATE.format(name=name, data=_yaml_path(folder / f"{name}.jsonl"), tokens=tokens)
     # the characters heldout_bits predicts: those after the first of the HELD_CHARS + 1 the card reads
-    (folder / "course_plays.jsonl").write_text(json.dumps({"text": data["held_text"][1: HELD_CHARS + 1]}) + "\n")
-    (folder / "course_plays.yaml").write_text(_ROLLING.format(data=folder.resolve() / "course_plays.jsonl"))
-    return [*sets, "course_plays"]
+    files["course_plays.jsonl"] = json.dumps({"text": data["held_text"][1: HELD_CHARS + 1]}) + "\n"
+    files["course_plays.yaml"] = _ROLLING.format(data=_yaml_path(folder / "course_plays.jsonl"))
+    written = {name: text.encode("utf-8") for name, text in files.items()}
+    written[TASKS_MANIFEST] = json.dumps({"written_by": "transformer-course report --harness-tasks", "files": {
+        name: hashlib.sha256(data).hexdigest() for name, data in written.items()}}, indent=1).encode("utf-8")
+    write_files(folder, written, "--harness-tasks")
+    return names

@@ -10,8 +10,9 @@ The model has one thread, running chapter 15's continuous-batching ``batching.En
 its own ``torch.Generator`` seeded by the request's ``seed`` (``temperature`` 0 is greedy, ``top_p`` the
 nucleus, a chat model stops at its ``<|end|>``), so each reply is, token for token, what chapter 07's
 ``generate`` gives that request alone (``--max-batch 1`` serves one request at a time). A request waits in
-line while the batch or the cache is full; past ``--max-waiting`` waiting, a new one gets 429 with
-``Retry-After``. A client that goes away (the page's Stop button) ends its generation and frees its blocks
+line while the batch or the cache is full; past ``--max-waiting`` waiting (counted from the check on, and
+without the clients that left), a new one gets 429 with ``Retry-After``. A client that goes away (the page's
+Stop button) ends its generation and frees its blocks
 before the next step, plain or streamed. ``/metrics`` reports the engine in Prometheus' text format. Errors
 have the OpenAI API's body, ``{"error": {"message", "type", "param", "code"}}``, with status 400 (a bad
 request), 404 (an unknown model or path), 413 (a body over ``max_body`` bytes), 429 (too many waiting), 503
@@ -54,6 +55,8 @@ CHAT_MAX_TOKENS = 24
 MAX_TOKENS_LIMIT = 4096  # a completion longer than the context slides its window; this bounds one request
 MAX_BODY_BYTES = 4 * 2**20  # the largest request body read (`--max-body-mb`); a longer one gets 413 unread
 TOKEN_DELAY_LIMIT = 60.0  # the longest `token_delay`, in seconds
+MIN_TEMPERATURE = 1e-4  # the smallest temperature above 0: logits / temperature stay far from float32's overflow
+STOP_LENGTH_LIMIT = 1000  # the longest stop string: `Stops.feed` costs its length squared at every token
 KV_CACHE_MB = 32.0  # the paged KV cache's memory (`--kv-cache-mb`): 512 blocks of 16 positions of the chat model
 KV_BLOCK_SIZE = 16  # positions per block of the paged KV cache (chapter 15)
 MAX_BATCH = 64  # the most sequences decoded at once (`--max-batch`; 1: one request at a time, as before)
@@ -205,6 +208,10 @@ def sampling(body: dict, default_max_tokens: int) -> Sampling:
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     max_tokens = _number(body, key, default_max_tokens, low=1, high=MAX_TOKENS_LIMIT, whole=True)
     temperature = _number(body, "temperature", 1.0, low=0, high=2)
+    if 0 < temperature < MIN_TEMPERATURE:  # the logits divided by it overflow, failing the whole batch's step
+        raise RequestError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {_show(temperature)}:"
+                           " below that, sampling is greedy in effect and the logits overflow", "temperature",
+                           "invalid_value")
     top_p = _number(body, "top_p", 1.0, low=0, high=1, low_open=True)
     seed = _number(body, "seed", None, whole=True)
     if seed is not None and not -(2**63) <= seed < 2**64:
@@ -215,6 +222,9 @@ def sampling(body: dict, default_max_tokens: int) -> Sampling:
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
         raise RequestError("stop must be a non-empty string or a list of at most 4 of them", "stop", "invalid_value")
+    if longest := max((len(s) for s in stop if len(s) > STOP_LENGTH_LIMIT), default=0):
+        raise RequestError(f"a stop string is {longest:,} characters and this server takes at most "
+                           f"{STOP_LENGTH_LIMIT:,}: shorten it", "stop", "invalid_value")
     return Sampling(max_tokens, float(temperature), None if top_p >= 1 else float(top_p),
                     secrets.randbits(63) if seed is None else seed % 2**64, stop, _flag(body, "ignore_eos"))
 
@@ -458,10 +468,10 @@ class ModelWorker:
         self.token_delay = check_token_delay(token_delay)  # seconds to wait after each step (to watch them come)
         self.max_waiting = _positive(max_waiting, "max_waiting")
         never = _never_sampled(served.allowed, served.model.cfg.vocab_size, next(served.model.parameters()).device)
-        self.engine = _ServedEngine(served.model, PagedKVCache.from_megabytes(served.model, kv_cache_mb,
-                                                                              KV_BLOCK_SIZE),
-                                    max_batch=_positive(max_batch, "max_batch"), never=never)
+        check_engine(served, kv_cache_mb, max_batch, max_waiting)
+        self.engine = _ServedEngine(served.model, _kv_cache(served, kv_cache_mb), max_batch=max_batch, never=never)
         self._cancels: set[threading.Event] = set()
+        self.placed = 0  # places in line given by `check_room` to requests not queued yet (a stream not started)
         self._inbox: list[_Ticket] = []
         self._tickets: dict[Sequence, _Ticket] = {}
         self._wake = threading.Condition()
@@ -473,8 +483,9 @@ class ModelWorker:
 
     @property
     def waiting(self) -> int:
-        """Requests not decoding yet: in the inbox or in the engine's queue."""
-        return len(self._inbox) + len(self.engine.waiting)
+        """Requests not decoding yet: let in by `check_room` and not queued yet, in the inbox, or in the engine's
+        queue (a client that left leaves it at the next step)."""
+        return len(self._inbox) + len(self.engine.waiting) + self.placed
 
     def _loop(self) -> None:
         while True:
@@ -509,6 +520,11 @@ class ModelWorker:
         for seq, ticket in self._tickets.items():
             if ticket.cancel.is_set():
                 seq.cancel()
+        if any(seq.cancelled for seq in self.engine.waiting):  # gone while waiting: out of the line now, wherever
+            for seq in self.engine.waiting:  # it stands (the engine drops one only at the line's head), so that
+                if seq.cancelled:  # clients that left count against --max-waiting no longer
+                    seq.finish = "cancelled"
+            self.engine.waiting = deque(seq for seq in self.engine.waiting if not seq.cancelled)
         try:
             events = self.engine.step()
         except Exception as error:  # every sequence in flight is answered with it; the engine starts afresh
@@ -522,8 +538,8 @@ class ModelWorker:
             items.append((self._tickets.pop(seq), ("end", None if seq.finish == "cancelled" else seq.finish)))
         _send(items)
 
-    async def pieces(self, ids: list[int], s: Sampling, answer: Answer,
-                     cancel: threading.Event | None = None) -> AsyncIterator[str]:
+    async def pieces(self, ids: list[int], s: Sampling, answer: Answer, cancel: threading.Event | None = None,
+                     place: "_Place | None" = None) -> AsyncIterator[str]:
         """The answer's text, piece by piece (one per token), cut at a stop string; `answer` gets the rest.
         Setting `cancel` (the client went away) ends it before the next step; the server stopping raises a
         RequestError (503)."""
@@ -537,6 +553,8 @@ class ModelWorker:
         with self._wake:
             self._inbox.append(_Ticket(request, loop, queue, flag))
             self._wake.notify()
+        if place is not None:  # counted in the inbox from now on
+            place.release()
         text = decode_stream(self.served.tokenizer, feed)
         try:
             while not isinstance(item := await queue.get(), tuple):
@@ -585,11 +603,13 @@ class ModelWorker:
                       else f"transformer_course_{name} {value}"]
         return "\n".join(lines) + "\n"
 
-    def check_room(self) -> None:
-        """A RequestError (429, Retry-After) when ``max_waiting`` requests already wait."""
+    def check_room(self) -> "_Place":
+        """A place in line, counted as waiting until its request is queued (`pieces`) or its answer ends; a
+        RequestError (429, Retry-After) when ``max_waiting`` requests already wait."""
         if self.waiting >= self.max_waiting:
             raise RequestError(f"{self.waiting} requests are waiting already (the server's --max-waiting): try again "
                                "shortly", None, "rate_limit_exceeded", 429, headers={"Retry-After": "1"})
+        return _Place(self)
 
     def stop(self) -> None:
         """The server is stopping: every generation ends before the next step (its request answered 503), those
@@ -604,6 +624,20 @@ class ModelWorker:
         with self._wake:
             self._closed = True
             self._wake.notify()
+
+
+class _Place:
+    """A place in line given by `ModelWorker.check_room`: a request is counted as waiting from the check on,
+    not only once its stream starts, so that a burst of streamed requests cannot all pass the check first."""
+
+    def __init__(self, worker: ModelWorker):
+        self.worker, self.held = worker, True
+        worker.placed += 1
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.worker.placed -= 1
 
 
 class _Rate:
@@ -643,6 +677,30 @@ def check_engine(served: Served, kv_cache_mb: float = KV_CACHE_MB, max_batch: in
     if kv_cache_mb * 2**20 < need:
         raise ValueError(f"--kv-cache-mb {kv_cache_mb:g} cannot hold one full context of {served.name} "
                          f"({need / 2**20:.3g} MB): give at least that")
+    free = _available_bytes()
+    if free is not None and kv_cache_mb * 2**20 > free:
+        raise ValueError(f"--kv-cache-mb {kv_cache_mb:g} is more than this machine's available memory "
+                         f"({free / 2**20:,.0f} MB); {served.name} never uses more than --max-batch full contexts "
+                         f"({max_batch * need / 2**20:.3g} MB at --max-batch {max_batch}): give at most that")
+
+
+def _available_bytes() -> int | None:
+    """The memory this machine can still give (Linux' MemAvailable), None where it does not say."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            found = re.search(r"^MemAvailable:\s+(\d+) kB", info.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
+
+
+def _kv_cache(served: Served, kv_cache_mb: float) -> PagedKVCache:
+    """The paged KV cache of `served` in `kv_cache_mb` megabytes; an allocation that fails is said of the option."""
+    try:
+        return PagedKVCache.from_megabytes(served.model, kv_cache_mb, KV_BLOCK_SIZE)
+    except (MemoryError, RuntimeError) as error:  # RuntimeError: PyTorch's allocator ("can't allocate memory")
+        raise ValueError(f"--kv-cache-mb {kv_cache_mb:g}: the KV cache could not be allocated "
+                         f"({str(error).splitlines()[0][:160] or type(error).__name__}): give less") from None
 
 
 def _stopping() -> RequestError:
@@ -763,6 +821,19 @@ def _read_body(served: Served, raw: bytes) -> dict:
     return body
 
 
+def _stream_options(body: dict) -> None:
+    """A RequestError unless `stream_options` is null or an object whose include_usage is null, true or false
+    (a usage asked for in another way was left out without a word)."""
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise RequestError(f"stream_options must be an object such as {{\"include_usage\": true}}, got "
+                           f"{_show(options)}", "stream_options", "invalid_type")
+    usage = (options or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise RequestError(f"stream_options.include_usage must be true or false, got {_show(usage)}",
+                           "stream_options.include_usage", "invalid_type")
+
+
 def _prepare(served: Served, kind: str, raw: bytes) -> tuple[dict, Sampling, list[int]]:
     """A completion (`kind` "text") or chat ("chat") request's body `raw` read and checked: the body, its
     sampling and the prompt's ids (else a RequestError). Run in a worker thread, off the event loop."""
@@ -771,6 +842,7 @@ def _prepare(served: Served, kind: str, raw: bytes) -> tuple[dict, Sampling, lis
         body = _read_body(served, raw)
         s = sampling(body, CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS)
         _flag(body, "stream")
+        _stream_options(body)
         refuse_unsupported(body)
         return body, s, (chat_ids if chat else completion_ids)(served, body, s.max_tokens)
     except RecursionError:  # a value nested too deeply to look at
@@ -795,26 +867,27 @@ async def _answer(worker: ModelWorker, kind: str, request, body: dict, ids: list
     head = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
             "model": worker.served.name}
     result = Answer(prompt_tokens=len(ids))
-    worker.check_room()  # 429 past the queue's limit, before any answer starts
+    place = worker.check_room()  # 429 past the queue's limit, before any answer starts
     if not _flag(body, "stream"):
         cancel = _Cancel()
         watch = asyncio.ensure_future(_gone(request, cancel))
         try:
-            text = "".join([piece async for piece in worker.pieces(ids, s, result, cancel)])
+            text = "".join([piece async for piece in worker.pieces(ids, s, result, cancel, place)])
             left = watch.done() and not watch.cancelled() and watch.exception() is None
         finally:
             watch.cancel()
+            place.release()
         if left:  # the client went away: no one reads this
             return _refuse(499, "the client closed the request", None, "client_closed_request")
         choice = ({"message": {"role": "assistant", "content": text}} if chat else {"text": text})
         return {**head, "choices": [{"index": 0, **choice, "finish_reason": result.finish_reason,
                                      "logprobs": None}], "usage": result.usage()}
     head["object"] = "chat.completion.chunk" if chat else "text_completion"
-    return _streamed(worker, chat, head, body, ids, s, result)
+    return _streamed(worker, chat, head, body, ids, s, result, place)
 
 
 def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list[int], s: Sampling,
-              result: Answer):
+              result: Answer, place: _Place):
     """A streamed answer: a StreamingResponse of server-sent events, each chunk starting with `head`, the
     usage last if `stream_options.include_usage`, then [DONE]; an error on the way is an event."""
     from fastapi.responses import StreamingResponse
@@ -832,7 +905,7 @@ def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list
         try:
             if chat:
                 yield event({"role": "assistant", "content": ""})
-            async for piece in worker.pieces(ids, s, result):
+            async for piece in worker.pieces(ids, s, result, place=place):
                 yield event({"content": piece})
             yield event({}, result.finish_reason)
             if usage:
@@ -843,8 +916,15 @@ def _streamed(worker: ModelWorker, chat: bool, head: dict, body: dict, ids: list
             yield f"data: {json.dumps(error_body(f'the server failed: {error}', 'server_error'))}\n\n"
         yield "data: [DONE]\n\n"
 
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    class Stream(StreamingResponse):  # the place is given back however the answer ends, even unstarted
+        async def __call__(self, scope, receive, send):
+            try:
+                await super().__call__(scope, receive, send)
+            finally:
+                place.release()
+
+    return Stream(events(), media_type="text/event-stream",
+                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 def _add_routes(app, served: Served, worker: ModelWorker, max_body: int) -> None:
@@ -983,6 +1063,22 @@ def listen(host: str = "127.0.0.1", port: int = 0):
     return sock
 
 
+def more_open_files() -> int | None:
+    """Raise this process's limit of open files to the most it may have (the hard limit) and return it (None
+    where the system does not say): every connection holds one, and at a soft limit of 1,024, as many clients
+    that send half a request each left the server answering no one until they went (asyncio's accept failing,
+    and logging a traceback at each try)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):  # not a Unix, or a limit the system refuses: keep the one there is
+        return None
+
+
 def url(sock) -> str:
     """The address of a listening socket, http://HOST:PORT."""
     host, port = sock.getsockname()[:2]
@@ -1032,4 +1128,5 @@ def run(served: Served, host: str = "127.0.0.1", port: int = 8000, say=print, to
     # answers clients: at Python's default switch interval (5 ms) a decode step of a few milliseconds would wait
     # that long several times over; a shorter interval hands the GIL back sooner
     sys.setswitchinterval(SWITCH_INTERVAL)
+    more_open_files()
     app_server.run(sockets=[sock])  # returns on SIGINT or SIGTERM (or KeyboardInterrupt)
