@@ -220,9 +220,9 @@ class GPTConfig(_DictFields):
         if self.modern and self.norm != "pre":
             raise ValueError("chapter 10's choices (normalization, mlp, positional='rope', n_kv_head, d_ff) "
                              "come with pre-norm blocks, as in every modern decoder: use norm='pre'")
-        if self.positional == "rope" and self.head_size % 2:
-            raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got "
-                             f"{self.head_size}: choose d_model and n_head so that d_model // n_head is even")
+        if self.positional == "rope":  # the head size must be even: chapter 10's rule, checked where it is written
+            from transformer_course.modern import rope_frequencies
+            rope_frequencies(self.head_size, self.rope_base)
         if self.positional != "rope" and self.rope_base != 10000.0:
             raise ValueError(f"rope_base={self.rope_base} only matters with positional='rope'")
 
@@ -244,11 +244,9 @@ class GPTConfig(_DictFields):
 
     @property
     def hidden_width(self) -> int:
-        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU Llama's 8C/3 rounded up to a
-        multiple of 8 (chapter 10's `swiglu_hidden`)."""
-        if self.d_ff is not None:
-            return self.d_ff
-        return 4 * self.d_model if self.mlp == "plain" else 8 * -(-(8 * self.d_model // 3) // 8)
+        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU chapter 10's `swiglu_hidden(C)`."""
+        from transformer_course.modern import swiglu_hidden  # SwiGLU's width rule lives there, and only there
+        return self.d_ff or (4 * self.d_model if self.mlp == "plain" else swiglu_hidden(self.d_model))
 
 
 # %% [markdown]
@@ -300,12 +298,10 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
+        if isinstance(module, (nn.Linear, LayerNorm)) and module.bias is not None:
             nn.init.zeros_(module.bias)
         if isinstance(module, LayerNorm):
             nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
     for name, param in model.named_parameters():
         if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
             nn.init.normal_(param, mean=0.0, std=std / math.sqrt(2 * n_layer))
@@ -359,16 +355,13 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.embed, self.blocks, self.ln_f = parts or (
             InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout),
-            nn.ModuleList(
-                TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
-                                 cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
-                for _ in range(cfg.n_layer)
-            ),
+            nn.ModuleList(TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
+                                           cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
+                          for _ in range(cfg.n_layer)),
             LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast),
         )
         for block in self.blocks:  # forward checks idx once; each block trusts the embedding's output
-            if isinstance(block, TransformerBlock):
-                block.checks_input = False
+            block.checks_input = False
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
@@ -404,8 +397,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, 1, V) with last_only
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-        return logits, loss
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
         ### END SOLUTION
 
     def new_cache(self) -> list[KVCache]:

@@ -339,13 +339,12 @@ def next_token_probs(logits: torch.Tensor, temperature: float = 1.0, top_k: int 
     ``temperature=0``)."""
     check_sampling(temperature, top_k, top_p)
     _check_logits(logits)
-    probs = _probs(logits, temperature, top_k, top_p)
-    _check_probs(probs, temperature)
-    return probs
+    return _probs(logits, temperature, top_k, top_p, check=True)
 
 
-def _probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None) -> torch.Tensor:
-    """`next_token_probs` for settings and logits the caller has checked."""
+def _probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: float | None,
+           check: bool = False) -> torch.Tensor:
+    """`next_token_probs` for settings and logits the caller has checked; ``check``: refuse an overflow."""
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.size(-1)).to(logits.dtype)
     logits = logits.float() / temperature
@@ -353,23 +352,19 @@ def _probs(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: f
         logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
-    return torch.softmax(logits, dim=-1)
-
-
-def _check_probs(probs: torch.Tensor, temperature: float) -> None:
-    if not bool(probs.isfinite().all()):  # logits / temperature overflowed
+    probs = torch.softmax(logits, dim=-1)
+    if check and not bool(probs.isfinite().all()):  # logits / temperature overflowed
         raise ValueError(f"temperature {temperature} is too small for these logits: use 0 for greedy")
+    return probs
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Logits [B, V] -> the next token of every row, LongTensor [B]: the argmax when ``temperature=0``, else a
     draw from ``next_token_probs`` with ``generator`` (required)."""
-    if temperature == 0:
-        check_sampling(temperature, top_k, top_p)
-        _check_logits(logits)
-        return logits.argmax(dim=-1)
     probs = next_token_probs(logits, temperature, top_k, top_p)
+    if temperature == 0:
+        return probs.argmax(dim=-1)  # the one-hot's 1 sits at the logits' argmax
     if not isinstance(generator, torch.Generator):
         raise ValueError(f"sampling needs a generator, got {generator!r}: pass generator=torch.Generator()"
                          ".manual_seed(seed), or temperature=0 for greedy decoding")
@@ -382,14 +377,12 @@ def _draw(logits: torch.Tensor, temperature: float, top_k: int | None, top_p: fl
     probabilities too (a host sync), as the first token of a generation does."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = _probs(logits, temperature, top_k, top_p)
-    if first:
-        _check_probs(probs, temperature)
+    probs = _probs(logits, temperature, top_k, top_p, check=first)
     try:
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     except RuntimeError:  # NaN or inf reached the draw (on the CPU): say why in the package's words
         _check_logits(logits)
-        _check_probs(probs, temperature)
+        _probs(logits, temperature, top_k, top_p, check=True)
         raise
 
 # %% [markdown]
@@ -650,12 +643,12 @@ for layer in (0, cfg.n_layer - 1):
 # %%
 #| export
 @torch.no_grad()
-def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop_to,
+def _steps(model, window, max_new_tokens, knobs, use_cache, generator, eos_id, crop_to,
            never=None) -> Iterator[torch.Tensor]:
     """The loop behind ``stream``: yields LongTensor [B] once per new token; ids where ``never`` [V] is True
-    are never sampled."""
+    are never sampled. ``window`` [B, T_w], what the model sees, starts as the prompt."""
     block, made, bad = model.cfg.block_size, 0, None  # bad: some step's logits held no distribution
-    finished = torch.zeros(idx.size(0), dtype=torch.bool, device=idx.device)
+    finished = torch.zeros(window.size(0), dtype=torch.bool, device=window.device)
 
     def choose(logits: torch.Tensor) -> torch.Tensor:
         nonlocal finished, bad  # logits [B, V] -> tokens [B]; finished rows get eos_id
@@ -673,7 +666,6 @@ def _steps(model, idx, max_new_tokens, knobs, use_cache, generator, eos_id, crop
             finished = finished | (nxt == eos_id)
         return nxt
 
-    window = idx  # [B, T_w]: what the model sees
     was_training, embed = model.training, getattr(model, "embed", None)
     checked = getattr(embed, "checks_input", None)
     model.eval()  # dropout off: the same settings and seed must give the same text
@@ -763,9 +755,8 @@ def stream(model, idx: torch.Tensor, max_new_tokens: int, temperature: float = 1
     whole_number(eos_id, "eos_id", low=0, high=vocab - 1, none_ok=True)
     crop_to = whole_number(block if crop_to is None else crop_to, "crop_to", high=block,
                            hint=f"the tokens kept when the context outgrows block_size={block}")
-    never = _never_sampled(allowed, vocab, idx.device)
     return _steps(model, idx, max_new_tokens, (temperature, top_k, top_p), use_cache, generator, eos_id, crop_to,
-                  never)
+                  _never_sampled(allowed, vocab, idx.device))
 
 # %%
 #| export

@@ -300,18 +300,13 @@ print(f"the paper's slowest pair: {10000 ** (-62 / 64):.6f} rad per position, "
 
 # %%
 #| export
-def _check_head_size(head_size) -> int:
+# Your turn - Exercise 10.2 (★☆☆, debug): the rotation speeds.
+def rope_frequencies(head_size: int, base: float = 10000.0) -> torch.Tensor:
+    """RoPE's speeds θ [hs // 2] (float32): pair i turns by base^(-2i/hs) radians per position."""
     hs = whole_number(head_size, "head_size")
     if hs % 2:
         raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got {hs}: "
                          "choose d_model and n_head so that d_model // n_head is even")
-    return hs
-
-
-# Your turn - Exercise 10.2 (★☆☆, debug): the rotation speeds.
-def rope_frequencies(head_size: int, base: float = 10000.0) -> torch.Tensor:
-    """RoPE's speeds θ [hs // 2] (float32): pair i turns by base^(-2i/hs) radians per position."""
-    hs = _check_head_size(head_size)
     base = real_number(base, "base", low=1, low_open=True, hint="RoPE's base is 10000 in the paper")
     ### BEGIN SOLUTION
     return 1.0 / base ** (torch.arange(0, hs, 2).float() / hs)  # (hs/2,)
@@ -402,11 +397,11 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_size: int, max_positions: int, base: float = 10000.0, convention: str = "halves"):
         super().__init__()
-        self.head_size = _check_head_size(head_size)
+        theta = rope_frequencies(head_size, base)  # (hs/2,); checks head_size and base
+        self.head_size, self.base = head_size, float(base)
         self.max_positions = whole_number(max_positions, "max_positions")
         self.convention = choice(convention, "convention", ROPE_CONVENTIONS)
-        self.base = float(base)
-        angles = torch.outer(torch.arange(max_positions).float(), rope_frequencies(head_size, base))  # (P, hs/2)
+        angles = torch.outer(torch.arange(max_positions).float(), theta)  # (P, hs/2)
         self.register_buffer("cos", angles.cos(), persistent=False)  # (P, hs/2)
         self.register_buffer("sin", angles.sin(), persistent=False)  # (P, hs/2)
 
@@ -636,12 +631,11 @@ def modern_parts(cfg: GPTConfig) -> tuple[InputEmbedding, nn.ModuleList, nn.Modu
     def norm(C: int) -> nn.Module:
         return make_norm(cfg.normalization, C, cfg.eps, cfg.bias, cfg.fast)
 
-    blocks = nn.ModuleList(
-        TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation, cfg.fast,
-                         cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head, rope=rope, make_norm=norm,
-                         mlp=SwiGLU(cfg.d_model, cfg.d_ff, cfg.bias, cfg.dropout) if cfg.mlp == "swiglu" else None)
-        for _ in range(cfg.n_layer)
-    )
+    blocks = nn.ModuleList(TransformerBlock(
+        cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation, cfg.fast, cfg.eps, d_ff=cfg.d_ff,
+        n_kv_head=cfg.n_kv_head, rope=rope, make_norm=norm,
+        mlp=SwiGLU(cfg.d_model, cfg.d_ff, cfg.bias, cfg.dropout) if cfg.mlp == "swiglu" else None,
+    ) for _ in range(cfg.n_layer))
     return embed, blocks, norm(cfg.d_model)
     ### END SOLUTION
 

@@ -39,22 +39,16 @@ def _check_qkv(q, k, v) -> torch.Size:
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}; "
-            "project both to the same head size"
-        )
+        raise ValueError(f"q and k must have the same last dim d_k, got q {tuple(q.shape)} and k {tuple(k.shape)}; "
+                         "project both to the same head size")
     if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            f"k and v must have the same number of positions T_k (dim -2), got k {tuple(k.shape)} and "
-            f"v {tuple(v.shape)}; each key needs one value"
-        )
+        raise ValueError(f"k and v must have the same number of positions T_k (dim -2), got k {tuple(k.shape)} and "
+                         f"v {tuple(v.shape)}; each key needs one value")
     try:
         return torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
-        raise ValueError(
-            f"the batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
-            "do not broadcast: everything before the last two dims must match (or be 1)"
-        ) from None
+        raise ValueError(f"the batch dims of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} "
+                         "do not broadcast: everything before the last two dims must match (or be 1)") from None
 
 
 def check_mask(mask, scores_shape: tuple) -> None:
@@ -65,22 +59,17 @@ def check_mask(mask, scores_shape: tuple) -> None:
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a bool torch.Tensor (True = may attend), got {type(mask).__name__}")
     if mask.dtype != torch.bool:
-        raise TypeError(
-            f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}: turn an additive "
-            "mask of 0 and -inf into one with `mask == 0`, and a 0/1 mask with `mask.bool()`"
-        )
-    scores_shape = torch.Size(scores_shape)
+        raise TypeError(f"mask must be a bool tensor (True = may attend), got dtype {mask.dtype}: turn an additive "
+                        "mask of 0 and -inf into one with `mask == 0`, and a 0/1 mask with `mask.bool()`")
     try:
-        fits = torch.broadcast_shapes(mask.shape, scores_shape) == scores_shape
+        fits = torch.broadcast_shapes(mask.shape, scores_shape) == torch.Size(scores_shape)
     except RuntimeError:
         fits = False
     if not fits:
         between = len(scores_shape) - 2  # the axes between batch and keys: heads (if any), queries
         fix = {1: "a query axis: mask[:, None, :]", 2: "head and query axes: mask[:, None, None, :]"}.get(between)
-        raise ValueError(
-            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape [..., T_q, T_k] = "
-            f"{tuple(scores_shape)}" + (f"; a key-padding mask [B, T_k] needs {fix}" if fix else "")
-        )
+        raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape [..., T_q, T_k] "
+                         f"= {tuple(scores_shape)}" + (f"; a key-padding mask [B, T_k] needs {fix}" if fix else ""))
 
 
 def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = None, dropout_p: float = 0.0):
@@ -109,19 +98,19 @@ def scaled_dot_product_attention(q, k, v, mask=None, *, scale: float | None = No
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
 
-def check_input(x, d_model: int, who: str, *, batched: bool = True, name: str = "input") -> None:
-    """Raise unless ``x`` is a float tensor [B, T >= 1, d_model] (``batched=False``: [..., d_model]).
+def check_input(x, d_model: int, who: str, *, name: str = "input") -> None:
+    """Raise unless ``x`` is a float tensor [B, T >= 1, d_model].
 
     The one input check of the package's layers (chapters 03, 04, 05 and 09).
     """
-    want = f"[B, T >= 1, {d_model}]" if batched else f"[..., {d_model}]"
+    want = f"[B, T >= 1, {d_model}]"
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{who} expects a torch.Tensor {want}, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{who} needs floating-point input, got {x.dtype}; token ids go through the "
                         "embedding first (chapter 02), other tensors can be converted with .float()")
-    if (x.ndim != 3 or x.shape[1] == 0 if batched else x.ndim == 0) or x.shape[-1] != d_model:
-        fix = "; add a batch dimension with x.unsqueeze(0)" if batched and x.ndim == 2 else ""
+    if x.ndim != 3 or x.shape[1] == 0 or x.shape[-1] != d_model:
+        fix = "; add a batch dimension with x.unsqueeze(0)" if x.ndim == 2 else ""
         raise ValueError(f"{who} was built for d_model={d_model}: its {name} must have shape {want}, "
                          f"got {tuple(x.shape)}{fix}")
 

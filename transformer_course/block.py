@@ -40,10 +40,7 @@ class LayerNorm(nn.Module):
         self.fast = fast
         self.eps = real_number(eps, "eps", low=0.0, low_open=True, hint="GPT-2 uses 1e-5")
         self.weight = nn.Parameter(torch.ones(d_model))  # γ [C]
-        if bias:
-            self.bias = nn.Parameter(torch.zeros(d_model))  # β [C]
-        else:
-            self.register_parameter("bias", None)
+        self.bias = nn.Parameter(torch.zeros(d_model)) if bias else None  # β [C]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast:
@@ -118,8 +115,7 @@ class TransformerBlock(nn.Module):
         self.ln2 = make_norm(d_model)
         self.mlp = mlp if mlp is not None else FeedForward(d_model, d_ff, activation, dropout, bias)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         if self.checks_input:
             check_input(x, self.d_model, "TransformerBlock")
         if self.norm == "pre":
@@ -139,8 +135,7 @@ def block_parameter_count(d_model: int, bias: bool = True) -> int:
 
     12 C² + 13 C with biases, 12 C² + 2 C without (the LayerNorms keep their gains).
     """
-    C = whole_number(d_model, "d_model")
-    b = 1 if bias else 0
+    C, b = whole_number(d_model, "d_model"), (1 if bias else 0)
     attention = C * 3 * C + b * 3 * C + C * C + b * C  # qkv and proj
     feed_forward = C * 4 * C + b * 4 * C + 4 * C * C + b * C  # fc and proj
     layer_norms = 2 * (C + b * C)  # ln1 and ln2: gain and bias each

@@ -29,12 +29,10 @@ def init_gpt_weights(model: nn.Module, n_layer: int, std: float = 0.02) -> None:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=std)
-        if isinstance(module, nn.Linear) and module.bias is not None:
+        if isinstance(module, (nn.Linear, LayerNorm)) and module.bias is not None:
             nn.init.zeros_(module.bias)
         if isinstance(module, LayerNorm):
             nn.init.ones_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
     for name, param in model.named_parameters():
         if name.endswith(("attn.proj.weight", "mlp.proj.weight")):
             nn.init.normal_(param, mean=0.0, std=std / math.sqrt(2 * n_layer))
@@ -55,16 +53,13 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.embed, self.blocks, self.ln_f = parts or (
             InputEmbedding(cfg.vocab_size, cfg.d_model, cfg.block_size, cfg.positional, cfg.dropout),
-            nn.ModuleList(
-                TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
-                                 cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
-                for _ in range(cfg.n_layer)
-            ),
+            nn.ModuleList(TransformerBlock(cfg.d_model, cfg.n_head, cfg.dropout, cfg.bias, cfg.norm, cfg.activation,
+                                           cfg.fast, cfg.eps, d_ff=cfg.d_ff, n_kv_head=cfg.n_kv_head)
+                          for _ in range(cfg.n_layer)),
             LayerNorm(cfg.d_model, eps=cfg.eps, bias=cfg.bias, fast=cfg.fast),
         )
         for block in self.blocks:  # forward checks idx once; each block trusts the embedding's output
-            if isinstance(block, TransformerBlock):
-                block.checks_input = False
+            block.checks_input = False
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.embed.token.weight  # one [V, C] matrix, used twice
@@ -99,8 +94,7 @@ class GPT(nn.Module):
         logits = self.lm_head(self.ln_f(x))  # (B, T, V), or (B, 1, V) with last_only
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
-        return logits, loss
+        return logits, F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-1)
 
     def new_cache(self) -> list[KVCache]:
         """An empty key/value cache: one `KVCache` of block_size positions per block."""

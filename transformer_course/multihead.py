@@ -59,9 +59,7 @@ class KVCache:
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = whole_number(capacity, "capacity", none_ok=True, hint="the positions to make room for")
-        self._k: torch.Tensor | None = None  # (B, nh, room, hs)
-        self._v: torch.Tensor | None = None  # (B, nh, room, hs)
-        self._length = 0
+        self.reset()  # empty: the buffers _k and _v [B, nh, room, hs] come with the first update
 
     @property
     def k(self) -> torch.Tensor | None:
@@ -97,11 +95,9 @@ class KVCache:
         L, need, old_k, old_v = self._length, self._length + T_new, self._k, self._v
         if old_k is not None and ((old_k.shape[0], old_k.shape[1], old_k.shape[3], old_k.dtype, old_k.device)
                                   != (B, nh, hs, k.dtype, k.device)):
-            raise ValueError(
-                f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old_k.dtype}, {old_k.device}) but got "
-                f"{tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and device must "
-                "stay the same; call reset() for a new batch"
-            )
+            raise ValueError(f"KVCache holds [B, nh, L, hs] = {tuple(self.k.shape)} ({old_k.dtype}, {old_k.device}) "
+                             f"but got {tuple(k.shape)} ({k.dtype}, {k.device}): batch, heads, head size, dtype and "
+                             "device must stay the same; call reset() for a new batch")
         if old_k is None or need > old_k.shape[2]:  # (re)allocate: own buffers, never views of qkv's output
             room = max(need, self.capacity or 0, 2 * old_k.shape[2] if old_k is not None else 0)
             self._k, self._v = k.new_empty(B, nh, room, hs), v.new_empty(B, nh, room, hs)
@@ -126,9 +122,8 @@ class MultiHeadAttention(nn.Module):
     chapter 03's function and keeps the weights [B, nh, T, T_total] in ``.last_weights``.
     """
 
-    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 causal: bool = True, fast: bool = True, *, n_kv_head: int | None = None,
-                 rope: nn.Module | None = None) -> None:
+    def __init__(self, d_model: int, n_head: int, dropout: float = 0.0, bias: bool = True, causal: bool = True,
+                 fast: bool = True, *, n_kv_head: int | None = None, rope: nn.Module | None = None) -> None:
         super().__init__()
         C, nh, nkv = check_heads(d_model, n_head, n_kv_head)
         self.d_model, self.n_head, self.n_kv_head, self.head_size = C, nh, nkv, C // nh
@@ -140,8 +135,7 @@ class MultiHeadAttention(nn.Module):
         self.last_weights: torch.Tensor | None = None  # (B, nh, T, T_total), teaching path only
         self.checks_input = True  # False once an owner (chapter 05's block) checks x before calling
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """x [B, T, C] -> [B, T, C]. ``mask``: extra bool mask broadcastable to [B, nh, T, T_total].
 
         ``cache`` (updated in place) holds L earlier positions: the new queries sit at L .. L+T-1.
@@ -172,10 +166,10 @@ class MultiHeadAttention(nn.Module):
         if mask is not None:
             check_mask(mask, (B, nh, T, T_total))
         p = self.dropout if self.training else 0.0
+        self.last_weights = None  # the teaching path below keeps the weights
         if self.fast and mask is None and (not self.causal or T == 1 or T == T_total):
             # is_causal's triangle is aligned top-left: right with no cache (T == T_total);
             # a single new query may see every key, so it needs no mask at all
-            self.last_weights = None
             return F.scaled_dot_product_attention(q, k, v, dropout_p=p, enable_gqa=shared,
                                                   is_causal=self.causal and T == T_total)
         allowed = causal_mask_with_past(T, T_total - T, device=q.device) if self.causal else None
@@ -186,10 +180,8 @@ class MultiHeadAttention(nn.Module):
             y, weights = scaled_dot_product_attention(q, k, v, allowed, dropout_p=p)
             self.last_weights = weights.detach()  # (B, nh, T, T_total)
             return y  # (B, nh, T, hs)
-        self.last_weights = None
         has_key = allowed.any(dim=-1, keepdim=True)  # a row hidden entirely (padding) is given all keys...
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=p,
-                                           enable_gqa=shared)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=p, enable_gqa=shared)
         return y.masked_fill(~has_key, 0.0)  # ...so the kernel stays finite, then its output is zeroed
 
     def extra_repr(self) -> str:

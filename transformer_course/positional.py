@@ -26,18 +26,15 @@ def sinusoidal_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
     """Angular frequencies w_i = base^(-2i/C) [C/2] (float64), one per (sin, cos) column pair."""
     d_model = whole_number(d_model, "d_model")
     if d_model % 2:
-        raise ValueError(
-            f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns are (sin, cos) "
-            f"pairs. Use an even width such as {d_model + 1}, or learned positions (positional='learned')"
-        )
+        raise ValueError(f"d_model must be even for the sinusoidal encoding, got {d_model}: its columns are (sin, cos) "
+                         f"pairs. Use an even width such as {d_model + 1}, or learned positions (positional='learned')")
     base = real_number(base, "base", low=1.0, low_open=True, hint="the paper uses 10000.0")
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # 0, 2, 4, ..., C-2
     return base ** (-two_i / d_model)
 
 
-def sinusoidal_positional_encoding(
-    n_positions: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
-) -> torch.Tensor:
+def sinusoidal_positional_encoding(n_positions: int, d_model: int, base: float = 10000.0, *,
+                                   dtype: torch.dtype | None = None) -> torch.Tensor:
     """The fixed position code [n_positions, C]: PE[p, 2i] = sin(p w_i), PE[p, 2i+1] = cos(p w_i).
 
     Computed in float64, returned in ``dtype`` (default: torch's default dtype).
@@ -51,9 +48,8 @@ def sinusoidal_positional_encoding(
     return pe.to(dtype or torch.get_default_dtype())
 
 
-def position_shift_matrix(
-    offset: int, d_model: int, base: float = 10000.0, *, dtype: torch.dtype | None = None
-) -> torch.Tensor:
+def position_shift_matrix(offset: int, d_model: int, base: float = 10000.0, *,
+                          dtype: torch.dtype | None = None) -> torch.Tensor:
     """The matrix M [C, C] with PE[p + offset] = M @ PE[p] for every position p.
 
     Block diagonal: each (sin, cos) pair is rotated by the angle offset * w_i, whatever p is.
@@ -79,9 +75,8 @@ class InputEmbedding(nn.Module):
     (a KV cache then embeds only the new tokens).
     """
 
-    def __init__(
-        self, vocab_size: int, d_model: int, block_size: int, positional: str = "learned", dropout: float = 0.0
-    ):
+    def __init__(self, vocab_size: int, d_model: int, block_size: int, positional: str = "learned",
+                 dropout: float = 0.0):
         super().__init__()
         self.vocab_size = whole_number(vocab_size, "vocab_size")
         self.d_model = whole_number(d_model, "d_model")
@@ -91,10 +86,8 @@ class InputEmbedding(nn.Module):
         real_number(dropout, "dropout", low=0.0, high=1.0, high_open=True, hint="a probability")
         self.positional = positional
         self.token = nn.Embedding(self.vocab_size, self.d_model)  # (V, C)
-        self.position = None
-        if positional == "learned":
-            self.position = nn.Embedding(self.block_size, self.d_model)  # (block_size, C)
-        elif positional == "sinusoidal":
+        self.position = nn.Embedding(self.block_size, self.d_model) if positional == "learned" else None
+        if positional == "sinusoidal":
             pe = sinusoidal_positional_encoding(self.block_size, self.d_model)  # (block_size, C)
             self.register_buffer("pe", pe, persistent=False)  # rebuilt from the formula, never saved
         self.drop = nn.Dropout(dropout)
@@ -103,30 +96,24 @@ class InputEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return f"positional={self.positional!r}, block_size={self.block_size}"
 
-    def positions(self, T: int, start_pos: int = 0) -> torch.Tensor:
-        """Position vectors [T, C] for positions start_pos .. start_pos+T-1 (clear error past block_size)."""
-        T = whole_number(T, "T", low=0)
-        start_pos = whole_number(start_pos, "start_pos", low=0)
+    def positions(self, T: int, start_pos: int = 0, *, check: bool = True) -> torch.Tensor:
+        """Position vectors [T, C] for positions start_pos .. start_pos+T-1 (clear error past block_size;
+        ``check=False``: the caller has checked T and start_pos)."""
+        if check:
+            T, start_pos = whole_number(T, "T", low=0), whole_number(start_pos, "start_pos", low=0)
         end = start_pos + T
-        if end > self.block_size:
+        if check and end > self.block_size:
             keep = self.block_size - start_pos
             fix = (f"crop the input to its last {keep} tokens (idx[:, -{keep}:])" if keep > 0
                    else "start again from position 0 (a fresh cache) with the text cropped to block_size")
-            raise ValueError(
-                f"positions {start_pos}..{end - 1} do not fit: this embedding holds positions "
-                f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
-                "or build the model with a larger block_size"
-            )
-        return self._positions(start_pos, end)
-
-    def _positions(self, start_pos: int, end: int) -> torch.Tensor:
-        T = end - start_pos
+            raise ValueError(f"positions {start_pos}..{end - 1} do not fit: this embedding holds positions "
+                             f"0..{self.block_size - 1} (block_size={self.block_size}). Either {fix}, "
+                             "or build the model with a larger block_size")
         if self.positional is None:
             return self.token.weight.new_zeros(T, self.d_model)  # (T, C)
         if self.position is None:
             return self.pe[start_pos:end]  # (T, C)
-        pos = torch.arange(start_pos, end, device=self.position.weight.device)  # (T,)
-        return self.position(pos)  # (T, C)
+        return self.position(torch.arange(start_pos, end, device=self.position.weight.device))  # (T, C)
 
     def _check_ids(self, idx) -> None:
         if not isinstance(idx, torch.Tensor):
@@ -141,19 +128,15 @@ class InputEmbedding(nn.Module):
             return  # on a GPU, reading min/max would stall every step: generate() checks its prompt there
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= self.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"token id {bad} is outside the vocabulary: ids must be in 0..{self.vocab_size - 1} "
-                f"(vocab_size={self.vocab_size}). Check that the tokenizer matches the model, or build "
-                f"it with vocab_size >= {max(hi + 1, self.vocab_size)} (largest id + 1)"
-            )
+            raise ValueError(f"token id {lo if lo < 0 else hi} is outside the vocabulary: ids must be in "
+                             f"0..{self.vocab_size - 1} (vocab_size={self.vocab_size}). Check that the tokenizer "
+                             f"matches the model, or build it with vocab_size >= {max(hi + 1, self.vocab_size)} "
+                             "(largest id + 1)")
 
     def forward(self, idx: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
         """idx [B, T] integer token ids -> [B, T, C] = token[idx] + position[start_pos : start_pos+T]."""
         if self.checks_input:
             self._check_ids(idx)
-            pos = self.positions(idx.shape[1], start_pos)  # (T, C), broadcast over the batch
-        else:
-            pos = self._positions(start_pos, start_pos + idx.shape[1])
+        pos = self.positions(idx.shape[1], start_pos, check=self.checks_input)  # (T, C), broadcast over the batch
         tok = self.token(idx)  # (B, T, C)
         return self.drop(tok + pos)  # (B, T, C)
