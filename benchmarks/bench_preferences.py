@@ -132,6 +132,8 @@ def main() -> None:
     lines = ["# Preferences and rewards on the course's SFT model (chapter 12)", "",
              f"{machine.markdown_line(info)} Load average at start / end: {load0:.1f} / {os.getloadavg()[0]:.1f}.",
              "", "Command: `python benchmarks/bench_preferences.py" + (" --quick" if args.quick else "") + "`", "",
+             f"Start: the shipped SFT model (`shakespeare_chat.pt`, SHA-256 {chat.manifest['sha256'][:12]}…, "
+             f"fine-tuned on conversations of up to {chat.manifest['recipe'].get('turns', 1)} exchanges).", "",
              "Held-out strange words: 400 random strings of 3-7 letters (`preferences.strange_words(400, seed="
              f"{HELD_OUT_SEED})`, upper-casing or reversing), never trained on. Greedy: exact-match share with "
              f"greedy decoding; pass@1 and pass@8: unbiased estimates from {SAMPLES} replies sampled at "

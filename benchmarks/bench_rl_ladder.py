@@ -153,7 +153,10 @@ def main() -> None:
                 else "."), "",
              f"Command: `python benchmarks/bench_rl_ladder.py --steps {args.steps} --long-steps {args.long_steps} "
              f"--seeds {' '.join(map(str, args.seeds))}`", "",
-             f"Every arm starts from the shipped SFT model and samples {WORDS} fresh strange words x {GROUP} replies "
+             f"Every arm starts from the shipped SFT model (`shakespeare_chat.pt`, SHA-256 "
+             f"{chat.manifest['sha256'][:12]}"
+             f"…, fine-tuned on conversations of up to {chat.manifest['recipe'].get('turns', 1)} exchanges) and "
+             f"samples {WORDS} fresh strange words x {GROUP} replies "
              f"a step (learning rate {GRPO_LR:g}; GRPO and REINFORCE: 2 inner steps, KL {GRPO_KL:g} unless named). "
              "Each cell: the mean over the seeds, and in brackets the lowest and highest seed. Greedy and pass@1 "
              "(4 samples at temperature 1): the 400 held-out strange words, with the strict checker. count: "

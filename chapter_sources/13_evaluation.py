@@ -218,8 +218,8 @@ print("the chat model, on the same held-out characters:",
 #
 # ## 3. Exact match, and how sure we are of it
 #
-# Chapter 11's model answers "who says: ..." right 18 times in 100. Had chapter 11 drawn another 100
-# lines, it would have scored a bit more or less: 18% is one draw of a noisy measurement. A **95%
+# Chapter 11's model answers "who says: ..." right 17 times in 100. Had chapter 11 drawn another 100
+# lines, it would have scored a bit more or less: 17% is one draw of a noisy measurement. A **95%
 # confidence interval** is a range built so that, over many such draws of questions, it holds the true
 # rate 95% of the time.
 #
@@ -500,14 +500,14 @@ print(f"expected calibration error: base model {ece_base:.2f}, SFT model on stra
 #
 # | claim | first | second |
 # |---|---:|---:|
-# | A: SFT answers "who says" better than chance (1 in 8) | 18 / 100 | chance 12.5% |
+# | A: SFT answers "who says" better than chance (1 in 8) | 17 / 100 | chance 12.5% |
 # | B: DPO β = 0.1 beats DPO β = 0.5 (both with the SFT term), strange words | 310 / 400 | 297 / 400 |
 # | C: GRPO beats DPO β = 0.1, strange words | 362 / 400 | 310 / 400 |
 # | D: GRPO without its KL term forgot counting (seed 1) | 71 / 100 | 91 / 100 (with it) |
 # | E: full SFT of 250 steps reverses better than 100 steps | 12 / 100 | 0 / 100 |
 #
 # **Interpret (Exercise 13.5).** For each claim, say whether the two 95% Wilson intervals are apart
-# (no overlap; for A, whether the interval of 18/100 leaves out 12.5%). Return a dict {"A": bool, ...}.
+# (no overlap; for A, whether the interval of 17/100 leaves out 12.5%). Return a dict {"A": bool, ...}.
 
 # %%
 # Your turn - Exercise 13.5 (★★☆, predict): which comparisons the questions can support.

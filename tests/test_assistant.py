@@ -279,6 +279,18 @@ def test_the_chat_command_answers_a_held_out_question_and_survives_a_bad_one(tas
     assert out[2] == f"assistant: {word.answer}"
 
 
+def test_the_chat_command_answers_the_second_and_third_messages_of_a_conversation(tasks):
+    """Issue 51: the shipped model, trained on conversations of 1-3 exchanges, answers held-out questions
+    asked second and third in one `chat` session as it answers them first (the model shipped before was
+    right on the first message and wrong on the second)."""
+    upper, count = tasks.held["upper"][3], tasks.held["count"][7]
+    lines = "".join(f"{e.prompt}\n" for e in (count, upper, count))
+    done = subprocess.run([sys.executable, "-m", "transformer_course", "chat"], input=lines, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [f"assistant: {e.answer}" for e in (count, upper, count)], done.stdout
+
+
 def test_reset_starts_a_new_conversation_and_ctrl_c_ends_chat_with_one_line():
     """/reset forgets the history; Ctrl-C, sent while chat waits for a line (its start line on stderr is
     read first, so the signal never races the code), ends it with one line and status 130."""

@@ -197,7 +197,7 @@ def test_grpo_steps_move_the_policy_and_never_the_reference(shipped):
     policy, reference = copy.deepcopy(shipped.model), shipped.model
     frozen = {k: v.clone() for k, v in reference.state_dict().items()}
     seen = []
-    history = grpo(policy, reference, shipped.tokenizer, steps=2, tasks_per_step=4, group=4,
+    history = grpo(policy, reference, shipped.tokenizer, steps=2, tasks_per_step=8, group=4,
                    on_step=lambda step, h: seen.append((step, len(h["reward"]))))
     assert seen == [(1, 1), (2, 2)] and set(history) == {"reward", "kl", "clipped", "entropy"}
     assert all(0 <= r <= 1 for r in history["reward"]) and history["kl"][-1] > 0

@@ -81,8 +81,9 @@ class ChatTokenizer:
 __all__ = [
     'SPECIALS', 'ROLES', 'ChatTokenizer', 'NEW_ROW_NOISE', 'grow_rows', 'add_chat_tokens',
     'render_chat', 'IGNORE', 'sft_targets', 'KINDS', 'Example', 'TaskSet', 'word_task',
-    'make_tasks', 'sft_batch', 'finetune', 'reply_ids', 'answers', 'exact_match', 'bits_per_char',
-    'fit_history', 'reply_stream', 'CHAT_FORMAT', 'save_chat_model',
+    'make_tasks', 'conversation', 'sft_batch', 'finetune', 'reply_ids', 'answers', 'exact_match',
+    'turn_conversations', 'exact_match_by_turn', 'bits_per_char', 'fit_history', 'reply_stream',
+    'CHAT_FORMAT', 'save_chat_model',
 ]
 
 
@@ -210,17 +211,33 @@ def make_tasks(text: str, n_held: int = 100, seed: int = 0, speakers: int = 8) -
     return TaskSet(train=train, held=held)
 
 
+def conversation(examples: list[Example]) -> list[dict]:
+    """Examples -> the messages of one conversation: each example's question and its right answer, in turn."""
+    return [m for e in examples for m in e.messages()]
+
+
 def sft_batch(tasks: TaskSet, tok: ChatTokenizer, batch_size: int, block_size: int, generator: random.Random,
-              masked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+              masked: bool = True, turns: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
     """(x [B, T], y [B, T]) with T = block_size: B conversations, each kind equally likely, padded with
-    <|end|> (target -1). `masked=False` trains every next token, the prompt's too (to show why not)."""
+    <|end|> (target -1). `turns` > 1: a conversation has 1 to `turns` exchanges (equally likely); each
+    earlier exchange is the first of up to 10 draws that still fits the context, and every answer is
+    trained. `masked=False` trains every next token, the prompt's too (to show why not)."""
+    turns = whole_number(turns, "turns")
     x = torch.full((batch_size, block_size), tok.end_id, dtype=torch.long)
     y = torch.full((batch_size, block_size), IGNORE, dtype=torch.long)
+
+    def draw() -> Example:
+        return generator.choice(tasks.train[generator.choice(sorted(tasks.train))])
+
     for row in range(batch_size):
-        example = generator.choice(tasks.train[generator.choice(sorted(tasks.train))])
-        ids, is_answer = render_chat(example.messages(), tok)
+        examples = [draw()]
+        for _ in range(generator.randint(1, turns) - 1 if turns > 1 else 0):
+            earlier = next((e for e in (draw() for _ in range(10))
+                            if len(render_chat(conversation([e, *examples]), tok)[0]) <= block_size), None)
+            examples = [earlier, *examples] if earlier else examples
+        ids, is_answer = render_chat(conversation(examples), tok)
         if len(ids) > block_size:
-            raise ValueError(f"{example} takes {len(ids)} tokens, more than block_size={block_size}")
+            raise ValueError(f"{examples[-1]} takes {len(ids)} tokens, more than block_size={block_size}")
         targets = sft_targets(ids, is_answer if masked else [True] * len(ids))
         x[row, : len(ids)] = torch.tensor(ids)
         y[row, : len(ids)] = torch.tensor(targets)
@@ -228,10 +245,10 @@ def sft_batch(tasks: TaskSet, tok: ChatTokenizer, batch_size: int, block_size: i
 
 
 def finetune(model: GPT, tasks: TaskSet, tok: ChatTokenizer, steps: int, lr: float = 1e-3, batch_size: int = 32,
-             seed: int = 0, masked: bool = True, progress: bool = False) -> list[float]:
-    """SFT: `steps` AdamW steps (warm-up, then a cosine to lr/10) on `sft_batch`es, over the parameters
-    with requires_grad; returns the loss of every step. Batches come from `seed` (the global random
-    state is untouched)."""
+             seed: int = 0, masked: bool = True, progress: bool = False, turns: int = 1) -> list[float]:
+    """SFT: `steps` AdamW steps (warm-up, then a cosine to lr/10) on `sft_batch`es of conversations of
+    1 to `turns` exchanges, over the parameters with requires_grad; returns the loss of every step.
+    Batches come from `seed` (the global random state is untouched)."""
     from tqdm.auto import tqdm
 
     steps = whole_number(steps, "steps")
@@ -245,7 +262,7 @@ def finetune(model: GPT, tasks: TaskSet, tok: ChatTokenizer, steps: int, lr: flo
     for step in tqdm(range(steps), disable=not progress, desc="fine-tuning"):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, schedule)
-        x, y = sft_batch(tasks, tok, batch_size, model.cfg.block_size, generator, masked)
+        x, y = sft_batch(tasks, tok, batch_size, model.cfg.block_size, generator, masked, turns)
         losses.append(train_step(model, optimizer, x, y))
         if not math.isfinite(losses[-1]):
             raise FloatingPointError(f"the loss is {losses[-1]} at step {step}: lower the learning rate")
@@ -253,17 +270,20 @@ def finetune(model: GPT, tasks: TaskSet, tok: ChatTokenizer, steps: int, lr: flo
 
 
 @torch.no_grad()
-def reply_ids(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens: int = 16,
+def reply_ids(model: GPT, tok: ChatTokenizer, prompts: list, max_new_tokens: int = 16,
               temperature: float = 0.0, generator: torch.Generator | None = None) -> list[list[int]]:
-    """The ids the model writes after each single-turn prompt, up to and with its <|end|> (a reply cut
-    at `max_new_tokens` has none). Greedy by default; `temperature` > 0 samples with `generator`.
-    Prompts of one length share a batch."""
+    """The ids the model writes after each prompt, up to and with its <|end|> (a reply cut at
+    `max_new_tokens` has none). A prompt is a user's message (str) or a conversation so far (a list of
+    messages ending with the user's). Greedy by default; `temperature` > 0 samples with `generator`.
+    Prompts of one rendered length share a batch."""
+    rendered = [render_chat([{"role": "user", "content": p}] if isinstance(p, str) else p, tok, True)[0]
+                for p in prompts]
     out: dict[int, list[int]] = {}
     by_length = collections.defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(render_chat([{"role": "user", "content": p}], tok, True)[0])].append(i)
+    for i, ids in enumerate(rendered):
+        by_length[len(ids)].append(i)
     for rows in by_length.values():
-        ids = torch.tensor([render_chat([{"role": "user", "content": prompts[i]}], tok, True)[0] for i in rows])
+        ids = torch.tensor([rendered[i] for i in rows])
         new = generate(model, ids, max_new_tokens, temperature=temperature, eos_id=tok.end_id,
                        generator=generator)[:, ids.shape[1]:]
         for i, row in zip(rows, new.tolist(), strict=True):
@@ -271,7 +291,7 @@ def reply_ids(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens
     return [out[i] for i in range(len(prompts))]
 
 
-def answers(model: GPT, tok: ChatTokenizer, prompts: list[str], max_new_tokens: int = 16,
+def answers(model: GPT, tok: ChatTokenizer, prompts: list, max_new_tokens: int = 16,
             temperature: float = 0.0, generator: torch.Generator | None = None) -> list[str]:
     """The text of `reply_ids` without its <|end|>: greedy answers by default. An answer that writes a
     turn marker keeps it, so it matches no right answer."""
@@ -285,6 +305,43 @@ def exact_match(model: GPT, tok: ChatTokenizer, held: dict[str, list[Example]]) 
     for kind, examples in held.items():
         got = answers(model, tok, [e.prompt for e in examples])
         scores[kind] = sum(g == e.answer for g, e in zip(got, examples, strict=True)) / len(examples)
+    return scores
+
+
+def turn_conversations(held: dict[str, list[Example]], tok: ChatTokenizer, turn: int, block_size: int,
+                       seed: int = 0, kinds=None) -> dict[str, list[tuple[list[dict], Example]]]:
+    """For each of `kinds` (default: all of `held`), [(conversation so far, example)]: each held-out example
+    asked as the `turn`-th question, after `turn` - 1 exchanges drawn from all of `held`'s word tasks with
+    their right answers, the draw seeded by the example (the same whichever kinds are scored). An example
+    for which no such conversation (its answer included) fits `block_size` in 50 draws is left out (with a
+    context of 64, a speaker's line fits only as a first question, or a second after a short one)."""
+    turn = whole_number(turn, "turn")
+    earlier = [e for k in KINDS[:3] for e in held.get(k, [])]
+    out: dict[str, list[tuple[list[dict], Example]]] = {}
+    for kind in kinds or held:
+        out[kind] = []
+        for e in held[kind]:
+            rng = random.Random(f"{seed}-{turn}-{e.prompt}")
+            for _ in range(50):
+                before = conversation(rng.sample([o for o in earlier if o != e], turn - 1))
+                if len(render_chat(before + e.messages(), tok)[0]) <= block_size:
+                    out[kind].append((before + e.messages(with_answer=False), e))
+                    break
+    return out
+
+
+def exact_match_by_turn(model: GPT, tok: ChatTokenizer, held: dict[str, list[Example]], turns: int = 3,
+                        seed: int = 0, kinds=None) -> dict[int, dict[str, float | None]]:
+    """{turn: {kind: share right}}: `exact_match` with each held-out example of `kinds` (default: all)
+    asked as the 1st, 2nd, ... question of a conversation (`turn_conversations`); None where no
+    conversation of that length fits."""
+    scores: dict[int, dict[str, float | None]] = {}
+    for turn in range(1, whole_number(turns, "turns") + 1):
+        scores[turn] = {}
+        for kind, pairs in turn_conversations(held, tok, turn, model.cfg.block_size, seed, kinds).items():
+            got = answers(model, tok, [talk for talk, _ in pairs])
+            scores[turn][kind] = sum(g == e.answer for g, (_, e) in zip(got, pairs, strict=True)) / len(pairs) \
+                if pairs else None
     return scores
 
 

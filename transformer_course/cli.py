@@ -333,7 +333,9 @@ def _add_faster(p) -> None:
                    help="int8 weights through PyTorch's FBGEMM kernel (chapter 14; CPU only; default: float32)")
     p.add_argument("--draft", default=None, metavar="PATH|prompt-lookup",
                    help="speculative decoding (chapter 14; CPU only): prompt-lookup, or a smaller model's file with "
-                        "the same tokenizer; the text keeps the model's own distribution (default: none)")
+                        "the same tokenizer; the text keeps the model's own distribution (with --quantize int8, "
+                        "whose logits shift slightly with the number of positions in a pass, a near tie can go "
+                        "the other way) (default: none)")
 
 
 def _add_generate(sub) -> None:

@@ -12,10 +12,11 @@ instruction set; loading a file does not).
   float32 on the CPU, model and batch seed ``SEED``. Chapter 07 onwards: `load_course_model`.
 - ``shakespeare_chat``: chapter 11's assistant: ``shakespeare_char`` with the three turn tokens
   (`assistant.add_chat_tokens`), fully fine-tuned by `assistant.finetune` (masked SFT) for
-  ``CHAT_STEPS`` steps on `assistant.make_tasks`. Chapter 11 and ``transformer-course chat``:
-  `load_chat_model`.
+  ``CHAT_STEPS`` steps on conversations of 1 to ``CHAT_TURNS`` exchanges of `assistant.make_tasks`.
+  Chapter 11 and ``transformer-course chat``: `load_chat_model`.
 - ``shakespeare_chat_lora``: chapter 11's rank-8 LoRA adapter of ``shakespeare_char`` (`lora.add_lora`),
-  trained the same way for ``LORA_STEPS`` steps. `load_lora_adapter`.
+  trained for ``LORA_STEPS`` steps on single questions (chapter 11 compares it with full SFT on those).
+  `load_lora_adapter`.
 - ``dates_iso``: chapter 09's encoder-decoder (`dates.new_dates_model`), trained by `dates.train_dates`
   for 1,200 steps on 60,000 dates. Chapter 09: `load_dates_model`.
 
@@ -49,7 +50,7 @@ SAMPLE_TOKENS = 120
 DATES_STEPS = 1200
 DATES_FORMAT = 1
 REBUILD = ".venv/bin/python tools/build_course_model.py"
-CHAT_STEPS, CHAT_LR = 1000, 1e-3  # chapter 11's full fine-tune
+CHAT_STEPS, CHAT_LR, CHAT_TURNS = 1000, 1e-3, 3  # chapter 11's full fine-tune, on conversations of 1-3 exchanges
 LORA_STEPS, LORA_LR, LORA_RANK = 2500, 5e-3, 8  # chapter 11's adapter
 DPO_STEPS, DPO_BETA, DPO_LR, DPO_SFT_WEIGHT = 300, 0.1, 2e-5, 1.0  # chapter 12's DPO model
 DPO_WORDS = 3000  # the strange words its preference pairs are drawn from
@@ -325,56 +326,77 @@ def build_dates_model(out_dir: Path = ASSETS, *, steps: int = DATES_STEPS, progr
     return path
 
 
-def build_chat_models(out_dir: Path = ASSETS, *, chat_steps: int = CHAT_STEPS, lora_steps: int = LORA_STEPS,
-                      progress: bool = True) -> Path:
-    """Fine-tune chapter 11's two models from ``shakespeare_char``: the full SFT model
-    (``shakespeare_chat.pt``) and the rank-8 LoRA adapter (``shakespeare_chat_lora.pt``), each with a
-    manifest holding its held-out exact match per kind and Shakespeare bits per character."""
+def build_chat_models(out_dir: Path = ASSETS, *, chat_steps: int = CHAT_STEPS, progress: bool = True) -> Path:
+    """Fine-tune chapter 11's chat model from ``shakespeare_char`` (``shakespeare_chat.pt``) on conversations
+    of 1 to CHAT_TURNS exchanges, with a manifest holding its held-out exact match per kind, the same by
+    turn (`assistant.exact_match_by_turn`) and Shakespeare bits per character."""
     import time
 
-    from .assistant import (
-        ChatTokenizer,
-        add_chat_tokens,
-        bits_per_char,
-        exact_match,
-        finetune,
-        make_tasks,
-        save_chat_model,
-    )
-    from .data import load_shakespeare, train_val_split
+    from .assistant import add_chat_tokens, exact_match, finetune, save_chat_model
+
+    out_dir = Path(out_dir)
+    base, tok, tasks, val, bits = _chat_setup()
+    began = time.perf_counter()
+    model = add_chat_tokens(base.model)
+    losses = finetune(model, tasks, tok, chat_steps, lr=CHAT_LR, seed=1, progress=progress, turns=CHAT_TURNS)
+    wall = time.perf_counter() - began
+    path = save_chat_model(out_dir / "shakespeare_chat.pt", model.eval(), tok, losses)
+    recipe = {"function": "transformer_course.assistant.finetune", "steps": chat_steps, "lr": CHAT_LR,
+              "batch_size": 32, "seed": 1, "turns": CHAT_TURNS, "tasks": "assistant.make_tasks(load_shakespeare())"}
+    _write_manifest(out_dir, "shakespeare_chat", path, wall, parameters=model.num_parameters(), recipe=recipe,
+                    held_out_exact_match=exact_match(model, tok, tasks.held),
+                    held_out_exact_match_by_turn=_by_turn(model, tok, tasks.held), bits_per_char=bits(model))
+    return path
+
+
+def build_lora_adapter(out_dir: Path = ASSETS, *, lora_steps: int = LORA_STEPS, progress: bool = True) -> Path:
+    """Train chapter 11's rank-8 LoRA adapter of ``shakespeare_char`` (``shakespeare_chat_lora.pt``) on single
+    questions, with a manifest holding its held-out exact match per kind and Shakespeare bits per character."""
+    import time
+
+    from .assistant import add_chat_tokens, exact_match, finetune
     from .lora import adapter_state, add_lora, trainable_parameters
     from .runtime import atomic_save
 
     out_dir = Path(out_dir)
-    base = load_course_model()
-    text = load_shakespeare()
-    tok, tasks = ChatTokenizer(base.tokenizer), make_tasks(text)
-    val = train_val_split(torch.tensor(base.tokenizer.encode(text[-200_000:])))[1]
-    chars = base.tokenizer.vocab_size
-    OVER = f"the {chars} characters (assistant.bits_per_char(..., chars={chars}))"  # noqa: N806
-    base_bits = round(bits_per_char(base.model, val, chars=chars), 4)
-    began = time.perf_counter()
-    model = add_chat_tokens(base.model)
-    losses = finetune(model, tasks, tok, chat_steps, lr=CHAT_LR, seed=1, progress=progress)
-    wall = time.perf_counter() - began
-    path = save_chat_model(out_dir / "shakespeare_chat.pt", model.eval(), tok, losses)
-    recipe = {"function": "transformer_course.assistant.finetune", "steps": chat_steps, "lr": CHAT_LR,
-              "batch_size": 32, "seed": 1, "tasks": "assistant.make_tasks(load_shakespeare())"}
-    _write_manifest(out_dir, "shakespeare_chat", path, wall, parameters=model.num_parameters(), recipe=recipe,
-                    held_out_exact_match=exact_match(model, tok, tasks.held),
-                    bits_per_char={"base": base_bits, "fine_tuned": round(bits_per_char(model, val, chars=chars), 4),
-                                   "over": OVER})
+    base, tok, tasks, val, bits = _chat_setup()
     began = time.perf_counter()
     adapted = add_lora(add_chat_tokens(base.model), rank=LORA_RANK, train_rows_from=base.tokenizer.vocab_size)
     finetune(adapted, tasks, tok, lora_steps, lr=LORA_LR, seed=1, progress=progress)
     wall = time.perf_counter() - began
     lora_path = atomic_save(adapter_state(adapted), out_dir / "shakespeare_chat_lora.pt")
+    recipe = {"function": "transformer_course.assistant.finetune", "steps": lora_steps, "lr": LORA_LR,
+              "batch_size": 32, "seed": 1, "tasks": "assistant.make_tasks(load_shakespeare())", "rank": LORA_RANK}
     _write_manifest(out_dir, "shakespeare_chat_lora", lora_path, wall, parameters=trainable_parameters(adapted),
-                    rank=LORA_RANK, recipe={**recipe, "steps": lora_steps, "lr": LORA_LR, "rank": LORA_RANK},
-                    held_out_exact_match=exact_match(adapted.eval(), tok, tasks.held),
-                    bits_per_char={"base": base_bits, "fine_tuned": round(bits_per_char(adapted, val, chars=chars), 4),
-                                   "over": OVER})
-    return path
+                    rank=LORA_RANK, recipe=recipe, held_out_exact_match=exact_match(adapted.eval(), tok, tasks.held),
+                    bits_per_char=bits(adapted))
+    return lora_path
+
+
+def _chat_setup():
+    """(base model, ChatTokenizer, TaskSet, held-out Shakespeare ids, bits(model) -> the manifest's entry)."""
+    from .assistant import ChatTokenizer, bits_per_char, make_tasks
+    from .data import load_shakespeare, train_val_split
+
+    base = load_course_model()
+    text = load_shakespeare()
+    tok, tasks = ChatTokenizer(base.tokenizer), make_tasks(text)
+    val = train_val_split(torch.tensor(base.tokenizer.encode(text[-200_000:])))[1]
+    chars = base.tokenizer.vocab_size
+    base_bits = round(bits_per_char(base.model, val, chars=chars), 4)
+
+    def bits(model) -> dict:
+        return {"base": base_bits, "fine_tuned": round(bits_per_char(model, val, chars=chars), 4),
+                "over": f"the {chars} characters (assistant.bits_per_char(..., chars={chars}))"}
+
+    return base, tok, tasks, val, bits
+
+
+def _by_turn(model, tok, held) -> dict:
+    """`assistant.exact_match_by_turn` with string keys, as JSON stores them."""
+    from .assistant import exact_match_by_turn
+
+    return {str(turn): scores for turn, scores in exact_match_by_turn(model, tok, held).items()}
 
 
 def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEPS, grpo_steps: int = GRPO_STEPS,
@@ -402,7 +424,7 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
 
     before, em_before = scores(sft), exact_match(sft, tok, tasks.held)
     common = {"held_out": f"preferences.strange_words(400, seed={HELD_OUT_SEED})", "before": before,
-              "exact_match_before": em_before}
+              "exact_match_before": em_before, "exact_match_by_turn_before": _by_turn(sft, tok, tasks.held)}
     torch.manual_seed(0)
     began = time.perf_counter()
     pairs = preference_pairs(sft, tok, strange_words(DPO_WORDS, seed=1, avoid=avoid), seed=1)
@@ -416,6 +438,7 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
                             "pairs_from": f"preferences.strange_words({DPO_WORDS}, seed=1)"},
                     steps=dpo_steps, beta=DPO_BETA, lr=DPO_LR, sft_weight=DPO_SFT_WEIGHT, pairs=len(pairs), **common,
                     after=scores(policy), exact_match_after=exact_match(policy, tok, tasks.held),
+                    exact_match_by_turn_after=_by_turn(policy, tok, tasks.held),
                     history={k: [round(v, 4) for v in vals] for k, vals in history.items()})
     policy, history, curve, wall = _grpo_with_curve(sft, tok, grpo_steps, scores, before, avoid, progress)
     rl_path = save_chat_model(out_dir / "shakespeare_grpo.pt", policy.eval(), tok, [])
@@ -423,7 +446,8 @@ def build_preference_models(out_dir: Path = ASSETS, *, dpo_steps: int = DPO_STEP
                     recipe={"function": "transformer_course.rewards.grpo", "seed": 1, "tasks_per_step": 16,
                             "group": 8, "inner_steps": 2, "clip": 0.2, "check": "preferences.is_right"},
                     steps=grpo_steps, lr=GRPO_LR, kl_coef=GRPO_KL, **common, after=curve[-1] | {},
-                    exact_match_after=exact_match(policy, tok, tasks.held), curve=curve,
+                    exact_match_after=exact_match(policy, tok, tasks.held),
+                    exact_match_by_turn_after=_by_turn(policy, tok, tasks.held), curve=curve,
                     reward=[round(v, 4) for v in history["reward"]], kl=[round(v, 5) for v in history["kl"]])
     return path
 

@@ -107,6 +107,18 @@ def check(page, base: str, sent: list, requested: list) -> None:
     assert page.locator(".msg").count() == 6
     print(f"PASS kept: the third request carried {len(roles)} messages, answered {whole!r}", flush=True)
 
+    # 4. "New conversation" starts over, and the second message of a fresh conversation is answered (issue 51)
+    page.click("#clear")
+    page.wait_for_selector("body[data-state=idle]", timeout=TIMEOUT_MS)
+    assert page.locator(".msg").count() == 0 and page.evaluate("() => window.chatMessages.length") == 0
+    for question in ("count: rose", "upper: rose"):
+        ask(page, question, sent)
+        page.wait_for_selector("body[data-state=idle]", timeout=TIMEOUT_MS)
+    roles = [m["role"] for m in sent[-1]["messages"]]
+    assert roles == ["user", "assistant", "user"], roles
+    assert page.evaluate(JS_LAST) == "ROSE", page.evaluate(JS_LAST)
+    print("PASS new conversation: started over; the second message 'upper: rose' was answered 'ROSE'", flush=True)
+
     outside = [u for u in requested if not u.startswith(base + "/")]
     assert not outside, f"the page asked for something elsewhere: {outside}"
 

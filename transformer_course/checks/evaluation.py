@@ -264,7 +264,7 @@ def check_reliability_bins(fn):
 _CLAIMS = {
     "A": (
         False,
-        "A: 18/100 gives 11.7% to 26.7%, which holds 12.5%: the speaker task is not "
+        "A: 17/100 gives 10.9% to 25.5%, which holds 12.5%: the speaker task is not "
         "shown to beat chance",
     ),
     "B": (False, "B: 310/400 (73%-81%) and 297/400 (70%-78%) overlap over most of their width"),
