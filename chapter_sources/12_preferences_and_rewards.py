@@ -575,10 +575,7 @@ print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 # paying off beyond [1 − ε, 1 + ε]: min(ρA, clip(ρ, 1 − ε, 1 + ε)A). A **KL term** keeps the policy near
 # the reference (the SFT model), estimated per token by k3 = e^d − d − 1 with d = log π_ref − log π,
 # which is never negative. Its *value* is an unbiased estimate of KL(π‖π_ref) when the tokens are sampled
-# from π itself (Schulman's 2020 note on KL approximators):
-#
-# $$\mathcal{L} = -\frac{1}{N}\sum_i \frac{1}{|y_i|}\sum_{t \in y_i}\Big[\min\big(\rho_t A_i,\;
-#   \text{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_i\big) - \beta_\text{KL}\, k3_t\Big]$$
+# from π itself (Schulman's 2020 note on KL approximators).
 #
 # A caveat on k3 as a loss: it is differentiated with the sampled tokens held fixed, and then its
 # expected gradient, token by token, is not the gradient of KL(π‖π_ref) but that of the other direction,
@@ -592,7 +589,10 @@ print(group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]
 #
 # **Your turn.** Write `clipped_objective(logp, logp_old, logp_ref, advantages, mask, clip, kl_coef)`:
 # three [N, T] log-probability tensors (the policy's with a gradient, the sampler's and the reference's,
-# without), the advantages [N], the reply mask [N, T] (True on reply tokens), to the scalar loss above.
+# without), the advantages [N], the reply mask [N, T] (True on reply tokens), to the scalar loss that
+# gradient *descent* minimises. Assemble it from the pieces above; nothing here writes it out whole.
+# Decide what is rewarded and what is charged (so the signs), where the KL coefficient goes, and how
+# the tokens are averaged (the last paragraph), and keep every position outside a reply out of it.
 
 # %%
 #| export rewards

@@ -486,17 +486,18 @@ print(f"expected calibration error: base model {ece_base:.2f}, SFT model on stra
 # probabilities that match frequencies, and 32,000 predictions make every point precise. The SFT
 # model's probabilities for whole replies are informative too: replies it gives under 0.1 are almost
 # all wrong, those above 0.9 almost all right. In between it is right *more* often than it says
-# (underconfident), but read the error bars: the middle bins hold 22 to 30 replies each, and their
-# intervals are up to 35 points wide, so only the overall shape is safe to read. Calibration is not a given after fine-tuning
-# (GPT-4's technical report found its pretrained model well calibrated on a multiple-choice benchmark
-# and the post-trained one less so); it has to be measured. A calibrated probability is worth
+# (underconfident), but read the error bars: the middle bins hold 20 to 50 replies each, and their
+# intervals are up to 37 points wide, so only the overall shape is safe to read. Calibration is not a
+# given after fine-tuning (GPT-4's technical report found its pretrained model well calibrated on a
+# multiple-choice benchmark and the post-trained one less so); it has to be measured. A calibrated probability is worth
 # having: an assistant could say "I am not sure" below a threshold, and chapter 12's GRPO could have
 # spent its samples on the words the model is unsure of.
 #
 # ## 7. Chapters 11 and 12, judged again
 #
 # Chapters 11 and 12 drew conclusions from single numbers. Here are five of them, with their counts
-# (B, C and E from the two chapters' benchmark tables, D from chapter 12's seed-1 runs):
+# (A from the shipped SFT model; B to E from the two chapters' benchmark tables, D from chapter 12's
+# seed-1 runs, all four measured from the SFT model shipped up to version 0.3.0):
 #
 # | claim | first | second |
 # |---|---:|---:|

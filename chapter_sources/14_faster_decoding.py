@@ -893,7 +893,7 @@ for kind in ("upper", "reverse", "count"):
         print(f"{kind:8} {name:27} acceptance {kept / max(drafted, 1):.1f}, same replies as generate: {same}/15")
 
 # %% [markdown]
-# The early-exit draft guesses right about a third of the time on these short replies, too rarely to pay
+# The early-exit draft guesses right one time in ten to one in five on these short replies, too rarely to pay
 # for itself (section 10). Prompt lookup proposes nothing useful: "upper: word" answers in capitals and
 # "reverse: word" backwards, so the characters of the question, which is all this character-level model's
 # tokens are, do not continue into the answer; and "count" answers a number. The chat tasks do not copy
@@ -965,7 +965,7 @@ check_predict_break_even(my_break_even)
 # %% [markdown]
 # <details><summary>The answer (open after you have answered)</summary>
 #
-# About 0.77: a draft must be right more than three times in four. The early-exit draft's third is far
+# About 0.77: a draft must be right more than three times in four. The early-exit draft's 0.1-0.2 is far
 # below that, and on this CPU it would slow decoding down; the benchmark's int8 draft, right nearly always,
 # clears it.
 #
