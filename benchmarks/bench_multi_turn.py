@@ -66,7 +66,8 @@ def main() -> None:
     sizes = {t: {k: len(v) for k, v in turn_conversations(tasks.held, tok, t, 64).items()} for t in (1, 2, 3)}
     trained: dict[str, list[dict]] = {"1": [], str(CHAT_TURNS): []}
     stored = json.loads(RESULTS.with_suffix(".json").read_text()) if args.keep else {}
-    if stored and stored["meta"]["steps"] == args.steps and stored["meta"]["seeds"] == args.seeds:
+    kept = bool(stored) and stored["meta"]["steps"] == args.steps and stored["meta"]["seeds"] == args.seeds
+    if kept:
         trained = stored["trained"]
     for turns in (1, CHAT_TURNS) if not any(trained.values()) else ():
         for seed in args.seeds:
@@ -82,7 +83,9 @@ def main() -> None:
     seeds = " ".join(map(str, args.seeds))
     lines = ["# The second message: exact match by turn (chapter 11)", "",
              f"{machine.markdown_line(info)} Load average at start / end: {load0:.1f} / {os.getloadavg()[0]:.1f}. "
-             f"This invocation: {time.perf_counter() - began:.0f} s.", "",
+             f"This invocation: {time.perf_counter() - began:.0f} s"
+             + (", the trained runs kept from the stored results of an earlier one (`--keep`; same machine, "
+                f"which took {stored['meta'].get('seconds', 0):.0f} s)." if kept else "."), "",
              f"Command: `python benchmarks/bench_multi_turn.py --steps {args.steps} --seeds {seeds}`", "",
              f"Full SFT from chapter 06's shipped base model, {args.steps:,} steps of 32 conversations, peak learning "
              f"rate {CHAT_LR:g}, seeds {seeds}: on single questions (the recipe the course shipped until 0.3.0) "
@@ -99,10 +102,13 @@ def main() -> None:
               "| model | turn | upper | reverse | count | speaker |", "|---|---:|---:|---:|---:|---:|"]
     for label, scores in shipped.items():
         lines += _rows(label, [scores])
-    lines.append("")
+    lines += ["", f"Read the speaker column across turns with care: at turn 2 only the {sizes[2]['speaker']} shortest "
+              "lines fit after an exchange, another set than turn 1's 100, so its share is not comparable with "
+              "turn 1's.", ""]
     RESULTS.write_text("\n".join(lines))
     RESULTS.with_suffix(".json").write_text(json.dumps(
-        {"meta": {"machine_info": info, "steps": args.steps, "seeds": args.seeds, "fits": sizes},
+        {"meta": {"machine_info": info, "steps": args.steps, "seeds": args.seeds, "fits": sizes,
+                  "seconds": stored["meta"].get("seconds", 0) if kept else round(time.perf_counter() - began)},
          "trained": trained, "shipped": shipped}, indent=1))
     print("\n".join(lines))
 

@@ -706,9 +706,10 @@ def my_prediction() -> int:
 lora_prediction = check_predict_lora_parameters(my_prediction)  # the layer after the next exercise counts it
 
 # %% [markdown]
-# **Your turn.** Write `LoRALinear.forward`: x [..., in] to [..., out], the frozen layer's output
-# `self.base(x)` plus the adapter's, `x` times Aᵀ then times Bᵀ, scaled by `self.scale` (= α / r). Go
-# through A first: x Aᵀ is [..., r], small, and never build the [out, in] product B A.
+# **Your turn.** Write `LoRALinear.forward`: x [..., in] to [..., out], the equation above, with the
+# frozen layer as `self.base` and α / r as `self.scale`. The equation does not say in which order to
+# multiply, and the order is the point of a low rank: before you write it, count the multiply-adds per
+# position of each order for in = 128, out = 384, r = 8, and keep the cheaper one.
 
 # %%
 #| export lora
@@ -1246,6 +1247,11 @@ quiz([
              ["The mask is wrong", "Who says a line is knowledge the small model does not hold; SFT teaches format and skills",
               "The learning rate was too low"],
              answer=1, explain="SFT adds little knowledge; upper-casing or reversing is computable from the prompt."),
+    Question("A model fine-tuned on single questions counts right as a first message and wrong as a second. Why?",
+             ["The chat cut the history too short", "It never saw a question that follows an answer, at "
+              "positions past the first exchange: its training data held none", "Counting needs more layers"],
+             answer=1, explain="The skill is in the weights; training on conversations of 1-3 exchanges (every "
+                               "answer trained) brings the second and third messages within a few points."),
 ])
 
 # %% [markdown]
