@@ -220,9 +220,9 @@ class GPTConfig(_DictFields):
         if self.modern and self.norm != "pre":
             raise ValueError("chapter 10's choices (normalization, mlp, positional='rope', n_kv_head, d_ff) "
                              "come with pre-norm blocks, as in every modern decoder: use norm='pre'")
-        if self.positional == "rope":  # the head size must be even: chapter 10's rule, checked where it is written
-            from transformer_course.modern import rope_frequencies
-            rope_frequencies(self.head_size, self.rope_base)
+        if self.positional == "rope" and self.head_size % 2:
+            raise ValueError(f"rotary positions turn pairs of channels, so the head size must be even, got "
+                             f"{self.head_size}: choose d_model and n_head so that d_model // n_head is even")
         if self.positional != "rope" and self.rope_base != 10000.0:
             raise ValueError(f"rope_base={self.rope_base} only matters with positional='rope'")
 
@@ -244,9 +244,11 @@ class GPTConfig(_DictFields):
 
     @property
     def hidden_width(self) -> int:
-        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU chapter 10's `swiglu_hidden(C)`."""
-        from transformer_course.modern import swiglu_hidden  # SwiGLU's width rule lives there, and only there
-        return self.d_ff or (4 * self.d_model if self.mlp == "plain" else swiglu_hidden(self.d_model))
+        """The MLP's hidden width H: `d_ff`, else 4C, or for SwiGLU Llama's 8C/3 rounded up to a
+        multiple of 8 (chapter 10's `swiglu_hidden`; chapter 06 may not import chapter 10)."""
+        if self.d_ff is not None:
+            return self.d_ff
+        return 4 * self.d_model if self.mlp == "plain" else 8 * -(-(8 * self.d_model // 3) // 8)
 
 
 # %% [markdown]
