@@ -291,13 +291,16 @@ def test_the_chat_command_answers_the_second_and_third_messages_of_a_conversatio
     assert done.stdout.splitlines() == [f"assistant: {e.answer}" for e in (count, upper, count)], done.stdout
 
 
-def test_reset_starts_a_new_conversation_and_ctrl_c_ends_chat_with_one_line():
+@pytest.mark.parametrize("started_in_the_background", [False, True])
+def test_reset_starts_a_new_conversation_and_ctrl_c_ends_chat_with_one_line(started_in_the_background):
     """/reset forgets the history; Ctrl-C, sent while chat waits for a line (its start line on stderr is
-    read first, so the signal never races the code), ends it with one line and status 130."""
+    read first, so the signal never races the code), ends it with one line and status 130, also when chat
+    was started with SIGINT ignored, as a shell script's `cmd &` starts it."""
     import signal
 
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if started_in_the_background else None
     process = subprocess.Popen([sys.executable, "-m", "transformer_course", "chat"], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ignore)
     try:
         assert "/reset" in process.stderr.readline()
         process.stdin.write("/reset\n")

@@ -769,12 +769,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _interruptible() -> None:
+    """A command started in the background by a shell script inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt: `kill -INT` (or a test's Ctrl-C) would be lost. Restore Python's handler, so
+    every command stops on SIGINT with its one line and status 130, however it was started."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "handler", None) is None:
         parser.print_help()
         return 0
+    _interruptible()
     try:
         if "threads" in args:
             from .runtime import set_threads
