@@ -8,7 +8,11 @@ checker with a hole) for longer, to show reward hacking. Each arm is measured on
 (greedy accuracy and pass@1), on chapter 11's counting task (a skill RL never practises) and by the entropy
 of its sampled tokens, and reported as the mean and the range over the seeds.
 
-    python benchmarks/bench_rl_ladder.py [--steps 30] [--seeds 1 2 3] [--threads 1]
+A second table pushes harder (three times the learning rate, 20 steps): GRPO against the hasty checker with
+KL coefficients 0, 0.04 and 0.2, and against the strict checker, each step's rollout scored by both
+checkers, so that what the policy is paid for and what is right can be read side by side.
+
+    python benchmarks/bench_rl_ladder.py [--steps 30] [--hack-steps 20] [--seeds 1 2 3] [--threads 1]
 """
 
 from __future__ import annotations
@@ -49,6 +53,39 @@ ARMS = {  # name -> (trainer, its options); every arm samples WORDS x GROUP repl
     "GRPO clipped, KL 0, longer": ("grpo", {"kl_coef": 0.0}),
     "GRPO clipped, hasty checker, longer": ("grpo", {"check": hasty_check}),
 }
+HACK_LR = 3 * GRPO_LR  # the hacking table's learning rate (chapter 12's short run uses the same)
+HACK_ARMS = {  # name -> grpo options, at HACK_LR
+    "hasty checker, KL 0": {"check": hasty_check, "kl_coef": 0.0},
+    f"hasty checker, KL {GRPO_KL:g}": {"check": hasty_check, "kl_coef": GRPO_KL},
+    "hasty checker, KL 0.2": {"check": hasty_check, "kl_coef": 0.2},
+    "strict checker, KL 0": {"check": is_right, "kl_coef": 0.0},
+}
+
+
+class BothCheckers:
+    """A checker for `grpo` that pays by `check` and records, per step, the rollout's share of right
+    (strict checker), accepted (by `check`) and empty replies."""
+
+    def __init__(self, check, replies_per_step: int):
+        self.check, self.n, self.seen, self.curve = check, replies_per_step, [], []
+
+    def __call__(self, task, reply: str) -> bool:
+        accepted = self.check(task, reply)
+        self.seen.append((is_right(task, reply), accepted, reply == ""))
+        if len(self.seen) == self.n:  # a step's rollout is complete
+            self.curve.append([sum(col) / self.n for col in zip(*self.seen, strict=True)])
+            self.seen = []
+        return accepted
+
+
+def hack_run(arm: str, sft, tok, steps: int, seed: int, avoid) -> tuple[torch.nn.Module, dict, list]:
+    options = dict(HACK_ARMS[arm])
+    watch = BothCheckers(options.pop("check"), WORDS * GROUP)
+    torch.manual_seed(seed)
+    policy = copy.deepcopy(sft)
+    history = grpo(policy, sft, tok, steps, tasks_per_step=WORDS, group=GROUP, lr=HACK_LR, seed=seed,
+                   avoid=avoid, check=watch, **options)
+    return policy, history, watch.curve
 
 
 def train(arm: str, sft, tok, steps: int, seed: int, avoid) -> tuple[torch.nn.Module, dict]:
@@ -107,10 +144,36 @@ def table(rows: dict, sft_row: dict) -> list[str]:
     return out
 
 
+def hack_table(hacks: dict, sft_row: dict, steps: int) -> list[str]:
+    """The hacking table: the rollout's right, accepted and empty shares over the last 5 steps (sampled at
+    temperature 1, both checkers on the same replies), then the held-out greedy measures."""
+    out = [f"## Reward hacking, pushed harder: learning rate {HACK_LR:g}, {steps} steps", "",
+           "The same GRPO (clipped, 2 inner steps, 16 words x 8 replies a step) at three times the learning rate. "
+           "Rollout columns: the share of the last 5 steps' sampled replies that are right (strict checker), "
+           "that the arm's checker accepted (what the policy is paid for) and that are empty; then greedy on the "
+           "400 held-out words (strict), the share of greedy replies that are empty, and chapter 11's count. "
+           "Mean over the seeds, lowest and highest seed in brackets.", "",
+           "| arm | rollout right | rollout accepted | rollout empty | greedy (held out) | greedy empty | count "
+           "(ch. 11) |", "|---|---:|---:|---:|---:|---:|---:|",
+           f"| SFT (the start) | | | | {sft_row['greedy']:.1%} | {sft_row['empty']:.1%} | {sft_row['count']:.0%} |"]
+    for arm, runs in hacks.items():
+        last = [[statistics.mean(step[i] for step in r["curve"][-5:]) for r in runs] for i in range(3)]
+        out.append(f"| {arm} | {spread(last[0], '{:.0%}')} | {spread(last[1], '{:.0%}')} | "
+                   f"{spread(last[2], '{:.0%}')} | {spread([r['greedy'] for r in runs], '{:.1%}')} | "
+                   f"{spread([r['empty'] for r in runs], '{:.1%}')} | {spread([r['count'] for r in runs], '{:.0%}')} |")
+    first_empty = {arm: [next((i + 1 for i, step in enumerate(r["curve"]) if step[2] >= 0.5), None) for r in runs]
+                   for arm, runs in hacks.items()}
+    out += ["", "First step at which half the rollout's replies were empty, per seed (— : never): " + "; ".join(
+        f"{arm}: {', '.join('—' if s is None else str(s) for s in steps_)}" for arm, steps_ in first_empty.items())
+        + "."]
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--long-steps", type=int, default=100, help="steps of the arms named 'longer'")
+    parser.add_argument("--hack-steps", type=int, default=20, help="steps of the hacking table's arms")
     parser.add_argument("--keep", action="store_true",
                         help="keep the runs the stored JSON already holds (same arm, steps and seed); run the rest")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
@@ -124,7 +187,10 @@ def main() -> None:
     held = strange_words(400, seed=HELD_OUT_SEED)
     avoid = frozenset(t.prompt.split(": ", 1)[1] for t in held)
     sft_row = measure(sft, tok, held, tasks, {"reward": [0.0]})
-    stored = json.loads(RESULTS_JSON.read_text())["arms"] if args.keep and RESULTS_JSON.exists() else {}
+    old = json.loads(RESULTS_JSON.read_text()) if args.keep and RESULTS_JSON.exists() else {}
+    same_start = old.get("meta", {}).get("start_sha256") == chat.manifest["sha256"]
+    stored = old["arms"] if same_start else {}
+    stored_hacks = old.get("hacking", {}) if same_start else {}
     rows: dict[str, list[dict]] = {}
     reused = 0
     for arm in ARMS:
@@ -146,13 +212,27 @@ def main() -> None:
                    **measure(policy, tok, held, tasks, history)}
             rows.setdefault(arm, []).append(row)
             print(arm, row, flush=True)
+    hacks: dict[str, list[dict]] = {}
+    for arm in HACK_ARMS:
+        for seed in args.seeds:
+            kept = [r for r in stored_hacks.get(arm, []) if r["seed"] == seed and r["steps"] == args.hack_steps]
+            if kept:
+                hacks.setdefault(arm, []).append(kept[0])
+                reused += 1
+                continue
+            start = time.perf_counter()
+            policy, history, curve = hack_run(arm, sft, tok, args.hack_steps, seed, avoid)
+            row = {"seed": seed, "steps": args.hack_steps, "seconds": time.perf_counter() - start,
+                   "curve": curve, **measure(policy, tok, held, tasks, history)}
+            hacks.setdefault(arm, []).append(row)
+            print(arm, {k: v for k, v in row.items() if k != "curve"}, flush=True)
     lines = ["# The ladder up to GRPO, over three seeds (chapter 12)", "",
              f"{machine.markdown_line(info)} Load average at start / end: {load0:.1f} / {os.getloadavg()[0]:.1f}. "
              f"This invocation: {time.perf_counter() - began:.0f} s"
              + (f", {reused} runs kept from the stored results of an earlier one (`--keep`; same machine)." if reused
                 else "."), "",
              f"Command: `python benchmarks/bench_rl_ladder.py --steps {args.steps} --long-steps {args.long_steps} "
-             f"--seeds {' '.join(map(str, args.seeds))}`", "",
+             f"--hack-steps {args.hack_steps} --seeds {' '.join(map(str, args.seeds))}`", "",
              f"Every arm starts from the shipped SFT model (`shakespeare_chat.pt`, SHA-256 "
              f"{chat.manifest['sha256'][:12]}"
              f"…, fine-tuned on conversations of up to {chat.manifest['recipe'].get('turns', 1)} exchanges) and "
@@ -171,10 +251,12 @@ def main() -> None:
                   f"{arm}: rollout {spread([r['rollout_share'] for r in runs], '{:.0%}')} of "
                   f"{spread([r['seconds'] / r['steps'] for r in runs], '{:.2f}')} s a step"
                   for arm, runs in rows.items()) + ".", ""]
+    lines += hack_table(hacks, sft_row, args.hack_steps) + [""]
     RESULTS.write_text("\n".join(lines))
     RESULTS_JSON.write_text(json.dumps({"meta": {"machine_info": info, "steps": args.steps,
-                                                 "long_steps": args.long_steps, "seeds": args.seeds},
-                                        "sft": sft_row, "arms": rows}, indent=1))
+                                                 "long_steps": args.long_steps, "hack_steps": args.hack_steps,
+                                                 "seeds": args.seeds, "start_sha256": chat.manifest["sha256"]},
+                                        "sft": sft_row, "arms": rows, "hacking": hacks}, indent=1))
     print("\n".join(lines))
 
 

@@ -20,10 +20,11 @@
 # value (12.2), fix a reply's log-probability that depends on its neighbours (12.3), gather the four
 # numbers DPO compares for a batch of pairs (12.4), train with DPO and see what β does; then write
 # GRPO's group-relative advantages (12.5) and its clipped objective with a KL term (12.6), see the
-# ladder of simpler losses GRPO grew from measured over three seeds, train with a checker, watch a
-# checker with a hole get cheated, estimate pass@k without bias (12.7), predict what a baseline made of
-# the group does to the gradient before measuring it (12.8) and what exact policy gradient does with a
-# hole in the checker (12.9), and say what the ladder's three seeds support (12.10). The trained models
+# ladder of simpler losses GRPO grew from measured over three seeds, train with a checker, predict what
+# GRPO does against a checker with a hole before watching it happen (12.7), estimate pass@k without
+# bias (12.8), predict what a baseline made of
+# the group does to the gradient before measuring it (12.9) and what exact policy gradient does with a
+# hole in the checker (12.10), and say what the ladder's three seeds support (12.11). The trained models
 # answer in `transformer-course chat`.
 #
 # **You need** chapter 11 (the chat format, `render_chat`, `sft_targets`, `answers`, the instruction
@@ -256,6 +257,7 @@ from transformer_course.checks.preferences import (
     check_clipped_objective,
     check_ladder_claims,
     check_predict_group_baseline,
+    check_predict_hasty_run,
     check_predict_hasty_toy,
     check_dpo_loss,
     check_group_advantages,
@@ -422,7 +424,7 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
     sft_weight = real_number(sft_weight, "sft_weight", low=0)
     if not pairs:
         raise ValueError("no preference pairs: every task was always right or always wrong; draw more tasks")
-    reference.eval()  # frozen: only read under torch.no_grad()
+    reference.eval()  # frozen: your pair_logprobs reads it without a graph
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, history = random.Random(seed), {"loss": [], "accuracy": [], "chosen": [], "rejected": []}
     policy.train()
@@ -444,9 +446,10 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
 # **A known failure, and the guard this course uses.** DPO only asks the *margin* to grow, and it can grow
 # while *both* replies become less likely, the chosen one less fast. The probability goes elsewhere, to
 # replies that were in no pair, and greedy decoding can get worse at the very thing preferred ("likelihood
-# displacement", Razin et al. 2024). Pure DPO at β = 0.1 does exactly that on these pairs: in the
-# benchmark below the chosen replies end *less* likely than under the reference, greedy accuracy gains a
-# few points where the guarded run gains almost thirty, and upper-casing real words erodes. The guard used
+# displacement", Razin et al. 2024). Pure DPO at β = 0.1 does exactly that on these pairs. In the
+# benchmark below (one run per setting) its chosen replies end *less* likely than under the reference,
+# greedy accuracy on the strange words falls from 55.5% to 37.0% where the guarded run rises to 85.2%,
+# and upper-casing and reversing real words fall from 100% and 99% to 65% and 59%. The guard used
 # here, as in Llama 3's recipe and Pang et al. (2024), adds chapter 11's SFT loss on the chosen replies to
 # the DPO loss: `dpo(..., sft_weight=1.0)` keeps the chosen replies likely while the margin grows.
 #
@@ -685,8 +688,9 @@ def token_entropy(logits: torch.Tensor) -> torch.Tensor:
 
 # %% [markdown]
 # A **rollout** samples the groups and scores them; `grpo` runs the loop: a rollout of fresh words, the
-# advantages, the sampler's and the reference's log-probabilities (no gradient), then `inner_steps`
-# AdamW steps on the clipped objective.
+# advantages, the frozen reference's log-probabilities, then `inner_steps` AdamW steps on the clipped
+# objective. The first of those steps sees the policy that sampled the rollout, so its log-probabilities,
+# detached, are π_old for every inner step (ρ = 1 on the first).
 
 # %%
 #| export rewards
@@ -749,33 +753,40 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
     real_number(clip, "clip", low=0, low_open=True)
     if choice(loss, "loss", ("clipped", "pg")) == "clipped" and length != "reply":
         raise ValueError(f"length={length!r} needs loss='pg': the clipped objective averages each reply")
+    if policy is reference:
+        raise ValueError("the policy is the reference: train a copy, grpo(copy.deepcopy(reference), reference, ...)")
     logprobs = _package_logprobs if logprobs is None else logprobs
-    reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": [], "entropy": []}
-    for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
-        tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
-        batch = rollout(policy, tok, tasks, group, generator, check)
-        advantages = _advantages(batch.rewards, advantage)  # (N,)
-        mask = batch.y != IGNORE
-        with torch.no_grad():
-            logp_old = logprobs(policy, batch.x, batch.y)
-            logp_ref = logprobs(reference, batch.x, batch.y)
-        for _ in range(whole_number(inner_steps, "inner_steps")):
-            logp = logprobs(policy, batch.x, batch.y)
-            descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask, clip,
-                                                    kl_coef), "GRPO")
-        with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
-            tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    reference.eval().requires_grad_(False)  # frozen for the run: its log-probabilities build no graph
+    try:
+        for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
+            tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
+            batch = rollout(policy, tok, tasks, group, generator, check)
+            advantages = _advantages(batch.rewards, advantage)  # (N,)
+            mask = batch.y != IGNORE
+            logp_ref = logprobs(reference, batch.x, batch.y)  # (N, T)
+            for inner in range(whole_number(inner_steps, "inner_steps")):
+                logp = logprobs(policy, batch.x, batch.y)  # (N, T)
+                if inner == 0:  # the policy that sampled the rollout: ρ = 1 on the first update
+                    logp_old = logp.detach()
+                descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask,
+                                                        clip, kl_coef), "GRPO")
+            # every reply token as one reply, no advantage: the objective's KL term alone
+            tokens = [t.detach()[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
             kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
             ratio = torch.exp(tokens[0] - tokens[1])  # ρ, as the objective's docstring says
-        history["reward"].append(batch.rewards.mean().item())
-        history["kl"].append(kl.item())
-        history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
-        history["entropy"].append(-tokens[1].mean().item())
-        if on_step is not None:
-            on_step(step + 1, history)
+            history["reward"].append(batch.rewards.mean().item())
+            history["kl"].append(kl.item())
+            history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
+            history["entropy"].append(-tokens[1].mean().item())
+            if on_step is not None:
+                on_step(step + 1, history)
+    finally:
+        for p in trainable:  # a model used as a reference can be trained again afterwards
+            p.requires_grad_(True)
     return history
 
 
@@ -895,24 +906,86 @@ print("so does an empty reply:", hasty_check(held[0], ""), "| and the first lett
       hasty_check(held[0], held[0].answer[:1]))
 
 # %% [markdown]
-# Nothing in GRPO knows the difference. A single sampled reply that stops early and scores 1 gets a
-# positive advantage, and every step makes stopping early more likely: **reward hacking**. Real cases
-# are the same shape: unit tests that a reply can special-case, a judge model that likes long answers,
-# a format check that ignores the content. The defence is a checker with no hole (`is_right` compares
-# the whole reply) and watching a number the reward does not see (here, greedy accuracy and chapter
-# 11's exact match).
+# GRPO is told only what the checker says. Run it against this one, from the SFT model, at three times
+# the learning rate used so far and with no KL term, for twenty steps, and score every step's rollout
+# (16 words, 8 replies each) with both checkers: the hasty one pays the policy, the strict one only
+# watches.
 #
-# **The KL term** is the other defence, in principle. It charges the policy for every token on which it
-# moved away from the SFT model: without it, nothing in the objective holds the policy near what SFT
-# taught. The preference and ladder benchmarks (both run from the SFT model shipped up to version
-# 0.3.0, fine-tuned on single questions; their tables say so) trained GRPO with and without it. The
-# first ran 200 steps from the same start, one run each (seed 1), and counting (chapter 11's task, never trained here) ended at 91% with the term
-# and 71% without. One seed per arm cannot say the term did that, so the ladder benchmark below repeats
-# the comparison over three seeds for 100 steps: counting ended at 99% (98-100% over the seeds) in both
-# arms, and greedy accuracy on the strange words did not differ beyond the spread either (79.7% with
-# the term, 76.0-82.8%; 82.2% without, 81.5-82.8%). In these runs the KL term is a guard in principle,
-# not a measured effect; the same three seeds at 200 steps would say whether the first gap was the term
-# or chance.
+# **Your turn (predict).** After the twenty steps, compared with the first steps: (1) does the share of
+# the rollout that the hasty checker accepts "rise", "stay" or "fall"? (2) Does the gap between that
+# share and the share that is right (by the strict checker) "widen", "stay" or "narrow"? (3) Is the
+# trained model's greedy accuracy on the held-out strange words (strict checker) "higher", the "same" or
+# "lower" than the SFT model's? Reason from what each reply is paid, and from what a reply has to get
+# right to be paid.
+
+# %%
+# Your turn - Exercise 12.7 (★★☆, predict): GRPO paid by a checker with a hole.
+def my_prediction() -> tuple[str, str, str]:
+    ### BEGIN SOLUTION
+    return "rise", "widen", "lower"
+    ### END SOLUTION
+
+
+check_predict_hasty_run(my_prediction)
+
+# %%
+HACK_LR, HACK_STEPS = 3 * GRPO_LR, 20
+seen = []  # (right, accepted, empty) for every sampled reply, step after step
+
+
+def paid_by_hasty(task: Example, reply: str) -> bool:
+    """What the policy is paid (hasty_check), with the strict verdict written down beside it."""
+    seen.append((is_right(task, reply), hasty_check(task, reply), reply == ""))
+    return seen[-1][1]
+
+
+torch.manual_seed(0)
+hacker = copy.deepcopy(sft)
+grpo(hacker, sft, tok, steps=HACK_STEPS, lr=HACK_LR, kl_coef=0.0, check=paid_by_hasty, avoid=HELD_WORDS)
+per_step = torch.tensor(seen, dtype=torch.float).view(HACK_STEPS, -1, 3).mean(dim=1)  # (steps, 3): shares
+plt.figure(figsize=(8, 3))
+for column, label in enumerate(["right (strict checker)", "accepted (hasty checker: the reward)", "empty"]):
+    plt.plot(range(1, HACK_STEPS + 1), per_step[:, column], marker="o", label=label)
+plt.xticks(range(0, HACK_STEPS + 1, 5))
+plt.xlabel("GRPO step")
+plt.ylabel("share of the rollout")
+plt.title("GRPO paid by hasty_check, no KL term")
+plt.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
+plt.tight_layout()
+plt.show()
+first, last = per_step[:3].mean(dim=0), per_step[-3:].mean(dim=0)  # the first and the last three steps
+print("accepted rose by at least 0.1:", bool(last[1] >= first[1] + 0.1),
+      "| accepted minus right, last three steps, at least 0.2:", bool(last[1] - last[0] >= 0.2))
+print("held-out greedy accuracy at least 10 points below the SFT model's:",
+      accuracy(hacker, tok, held) <= recorded["greedy"] - 0.1)
+
+# %% [markdown]
+# <details><summary>Why (open after you have answered)</summary>
+#
+# The hasty checker pays a wrong piece of the answer exactly as much as the right answer, and a piece is
+# easier to produce: stop early. A sampled piece that scores 1 in a group where most replies score 0
+# gets a large positive advantage, so each step makes pieces more likely; nothing in the reward holds
+# the right replies up against them. The reward climbs while the share of right replies does not, and
+# greedy decoding, which takes the likeliest reply, now often answers with a piece. The empty reply is
+# the extreme case, inside every answer and the shortest there is: in the ladder benchmark below, over
+# three seeds of this run, one seed's replies were almost all empty by the last steps (the plot above
+# shows what this run did). This is **reward hacking**. The same shape turns up in real training: unit
+# tests a reply can special-case, a judge model that likes long answers, a format check that ignores the
+# content. The defences: a checker with no hole (`is_right` compares the whole reply), and a number the
+# reward does not see, watched as you train (here the strict checker; in general a held-out evaluation).
+#
+# </details>
+#
+# **The KL term** is the other defence: it charges the policy for every token on which it moved away
+# from the SFT model. The ladder benchmark below ran this experiment over three seeds with KL
+# coefficients 0, 0.04 and 0.2, and with the strict checker. Without the term, greedy accuracy on the
+# held-out words fell from 55.5% to 23.0% (0.0-37.0% over the seeds); with 0.04 it stayed at 52.1%
+# (49.2-55.2%), with 0.2 at 55.8% (52.5-60.0%): ranges apart from the run without it. Here the term is
+# a measured defence, not only one in principle. It slows the drift rather than stopping it: against the
+# hasty checker for 100 steps at the learning rate of the runs above (KL 0.04), greedy accuracy ended at
+# 50.7% (24.8-76.8%) where the strict checker's runs reached 87.4% (86.5-88.2%). And it guards only
+# where it is measured: on counting (chapter 11's task, never practised here) the 100-step runs with and
+# without it ended at 95% (84-100%) and 99% (97-100%), within each other's spread.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -921,19 +994,19 @@ ladder = Path("../benchmarks/results/rl_ladder.md")
 print(ladder.read_text() if ladder.exists() else "run `python benchmarks/bench_rl_ladder.py` to climb the ladder")
 
 # %% [markdown]
-# Exercise 12.10 (section 8) asks what this table supports; its reading follows the exercise.
+# Exercise 12.11 (section 8) asks what this table supports; its reading follows the exercise.
 #
 # **Does RL only sharpen?** Reinforcement learning is often said only to **sharpen**: to make replies the
 # model could already write more common, without making new right ones reachable. Its sampled replies
-# did become fewer and more alike (distinct replies among 8: 4.66 for SFT, 2.49 and 2.33 after GRPO;
-# part of that is just more replies being the one right answer). But sharpening is judged by pass@k,
-# the chance that at least one of k samples is right (Exercise 12.7 below computes it without bias), at
-# large k, and by failure rates rather than points: near 100% there are few points left to gain. In the
-# preference benchmark's run with the KL term, pass@1 rose from 36.8% to 74.7% and pass@8 from 65.0% to 96.2%. The failures fell from
-# 63% to 25% at k = 1, 2.5 times fewer, and from 35% to 3.8% at k = 8, about 9 times fewer. So this run
-# does not show mere sharpening: pass@8 rose too, and its failures fell more, in ratio, than pass@1's.
-# Whether the SFT model would catch up at k in the hundreds, where sharpening would show, 8 samples per
-# word cannot say.
+# did become fewer and more alike (distinct replies among 8: 4.63 for SFT, 2.17 and 1.98 after GRPO
+# with and without the KL term; part of that is just more replies being the one right answer). But
+# sharpening is judged by pass@k, the chance that at least one of k samples is right (Exercise 12.8
+# below computes it without bias), at large k, and by failure rates rather than points: near 100% there
+# are few points left to gain. In the preference benchmark's run with the KL term, pass@1 rose from
+# 39.2% to 80.8% and pass@8 from 66.8% to 96.2%. The failures fell from 61% to 19% at k = 1, about 3
+# times fewer, and from 33% to 3.7% at k = 8, about 9 times fewer. So this run does not show mere
+# sharpening: pass@8 rose too, and its failures fell more, in ratio, than pass@1's. Whether the SFT model
+# would catch up at k in the hundreds, where sharpening would show, 8 samples per word cannot say.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -973,7 +1046,7 @@ else:
 # product of many factors is safer than dividing two huge factorials in floating point).
 
 # %%
-# Your turn - Exercise 12.7 (★★☆, extend): the unbiased pass@k.
+# Your turn - Exercise 12.8 (★★☆, extend): the unbiased pass@k.
 def pass_at_k(n: int, c: int, k: int) -> float:
     ### BEGIN SOLUTION
     if n - c < k:
@@ -1018,7 +1091,7 @@ print(f"SFT on held-out strange words, from your pass_at_k: pass@1 within a poin
 # "larger", "smaller" or "same" with the baseline?
 
 # %%
-# Your turn - Exercise 12.8 (★★★, predict): the group-mean baseline's effect on REINFORCE's gradient.
+# Your turn - Exercise 12.9 (★★★, predict): the group-mean baseline's effect on REINFORCE's gradient.
 def my_prediction() -> tuple[float, str]:
     ### BEGIN SOLUTION
     return 7 / 8, "smaller"
@@ -1085,7 +1158,7 @@ print(f"spread around the average: {spread['raw']:.3f} with raw rewards, {spread
 # respect to each logit of a softmax.
 
 # %%
-# Your turn - Exercise 12.9 (★★☆, predict): what exact policy gradient does with a hole in the checker.
+# Your turn - Exercise 12.10 (★★☆, predict): what exact policy gradient does with a hole in the checker.
 def my_prediction() -> tuple[str, str]:
     ### BEGIN SOLUTION
     return "piece", "smaller"
@@ -1135,12 +1208,12 @@ print(f"strict: right {strict[0]:.2f}, piece {strict[1]:.2f}")
 # - B. Against the hasty checker, more greedy replies were wrong pieces of the answer than with the strict
 #   checker after the same 100 steps, in every seed.
 # - C. After 30 steps, expert iteration's pass@1 was below the clipped objective's (KL 0.04) in every seed.
-# - D. After 30 steps, plain REINFORCE on the raw rewards had a higher pass@1 than any seed of any other
-#   30-step arm, in every one of its seeds.
+# - D. After 30 steps, plain REINFORCE on the raw rewards had a higher pass@1 than REINFORCE with the
+#   group-mean baseline, in every seed.
 # - E. Dividing by the group's spread raised greedy accuracy over the plain group-mean baseline.
 
 # %%
-# Your turn - Exercise 12.10 (★★☆, predict): what the ladder's three seeds support.
+# Your turn - Exercise 12.11 (★★☆, predict): what the ladder's three seeds support.
 def ladder_claims() -> dict[str, bool]:
     ### BEGIN SOLUTION
     return {"A": False, "B": True, "C": False, "D": True, "E": False}
@@ -1152,24 +1225,28 @@ check_ladder_claims(ladder_claims)
 # %% [markdown]
 # <details><summary>The reading (open after you have answered)</summary>
 #
-# Every arm started from the SFT model shipped up to version 0.3.0 (greedy 49.5%, pass@1 36.9% on the
-# held-out strange words) and sampled the same 16 × 8 replies a step, three seeds each.
+# Every arm started from the shipped SFT model (greedy 55.5%, pass@1 39.2% on the held-out strange
+# words) and sampled the same 16 × 8 replies a step, three seeds each.
 #
-# - After 30 steps every rung had helped by about as much: greedy 62-68%, pass@1 44-49%. Between the
-#   baseline, the division by the spread, the sum over a constant, the clip and the KL term, the means
-#   differ by less than the seeds do: at this budget none of those choices is measured to matter.
-# - Plain REINFORCE on the raw 0/1 rewards came out ahead on pass@1 (48.5%, 47.6-49.1%, where no seed of
-#   any other arm passed 46.1%) and sharpened fastest (the lowest entropy, 0.38 nats a token). With 0/1
-#   rewards it only ever pushes right replies up, as expert iteration does (63.5%), but with two updates a
-#   step to expert iteration's one. A baseline lowers the variance of the gradient (Exercise 12.8
-#   measured it); it does not raise its mean, and AdamW rescales every update anyway, so on a task this
-#   small the lower variance buys nothing yet that 30 steps can show.
+# - After 30 steps every rung had helped: the arms' mean greedy accuracies lie between 68.7% and 76.9%,
+#   their pass@1 between 50.4% and 59.1%. The clip against normalised REINFORCE, expert iteration
+#   against the clip, the division by the spread against the plain baseline: in each pair the seeds'
+#   ranges overlap, so at this budget none of those choices is measured to matter.
+# - One difference is measured, and it runs against the textbook order: plain REINFORCE on the raw 0/1
+#   rewards beat REINFORCE with the group-mean baseline on pass@1 in every seed (57.4-61.1% against
+#   52.0-53.9%), and sharpened fastest (the lowest entropy, 0.33 nats a token). A baseline lowers the
+#   variance of the gradient (Exercise 12.9 measured it) without changing its mean, so the difference
+#   is not in what the gradient aims at on average. What the run shows is only the outcome; a likely
+#   part of it is that raw 0/1 rewards push right replies up and never push anything down, as expert
+#   iteration does (pass@1 55.9-57.4%), while the baseline also pushes wrong replies down, and the
+#   probability taken from a wrong reply goes to every other reply, not only to the right one.
 # - The hole in the checker was found. Against `hasty_check` for 100 steps, the reward the policy saw
-#   rose as in the honest run (0.66 over the last 5 steps, against 0.64), but greedy accuracy by the strict
-#   checker reached 71.5% (68.5-75.2%) instead of 79.7%, and 8.8% (5.2-12.8%) of its greedy replies were
-#   a wrong piece of the answer that the hasty checker accepts, against 0.1% with the strict checker. None
-#   was empty: the hole it used is a part of the answer, not nothing.
-# - Counting, never practised, stayed at 98-100% in every arm.
+#   rose higher than in the honest run (0.82 over the last 5 steps, against 0.70), but greedy accuracy by
+#   the strict checker ended at 50.7% (24.8-76.8%) instead of 87.4%, and 40.8% (10.0-73.8%) of its greedy
+#   replies were a wrong piece of the answer that the hasty checker accepts, against 0.5% with the strict
+#   checker; in one seed 42.8% were empty.
+# - Counting, never practised, stayed at 99-100% after 30 steps in every arm; after 100 steps it ended
+#   at 95% (84-100%) with the KL term, 99% (97-100%) without, and 83% (49-100%) against the hasty checker.
 #
 # </details>
 
@@ -1215,6 +1292,11 @@ quiz([
              ["Because β starts at 1", "The policy equals the reference, so every margin is 0, whatever β multiplies",
               "Because the pairs are balanced"],
              answer=1, explain="Equal log-ratios make every margin 0, and β times 0 is 0."),
+    Question("During GRPO the reward climbs to nearly 1 while the share of right replies falls to 0. What happened?",
+             ["The task was learned", "The policy found replies the checker pays for that are wrong",
+              "The learning rate was too small"],
+             answer=1, explain="The reward is what the checker says; a number it does not see (a strict checker, a "
+                               "held-out set) shows the gap."),
     Question("What does a larger β do in DPO?",
              ["Keeps the policy nearer the reference", "Moves it further", "Nothing: it cancels"],
              answer=0, explain="A small move already gives a large margin, so the loss is satisfied early."),
@@ -1235,17 +1317,20 @@ quiz([
 #   its reward relative to the group (you wrote the advantages), through PPO's clipped ratio with a KL
 #   term to the reference (you wrote the objective). Pass@1 on held-out strange words rises, with no
 #   answer written down anywhere.
-# - The policy optimises what the checker says: a checker with a hole gets **reward-hacked**. The
-#   **KL term** guards, in principle, against spending what SFT taught; over three seeds of 100 steps
-#   its effect on counting was not measurable (99% with and without it). Whether RL only sharpens is
-#   judged by failure rates and pass@k at large k: in the preference benchmark pass@8 rose too (65.0% →
-#   96.2%), and its
-#   failures fell more in ratio (about 9 times fewer) than pass@1's (2.5 times); pass@k has an unbiased
+# - The policy optimises what the checker says: paid by a checker with a hole, GRPO raised its reward
+#   while the held-out greedy accuracy fell (you predicted it, then watched it): **reward hacking**. The
+#   **KL term** measurably slowed it (over three seeds of 20 fast steps, greedy accuracy 49-55% with the
+#   term, 0-37% without) but did not stop it over 100 steps, and on counting, never practised, its
+#   effect was within the seeds' spread. Whether RL only sharpens is
+#   judged by failure rates and pass@k at large k: in the preference benchmark pass@8 rose too (66.8% →
+#   96.2%), and its failures fell more in ratio (about 9 times fewer) than pass@1's (about 3 times);
+#   pass@k has an unbiased
 #   estimator from n samples (you wrote it). The same leash holds only where RL samples: trained on
 #   single questions, GRPO lost part of chapter 11's skill at the second message of a conversation.
 # - GRPO is the top of a **ladder**: REINFORCE, a baseline, advantages divided by the group's spread,
-#   the clipped ratio. Over three seeds of 30 steps the rungs helped about equally and plain REINFORCE
-#   on 0/1 rewards a little more; a baseline made of the group lowers the gradient's variance and shrinks
+#   the clipped ratio. Over three seeds of 30 steps the rungs helped about equally, and plain REINFORCE
+#   on 0/1 rewards beat the group-mean baseline on pass@1 in every seed; a baseline made of the group
+#   lowers the gradient's variance and shrinks
 #   its mean by a known factor (you predicted it, then measured it). Against a checker with a hole, even
 #   the exact gradient hands the rewarded probability to whichever accepted reply was ahead (you predicted
 #   which), and three seeds support fewer claims than their means suggest (you read the ranges).

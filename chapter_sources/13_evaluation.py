@@ -340,14 +340,14 @@ for kind, (right, n) in counts.items():
 # ## 5. pass@k
 #
 # Chapter 12 estimated **pass@k**, the chance that at least one of k sampled replies is right, without
-# bias from n ≥ k samples per question of which c are right. You wrote that estimator as Exercise 12.7;
+# bias from n ≥ k samples per question of which c are right. You wrote that estimator as Exercise 12.8;
 # the package's copy is `pass_at_k` here (the same formula), and `pass_counts` samples the replies and
 # counts the right ones.
 
 # %%
 #| export
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Chapter 12's unbiased pass@k (Exercise 12.7): the chance that k of the n samples, c of them right,
+    """Chapter 12's unbiased pass@k (Exercise 12.8): the chance that k of the n samples, c of them right,
     drawn without replacement, hold a right one."""
     n = whole_number(n, "n")
     c, k = whole_number(c, "c", low=0, high=n), whole_number(k, "k", high=n)
@@ -496,8 +496,9 @@ print(f"expected calibration error: base model {ece_base:.2f}, SFT model on stra
 # ## 7. Chapters 11 and 12, judged again
 #
 # Chapters 11 and 12 drew conclusions from single numbers. Here are five of them, with their counts
-# (A from the shipped SFT model; B to E from the two chapters' benchmark tables, D from chapter 12's
-# seed-1 runs, all four measured from the SFT model shipped up to version 0.3.0):
+# (A from the shipped SFT model; E from chapter 11's benchmark; B to D from chapter 12's preference
+# benchmark as it was measured from the SFT model shipped up to version 0.3.0, one seed a run, kept in
+# `benchmarks/results/archive/`):
 #
 # | claim | first | second |
 # |---|---:|---:|
@@ -527,8 +528,9 @@ check_intervals_apart(intervals_apart)
 # <details><summary>Claim D (open after you have answered)</summary>
 #
 # Claim D is the instructive one. Its intervals are apart, yet chapter 12 doubted it, rightly: over three
-# seeds of 100 steps (chapter 12's ladder benchmark), the runs with and without the KL term both counted at
-# 98-100%. A Wilson interval measures one source of noise, which questions were drawn. It knows nothing of
+# seeds of 100 steps from the same SFT model (chapter 12's ladder benchmark, archived beside the preference
+# one), the runs with and without the KL term both counted at 98-100%; from the SFT model shipped today,
+# at 84-100% with it and 97-100% without. A Wilson interval measures one source of noise, which questions were drawn. It knows nothing of
 # the other: which training run you got. Comparisons of *training recipes* need several seeds per arm;
 # comparisons of two fixed *models* need only enough questions.
 #

@@ -18,6 +18,7 @@ from transformer_course.checks.preferences import (
     check_pass_at_k,
     check_predict_first_dpo_loss,
     check_predict_group_baseline,
+    check_predict_hasty_run,
     check_predict_hasty_toy,
     check_reply_logprobs,
 )
@@ -191,6 +192,17 @@ def test_predicting_the_group_baseline_accepts_the_answer_and_names_the_mistakes
         assert_rejected(check_predict_group_baseline, lambda guess=guess: guess, hint)
 
 
+def test_predicting_the_hasty_run_names_the_mistakes():
+    assert run(check_predict_hasty_run, lambda: ("rise", "widen", "lower")).passed
+    for guess, hint in [(("stay", "widen", "lower"), "pays for more replies"),
+                        (("rise", "stay", "lower"), "which kind gains"), (("rise", "narrow", "lower"), "which kind gains"),
+                        (("rise", "widen", "same"), "likeliest reply"), (("rise", "widen", "higher"), "likeliest reply"),
+                        (("up", "widen", "lower"), '"rise", "stay" or "fall"'),
+                        (("rise", "wider", "lower"), '"widen", "stay" or "narrow"'),
+                        (("rise", "widen", "worse"), '"higher", "same" or "lower"'), ("rise", "three words")]:
+        assert_rejected(check_predict_hasty_run, lambda guess=guess: guess, hint)
+
+
 def test_predicting_the_toy_hole_names_the_mistakes():
     assert run(check_predict_hasty_toy, lambda: ("piece", "smaller")).passed
     for guess, hint in [(("right", "smaller"), "cannot prefer the right one"), (("piece", "same"), "gap between them"),
@@ -203,13 +215,13 @@ def test_reading_the_ladder_names_the_claim_and_its_ranges():
     right = {"A": False, "B": True, "C": False, "D": True, "E": False}
     assert run(check_ladder_claims, lambda: dict(right)).passed
     assert_rejected(check_ladder_claims, lambda: {**right, "A": True}, "claim A: look at the ranges")
-    assert_rejected(check_ladder_claims, lambda: {**right, "E": True}, "58.0-64.5%")
+    assert_rejected(check_ladder_claims, lambda: {**right, "E": True}, "68.2-73.0%")
     assert_rejected(check_ladder_claims, lambda: {**right, "B": "yes"}, "True or False")
     assert_rejected(check_ladder_claims, lambda: {"A": False}, "keys")
 
 
 def test_the_ladder_claims_are_what_the_stored_benchmark_says():
-    """The rows of the 12.10 check agree with benchmarks/results/rl_ladder.json (ranges over the seeds)."""
+    """The rows of the 12.11 check agree with benchmarks/results/rl_ladder.json (ranges over the seeds)."""
     import json
     from pathlib import Path
 
@@ -222,16 +234,18 @@ def test_the_ladder_claims_are_what_the_stored_benchmark_says():
     def apart(x, y):  # x entirely above y
         return x[0] > y[1]
 
-    thirty = [a for a in arms if not a.endswith("longer")]
-    claims = {
-        "A": apart(span("GRPO clipped, KL 0.04", "greedy"), span("REINFORCE, group-normalised", "greedy")),
-        "B": apart(span("GRPO clipped, hasty checker, longer", "hacked"),
-                   span("GRPO clipped, KL 0.04, longer", "hacked")),
-        "C": apart(span("GRPO clipped, KL 0.04", "pass_at_1"), span("expert iteration", "pass_at_1")),
-        "D": all(apart(span("REINFORCE, raw reward", "pass_at_1"), span(a, "pass_at_1"))
-                 for a in thirty if a != "REINFORCE, raw reward"),
-        "E": apart(span("REINFORCE, group-normalised", "greedy"), span("REINFORCE, group-mean baseline", "greedy")),
+    pairs = {  # claim -> (the arm claimed above, the other, the measure)
+        "A": ("GRPO clipped, KL 0.04", "REINFORCE, group-normalised", "greedy"),
+        "B": ("GRPO clipped, hasty checker, longer", "GRPO clipped, KL 0.04, longer", "hacked"),
+        "C": ("GRPO clipped, KL 0.04", "expert iteration", "pass_at_1"),
+        "D": ("REINFORCE, raw reward", "REINFORCE, group-mean baseline", "pass_at_1"),
+        "E": ("REINFORCE, group-normalised", "REINFORCE, group-mean baseline", "greedy"),
     }
     from transformer_course.checks.preferences import _LADDER_CLAIMS
 
-    assert claims == {k: truth for k, (truth, _) in _LADDER_CLAIMS.items()}
+    for claim, (above, below, key) in pairs.items():
+        truth, hint = _LADDER_CLAIMS[claim]
+        assert apart(span(above, key), span(below, key)) == truth, claim
+        for arm in (above, below):  # the hint quotes both ranges as stored
+            low, high = span(arm, key)
+            assert f"{100 * low:.1f}-{100 * high:.1f}%" in hint, (claim, arm)

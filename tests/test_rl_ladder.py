@@ -122,6 +122,34 @@ def test_grpo_takes_each_rung_and_refuses_bad_combinations(shipped):
             grpo(copy.deepcopy(reference), reference, shipped.tokenizer, steps=1, tasks_per_step=2, group=2, **kw)
 
 
+def test_grpo_reads_a_frozen_reference_without_a_graph_and_leaves_it_trainable(shipped):
+    from transformer_course.preferences import reply_logprobs
+
+    reference, seen = shipped.model, []
+
+    def logprobs(model, x, y):
+        out = reply_logprobs(model, x, y)
+        seen.append((model is reference, out.requires_grad))
+        return out
+
+    policy = copy.deepcopy(reference)
+    history = grpo(policy, reference, shipped.tokenizer, steps=1, tasks_per_step=2, group=4, inner_steps=1,
+                   logprobs=logprobs)
+    assert seen == [(True, False), (False, True)]  # the reference once, no graph; the policy once, with one
+    assert history["clipped"] == [0.0]  # one inner step: the policy is the sampler, every ratio exactly 1
+    assert all(p.requires_grad for p in reference.parameters())
+
+    def failing(task, reply):
+        raise RuntimeError("checker broke")
+
+    with pytest.raises(RuntimeError, match="checker broke"):
+        grpo(copy.deepcopy(reference), reference, shipped.tokenizer, steps=1, tasks_per_step=2, group=2,
+             check=failing)
+    assert all(p.requires_grad for p in reference.parameters())  # restored on the way out of an error too
+    with pytest.raises(ValueError, match="copy.deepcopy"):
+        grpo(reference, reference, shipped.tokenizer, steps=1)
+
+
 def test_expert_iteration_trains_only_on_accepted_replies(shipped):
     start = shipped.model
     untouched = copy.deepcopy(start)

@@ -82,7 +82,7 @@ def baselines(train: list[Example], held: list[Example]) -> dict[str, float]:
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Chapter 12's unbiased pass@k (Exercise 12.7): the chance that k of the n samples, c of them right,
+    """Chapter 12's unbiased pass@k (Exercise 12.8): the chance that k of the n samples, c of them right,
     drawn without replacement, hold a right one."""
     n = whole_number(n, "n")
     c, k = whole_number(c, "c", low=0, high=n), whole_number(k, "k", high=n)

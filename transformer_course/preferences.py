@@ -172,7 +172,7 @@ def dpo(policy: GPT, reference: GPT, tok: ChatTokenizer, pairs: list[Pair], step
     sft_weight = real_number(sft_weight, "sft_weight", low=0)
     if not pairs:
         raise ValueError("no preference pairs: every task was always right or always wrong; draw more tasks")
-    reference.eval()  # frozen: only read under torch.no_grad()
+    reference.eval()  # frozen: your pair_logprobs reads it without a graph
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, history = random.Random(seed), {"loss": [], "accuracy": [], "chosen": [], "rejected": []}
     policy.train()

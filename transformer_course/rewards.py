@@ -154,33 +154,40 @@ def grpo(policy: GPT, reference: GPT, tok: ChatTokenizer, steps: int, tasks_per_
     real_number(clip, "clip", low=0, low_open=True)
     if choice(loss, "loss", ("clipped", "pg")) == "clipped" and length != "reply":
         raise ValueError(f"length={length!r} needs loss='pg': the clipped objective averages each reply")
+    if policy is reference:
+        raise ValueError("the policy is the reference: train a copy, grpo(copy.deepcopy(reference), reference, ...)")
     logprobs = _package_logprobs if logprobs is None else logprobs
-    reference.eval()  # frozen: only read under torch.no_grad()
     optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     history: dict[str, list[float]] = {"reward": [], "kl": [], "clipped": [], "entropy": []}
-    for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
-        tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
-        batch = rollout(policy, tok, tasks, group, generator, check)
-        advantages = _advantages(batch.rewards, advantage)  # (N,)
-        mask = batch.y != IGNORE
-        with torch.no_grad():
-            logp_old = logprobs(policy, batch.x, batch.y)
-            logp_ref = logprobs(reference, batch.x, batch.y)
-        for _ in range(whole_number(inner_steps, "inner_steps")):
-            logp = logprobs(policy, batch.x, batch.y)
-            descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask, clip,
-                                                    kl_coef), "GRPO")
-        with torch.no_grad():  # every reply token as one reply, no advantage: the objective's KL term alone
-            tokens = [t[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
+    trainable = [p for p in reference.parameters() if p.requires_grad]
+    reference.eval().requires_grad_(False)  # frozen for the run: its log-probabilities build no graph
+    try:
+        for step in tqdm(range(whole_number(steps, "steps")), disable=not progress, desc="GRPO"):
+            tasks = strange_words(tasks_per_step, seed=rng.randrange(2**31), avoid=avoid)
+            batch = rollout(policy, tok, tasks, group, generator, check)
+            advantages = _advantages(batch.rewards, advantage)  # (N,)
+            mask = batch.y != IGNORE
+            logp_ref = logprobs(reference, batch.x, batch.y)  # (N, T)
+            for inner in range(whole_number(inner_steps, "inner_steps")):
+                logp = logprobs(policy, batch.x, batch.y)  # (N, T)
+                if inner == 0:  # the policy that sampled the rollout: ρ = 1 on the first update
+                    logp_old = logp.detach()
+                descend(policy, optimizer, _policy_loss(loss, length, logp, logp_old, logp_ref, advantages, mask,
+                                                        clip, kl_coef), "GRPO")
+            # every reply token as one reply, no advantage: the objective's KL term alone
+            tokens = [t.detach()[mask].unsqueeze(0) for t in (logp, logp_old, logp_ref)]  # (1, M) each
             kl = clipped_objective(*tokens, torch.zeros(1), torch.ones_like(tokens[0], dtype=torch.bool), clip, 1.0)
             ratio = torch.exp(tokens[0] - tokens[1])  # ρ, as the objective's docstring says
-        history["reward"].append(batch.rewards.mean().item())
-        history["kl"].append(kl.item())
-        history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
-        history["entropy"].append(-tokens[1].mean().item())
-        if on_step is not None:
-            on_step(step + 1, history)
+            history["reward"].append(batch.rewards.mean().item())
+            history["kl"].append(kl.item())
+            history["clipped"].append(((ratio < 1 - clip) | (ratio > 1 + clip)).float().mean().item())
+            history["entropy"].append(-tokens[1].mean().item())
+            if on_step is not None:
+                on_step(step + 1, history)
+    finally:
+        for p in trainable:  # a model used as a reference can be trained again afterwards
+            p.requires_grad_(True)
     return history
 
 

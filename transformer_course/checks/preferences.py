@@ -1,7 +1,7 @@
 """Checks for chapter 12's exercises (preferences and rewards: DPO, GRPO, pass@k). Hand-written.
 
 Each check computes what it expects its own way (by hand-worked numbers, or by loops over plain Python floats); the
-planted mistakes are tables of (hint, what the mistake gives). 12.7's reference (``_pass_at_k``) lives here."""
+planted mistakes are tables of (hint, what the mistake gives). 12.8's reference (``_pass_at_k``) lives here."""
 
 import itertools
 import math
@@ -353,13 +353,33 @@ def check_clipped_objective(fn):
            "with π = π_old = π_ref every ratio is 1 and k3 is 0, so the loss is minus the mean advantage")
 
 
-# ---------------------------------------------------------------- 12.7 extend: pass@k
+# ---------------------------------------------------------------- 12.7 predict: GRPO against a checker with a hole
+@check("12.7", "my_prediction")
+def check_predict_hasty_run(fn):
+    """``fn() -> (accepted, gap, greedy)``: after twenty GRPO steps paid by ``hasty_check`` (no KL term), how
+    the rollout's share the hasty checker accepts moved ("rise" | "stay" | "fall"), how the gap between it
+    and the share that is right moved ("widen" | "stay" | "narrow"), and the held-out greedy accuracy against
+    the SFT model's ("higher" | "same" | "lower")."""
+    got = fn()
+    accepted, gap, greedy = expect_items(got, 3, f"return three words, got {got!r}")
+    expect(accepted in ("rise", "stay", "fall"), f'the first item is "rise", "stay" or "fall", got {accepted!r}')
+    expect(gap in ("widen", "stay", "narrow"), f'the second item is "widen", "stay" or "narrow", got {gap!r}')
+    expect(greedy in ("higher", "same", "lower"), f'the third item is "higher", "same" or "lower", got {greedy!r}')
+    expect(accepted == "rise", "GRPO makes more likely whatever its checker pays for, and the hasty checker pays "
+           "for more replies than the right ones")
+    expect(gap == "widen", "a wrong piece of the answer is paid as much as the right answer and is easier to "
+           "produce: as paid replies become likelier, which kind gains?")
+    expect(greedy == "lower", "greedy decoding answers with the likeliest reply; once wrong pieces are likelier, "
+           "what does the strict checker say of them?")
+
+
+# ---------------------------------------------------------------- 12.8 extend: pass@k
 def _pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased pass@k (Chen et al. 2021): 1 − C(n − c, k) / C(n, k)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-@check("12.7", "pass_at_k", reference=_pass_at_k)
+@check("12.8", "pass_at_k", reference=_pass_at_k)
 def check_pass_at_k(fn):
     """``fn(n, c, k) -> float``: the chance that k of the n samples, drawn without replacement, hold a right one."""
     got = expect_number(fn(5, 2, 2))
@@ -377,8 +397,8 @@ def check_pass_at_k(fn):
                f"a right sample, got {got}" + (" (when n − c < k every draw holds one)" if n - c < k else ""))
 
 
-# ---------------------------------------------------------------- 12.8 predict: the group-mean baseline
-@check("12.8", "my_prediction")
+# ---------------------------------------------------------------- 12.9 predict: the group-mean baseline
+@check("12.9", "my_prediction")
 def check_predict_group_baseline(fn):
     """``fn() -> (fraction, "larger" | "smaller" | "same")``: the average REINFORCE gradient with the
     group-mean baseline as a fraction of the average without it (G = 8), and the spread of its estimates."""
@@ -398,8 +418,8 @@ def check_predict_group_baseline(fn):
            "what the group shares removes most of that common push, so the estimates scatter less")
 
 
-# ---------------------------------------------------------------- 12.9 predict: a hole in the checker, in a toy
-@check("12.9", "my_prediction")
+# ---------------------------------------------------------------- 12.10 predict: a hole in the checker, in a toy
+@check("12.10", "my_prediction")
 def check_predict_hasty_toy(fn):
     """``fn() -> ("right" | "piece", "larger" | "smaller" | "same")``: the most likely reply after exact policy
     gradient against a checker that also accepts a piece of the answer, and the right reply's share of the
@@ -414,19 +434,19 @@ def check_predict_hasty_toy(fn):
            "one gains faster, so the gap between them widens while the push lasts")
 
 
-# ---------------------------------------------------------------- 12.10 predict: what the ladder's seeds support
+# ---------------------------------------------------------------- 12.11 predict: what the ladder's seeds support
 # The truth of each claim in the stored benchmark (benchmarks/results/rl_ladder.md, three seeds a rung): two arms
 # differ on a measure when their seeds' ranges do not overlap. A re-run that changes a range changes these rows.
 _LADDER_CLAIMS = {
-    "A": (False, "GRPO's greedy 61.3-65.5% against group-normalised REINFORCE's 61.5-67.0%: the ranges overlap"),
-    "B": (True, "hole used 5.2-12.8% of greedy replies against 0.0-0.2% with the strict checker: apart"),
-    "C": (False, "expert iteration's pass@1 45.3-46.0% against GRPO's 44.6-46.1%: the ranges overlap"),
-    "D": (True, "raw REINFORCE's pass@1 47.6-49.1%, and no seed of another 30-step arm above 46.1%"),
-    "E": (False, "group-normalised greedy 61.5-67.0% against the plain baseline's 58.0-64.5%: the ranges overlap"),
+    "A": (False, "GRPO's greedy 71.2-74.5% against group-normalised REINFORCE's 71.0-76.8%: the ranges overlap"),
+    "B": (True, "hole used 10.0-73.8% of greedy replies against 0.2-0.8% with the strict checker: apart"),
+    "C": (False, "expert iteration's pass@1 55.9-57.4% against GRPO's 53.9-56.1%: the ranges overlap"),
+    "D": (True, "raw REINFORCE's pass@1 57.4-61.1% against the group-mean baseline's 52.0-53.9%: apart"),
+    "E": (False, "group-normalised greedy 71.0-76.8% against the plain baseline's 68.2-73.0%: the ranges overlap"),
 }
 
 
-@check("12.10", "ladder_claims")
+@check("12.11", "ladder_claims")
 def check_ladder_claims(fn):
     """``fn() -> {"A": bool, ..., "E": bool}``: which claims about the ladder's table its three seeds support."""
     got = fn()
