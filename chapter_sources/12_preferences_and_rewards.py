@@ -881,9 +881,9 @@ print("measured here as recorded:", abs(accuracy(rl_model.model, tok, held) - fa
 #
 # **What a GPU buys.** At these sizes sampling is a minority of a step: the ladder benchmark below timed
 # the rollout (128 replies of a few tokens, one token at a time) inside every GRPO step, and it took
-# 16-19% of the step (its last paragraph gives the share on the machine that ran it). The
-# rest is the policy's forward and backward passes on the two inner steps and the forward passes that
-# give the sampler's and the reference's log-probabilities. Real runs use groups of 16-64 replies of
+# 19-22% of the step (its last paragraph gives the share on the machine that ran it). The
+# rest is the policy's forward and backward passes on the two inner steps and the forward pass that
+# gives the reference's log-probabilities. Real runs use groups of 16-64 replies of
 # hundreds to thousands of tokens and thousands of prompts, so generating the rollouts one token at a
 # time takes a much larger share, and they often hand it to a separate inference engine (vLLM, say). A
 # GPU runs both parts in parallel over the whole group. The algorithm is the one above.

@@ -116,6 +116,11 @@ def _summary_pass8() -> str:
     return f"pass@8 rose too ({pct(preferences()['sft']['pass_at_8'])} → {pct(grpo_row(0.04)['pass_at_8'])})"
 
 
+def _rollout_share() -> str:
+    shares = [r["rollout_share"] for name, runs in ladder()["arms"].items() if name != "expert iteration" for r in runs]
+    return f"{round(100 * min(shares))}-{round(100 * max(shares))}% of the step"
+
+
 CITATIONS = {  # name -> (chapter, the sentence rebuilt from the stored results)
     "pure DPO against the guarded run": ("12", _pure_dpo),
     "sharpening, by failure rates": ("12", _sharpening),
@@ -126,6 +131,7 @@ CITATIONS = {  # name -> (chapter, the sentence rebuilt from the stored results)
     "the KL term and counting": ("12", _kl_counting),
     "raw rewards against the baseline": ("12", _raw_against_baseline),
     "the hole over 100 steps": ("12", _the_hole_over_100_steps),
+    "the rollout's share of a GRPO step": ("12", _rollout_share),
 }
 
 
