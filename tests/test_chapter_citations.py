@@ -63,7 +63,8 @@ def hack(name: str) -> list[dict]:
 def _kl_against_the_hole() -> str:
     return (f"greedy accuracy on the held-out words fell from {pct(ladder()['sft']['greedy'])} to "
             f"{spread(hack('hasty checker, KL 0'), 'greedy')} over the seeds); with 0.04 it stayed at "
-            f"{spread(hack('hasty checker, KL 0.04'), 'greedy')}), with 0.2 at {spread(hack('hasty checker, KL 0.2'), 'greedy')})")
+            f"{spread(hack('hasty checker, KL 0.04'), 'greedy')}), with 0.2 at "
+            f"{spread(hack('hasty checker, KL 0.2'), 'greedy')})")
 
 
 def _kl_slows() -> str:
@@ -86,7 +87,8 @@ def _the_hole_over_100_steps() -> str:
     hasty, honest = arm("GRPO clipped, hasty checker, longer"), arm("GRPO clipped, KL 0.04, longer")
     reward = [statistics.mean(r["reward_last"] for r in runs) for runs in (hasty, honest)]
     return (f"({reward[0]:.2f} over the last 5 steps, against {reward[1]:.2f}), but greedy accuracy by the strict "
-            f"checker ended at {spread(hasty, 'greedy')}) instead of {pct(statistics.mean(r['greedy'] for r in honest))}, "
+            f"checker ended at {spread(hasty, 'greedy')}) instead of "
+            f"{pct(statistics.mean(r['greedy'] for r in honest))}, "
             f"and {spread(hasty, 'hacked')}) of its greedy replies")
 
 

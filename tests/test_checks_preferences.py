@@ -195,8 +195,10 @@ def test_predicting_the_group_baseline_accepts_the_answer_and_names_the_mistakes
 def test_predicting_the_hasty_run_names_the_mistakes():
     assert run(check_predict_hasty_run, lambda: ("rise", "widen", "lower")).passed
     for guess, hint in [(("stay", "widen", "lower"), "pays for more replies"),
-                        (("rise", "stay", "lower"), "which kind gains"), (("rise", "narrow", "lower"), "which kind gains"),
-                        (("rise", "widen", "same"), "likeliest reply"), (("rise", "widen", "higher"), "likeliest reply"),
+                        (("rise", "stay", "lower"), "which kind gains"),
+                        (("rise", "narrow", "lower"), "which kind gains"),
+                        (("rise", "widen", "same"), "likeliest reply"),
+                        (("rise", "widen", "higher"), "likeliest reply"),
                         (("up", "widen", "lower"), '"rise", "stay" or "fall"'),
                         (("rise", "wider", "lower"), '"widen", "stay" or "narrow"'),
                         (("rise", "widen", "worse"), '"higher", "same" or "lower"'), ("rise", "three words")]:
