@@ -470,6 +470,26 @@ def test_stopping_answers_a_plain_request_in_flight_instead_of_a_traceback():
 
 
 @pytest.mark.system
+def test_the_command_stopped_by_sigterm_says_one_line_and_143():
+    """SIGTERM (a service manager's stop) ends the command as Ctrl-C does: one line, no traceback, status 143.
+    Before: uvicorn raised the signal again once stopped, and the default action killed the process unheard."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "transformer_course.cli", "serve", "--checkpoint",
+                                str(ASSETS / f"{TEXT}.pt"), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        first = process.stdout.readline()  # said once the server listens, its signal handlers in place
+        assert "serving" in first, (first, process.stderr.read() if process.poll() is not None else "")
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=BACKSTOP)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 143, (process.returncode, out, err)
+    assert out.splitlines() == ["transformer-course serve: stopped"] and err == "", (out, err)
+
+
 def test_the_command_stopped_with_a_generation_in_flight_says_one_line():
     """The command itself: its Host guard is on (127.0.0.1), and Ctrl-C during a plain generation prints one
     line, no traceback. The generation (4,096 tokens, a second after each) cannot end before the Ctrl-C."""

@@ -568,8 +568,20 @@ def _add_serve(sub) -> None:
     p.set_defaults(handler=_cmd_serve)
 
 
+class _Terminated(Exception):
+    """SIGTERM reached `serve` (raised by `_on_sigterm` once uvicorn has stopped and passes the signal on)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated
+
+
 def _cmd_serve(args) -> int:
-    """Ctrl-C stops the server with one line and exit status 130 (128 + SIGINT); 0 where SIGINT was ignored."""
+    """Ctrl-C stops the server with one line and exit status 130 (128 + SIGINT); 0 where SIGINT was ignored.
+    SIGTERM (a service manager, `docker stop`) says the same line, with status 143 (128 + SIGTERM)."""
+    import signal
+    import threading
+
     if args.checkpoint and args.model:
         raise SystemExit("transformer-course serve: give --checkpoint (your file) or --model (a shipped one), not both")
     from . import serve
@@ -579,13 +591,21 @@ def _cmd_serve(args) -> int:
                            "needs the course's `serve` extra: pip install \"transformer-course[serve]\" (from a "
                            f"clone: pip install \".[serve]\"), or pip install {' '.join(serve.SERVE_EXTRA)}")
     served = serve.load_served(args.checkpoint, CHAT_MODELS[args.model or "sft"], args.name)
-    status = 0
+    status, main = 0, threading.current_thread() is threading.main_thread()
+    # uvicorn stops on SIGTERM, then raises it again with the handler it found: make that one ours, so that the
+    # default action (killed, no word said) does not end the process before the line below
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main else None
     try:
         serve.run(served, args.host, args.port, say=lambda line: print(line, flush=True),
                   token_delay=args.token_delay, max_body=args.max_body, kv_cache_mb=args.kv_cache_mb,
                   max_batch=args.max_batch, max_waiting=args.max_waiting)
     except KeyboardInterrupt:
         status = 130
+    except _Terminated:
+        status = 143
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     print("transformer-course serve: stopped", flush=True)
     return status
 
